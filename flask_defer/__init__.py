@@ -1,0 +1,45 @@
+"""flask_defer: durable, cancellable delayed jobs for Flask.
+
+The intent lives as a row in the app's own database; a worker runs it when it is due;
+Undo is a guarded update that wins or loses cleanly against the worker's claim.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    DeferError,
+    InvalidArgument,
+    JobExists,
+    JobNotFound,
+    JobNotPending,
+    NotConfigured,
+    UnknownJob,
+)
+from .execution import Outcome, RunSummary
+from .extension import Defer
+from .health import Health
+from .jobs import Job, JobStatus, NotYet, RetryAfter
+from .signals import job_cancelled, job_failed, job_scheduled, job_started, job_succeeded
+
+__all__ = [
+    "Defer",
+    "DeferError",
+    "Health",
+    "InvalidArgument",
+    "Job",
+    "JobExists",
+    "JobNotFound",
+    "JobNotPending",
+    "JobStatus",
+    "NotConfigured",
+    "NotYet",
+    "Outcome",
+    "RetryAfter",
+    "RunSummary",
+    "UnknownJob",
+    "job_cancelled",
+    "job_failed",
+    "job_scheduled",
+    "job_started",
+    "job_succeeded",
+]

@@ -1,0 +1,187 @@
+"""``flask defer ...``: thin click commands over the facade.
+
+Each command parses its options, calls one facade method, and prints the result. Only
+here do errors become exit codes: 1 for a refused operation, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from functools import wraps
+from typing import Any, TypeVar
+
+import click
+from flask import current_app
+from flask.cli import with_appcontext
+
+from .errors import DeferError, InvalidArgument
+from .extension import Defer, DeferState
+from .jobs import Job, JobStatus
+
+C = TypeVar("C", bound=Callable[..., Any])
+
+
+def _defer() -> Defer:
+    state = current_app.extensions.get("defer")
+    if not isinstance(state, DeferState):
+        raise click.ClickException("flask_defer is not initialised on this app (defer.init_app)")
+    return state.extension
+
+
+def _errors_to_exit_codes(command: C) -> C:
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except InvalidArgument as error:
+            raise click.UsageError(str(error)) from None
+        except DeferError as error:
+            raise click.ClickException(str(error)) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group("defer")
+def defer_cli() -> None:
+    """Durable delayed jobs: install, inspect, cancel and run them."""
+
+
+@defer_cli.command("install")
+@with_appcontext
+@_errors_to_exit_codes
+def install_command() -> None:
+    """Create the jobs table and its indexes (for apps without migrations)."""
+    store = _defer().store
+    store.create_table()
+    click.echo(f"table {store.table.name} is ready")
+
+
+@defer_cli.command("list")
+@click.option("--status", type=click.Choice([s.value for s in JobStatus]), multiple=True)
+@click.option("--name", default=None, help="Only jobs with this name.")
+@click.option("--key-prefix", default=None, help="Only jobs whose key starts with this.")
+@click.option("--owner", default=None, help="Only jobs of this owner.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@with_appcontext
+@_errors_to_exit_codes
+def list_command(
+    status: tuple[str, ...],
+    name: str | None,
+    key_prefix: str | None,
+    owner: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List jobs, newest first."""
+    jobs = _defer().list(
+        status=status or None, name=name, key_prefix=key_prefix, owner=owner, limit=limit
+    )
+    if as_json:
+        for job in jobs:
+            click.echo(json.dumps(_job_dict(job)))
+        return
+    if not jobs:
+        click.echo("no jobs")
+        return
+    click.echo(f"{'ID':>8}  {'STATUS':<9}  {'RUN AT (UTC)':<19}  {'TRIES':>5}  NAME  KEY")
+    for job in jobs:
+        click.echo(
+            f"{job.id:>8}  {job.status.value:<9}  {job.run_at:%Y-%m-%d %H:%M:%S}  "
+            f"{job.attempts:>2}/{job.max_attempts:<2}  {job.name}  {job.key or ''}"
+        )
+
+
+@defer_cli.command("cancel")
+@click.argument("job_id", type=int, required=False)
+@click.option("--key", default=None, help="Cancel the live job holding this key.")
+@click.option("--key-prefix", default=None, help="Cancel every pending job under this prefix.")
+@with_appcontext
+@_errors_to_exit_codes
+def cancel_command(job_id: int | None, key: str | None, key_prefix: str | None) -> None:
+    """Cancel a pending job by id, by --key, or all under --key-prefix.
+
+    Exits 1 when the job was no longer pending (it is running or already settled).
+    """
+    defer = _defer()
+    if key_prefix is not None:
+        if job_id is not None or key is not None:
+            raise click.UsageError("--key-prefix cannot be combined with an id or --key")
+        outcome = defer.cancel_many(key_prefix=key_prefix)
+        click.echo(f"cancelled {outcome['cancelled']}, still running {outcome['in_flight']}")
+        return
+    if defer.cancel(job_id, key=key):
+        click.echo("cancelled")
+        return
+    raise click.ClickException("not cancelled: the job is no longer pending")
+
+
+@defer_cli.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the health report as JSON.")
+@click.option(
+    "--max-owed", type=int, default=None, help="Exit 3 if more jobs than this are owed."
+)
+@click.option(
+    "--max-age",
+    type=float,
+    default=None,
+    help="Exit 3 if the oldest owed job is older than this many seconds.",
+)
+@click.option("--max-failed", type=int, default=None, help="Exit 3 if more jobs failed.")
+@with_appcontext
+@_errors_to_exit_codes
+def status_command(
+    as_json: bool, max_owed: int | None, max_age: float | None, max_failed: int | None
+) -> None:
+    """Show counts by status and the backlog; exit 3 when a given threshold is crossed."""
+    health = _defer().health()
+    if as_json:
+        click.echo(json.dumps(health.as_dict(), indent=2))
+    else:
+        for status, count in health.counts.items():
+            click.echo(f"{status:<14}{count:>10}")
+        click.echo(f"{'scheduled':<14}{health.scheduled:>10}")
+        click.echo(f"{'owed':<14}{health.owed:>10}")
+        age = "-" if health.oldest_owed_age is None else f"{health.oldest_owed_age:.1f}s"
+        click.echo(f"{'oldest owed':<14}{age:>10}")
+        click.echo(f"{'lapsed leases':<14}{health.lapsed_leases:>10}")
+        click.echo(f"{'unknown names':<14}{health.unknown_handlers:>10}")
+    crossed: list[str] = []
+    if max_owed is not None and health.owed > max_owed:
+        crossed.append(f"owed {health.owed} > {max_owed}")
+    if max_age is not None and (health.oldest_owed_age or 0.0) > max_age:
+        crossed.append(f"oldest owed {health.oldest_owed_age:.1f}s > {max_age:g}s")
+    if max_failed is not None and health.failed > max_failed:
+        crossed.append(f"failed {health.failed} > {max_failed}")
+    if crossed:
+        click.echo("threshold crossed: " + "; ".join(crossed), err=True)
+        sys.exit(3)
+
+
+@defer_cli.command("run-due")
+@click.option(
+    "--ahead",
+    type=float,
+    default=0.0,
+    help="Also run what becomes due within this many seconds.",
+)
+@with_appcontext
+@_errors_to_exit_codes
+def run_due_command(ahead: float) -> None:
+    """Run every job that is due now, in this process, then exit (for cron)."""
+    now = datetime.now(UTC) + timedelta(seconds=ahead)
+    summary = _defer().run_due(now=now)
+    parts = ", ".join(f"{name} {n}" for name, n in summary.counts.items() if n)
+    click.echo(f"ran {summary.ran} job(s)" + (f": {parts}" if parts else ""))
+
+
+def _job_dict(job: Job) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for name in Job.__slots__:
+        value = getattr(job, name)
+        data[name] = value.isoformat() if isinstance(value, datetime) else value
+    data["status"] = job.status.value
+    return data

@@ -1,0 +1,86 @@
+"""Configuration: every ``DEFER_*`` key, its default, and the frozen object built from them.
+
+``init_app`` calls :func:`apply_defaults` once and :func:`load_config` once; the rest of
+the code reads the resulting :class:`DeferConfig` and never ``current_app.config``.
+Durations accept a ``timedelta`` or seconds and are normalised here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from .errors import InvalidArgument
+from .timeutil import as_duration
+
+#: Every setting with its default. The README's configuration table mirrors this.
+DEFAULTS: dict[str, Any] = {
+    # Where jobs live when Defer is given no Flask-SQLAlchemy ``db`` (None: a SQLite
+    # file ``defer.sqlite3`` in the app's instance folder).
+    "DEFER_DATABASE_URI": None,
+    # Attempts before a failing job becomes a dead letter (handlers may override).
+    "DEFER_MAX_ATTEMPTS": 5,
+    # Exponential backoff: first retry after about this long, doubling up to the cap.
+    "DEFER_RETRY_BASE": timedelta(seconds=2),
+    "DEFER_RETRY_CAP": timedelta(hours=1),
+    # A due job whose handler this worker does not know waits this long, then retries.
+    "DEFER_UNKNOWN_BACKOFF": timedelta(seconds=30),
+    # How long a claim is valid without a heartbeat; a crashed worker's job returns
+    # to pending this long after its last heartbeat.
+    "DEFER_LEASE": timedelta(seconds=30),
+    # Jobs claimed per round trip.
+    "DEFER_CLAIM_BATCH": 10,
+    # SQLite: how long a writer waits for the database lock before giving up.
+    "DEFER_SQLITE_BUSY_TIMEOUT": timedelta(seconds=10),
+    # The UI shows Undo this much shorter than the server waits, so a click in the
+    # last moment still lands.
+    "DEFER_UNDO_MARGIN": timedelta(seconds=1),
+    # Default Undo window of defer.undoable().
+    "DEFER_UNDO_WINDOW": timedelta(seconds=5),
+    # Settled rows are pruned after these ages (done/cancelled, and failed).
+    "DEFER_RETENTION": timedelta(days=7),
+    "DEFER_FAILED_RETENTION": timedelta(days=30),
+}
+
+_DURATIONS = {name for name, value in DEFAULTS.items() if isinstance(value, timedelta)}
+
+
+def apply_defaults(config: MutableMapping[str, Any]) -> None:
+    """Set every ``DEFER_*`` default the app has not set itself."""
+    for name, value in DEFAULTS.items():
+        config.setdefault(name, value)
+
+
+@dataclass(frozen=True, slots=True)
+class DeferConfig:
+    """The app's flask_defer settings, read once at ``init_app``."""
+
+    database_uri: str | None
+    max_attempts: int
+    retry_base: timedelta
+    retry_cap: timedelta
+    unknown_backoff: timedelta
+    lease: timedelta
+    claim_batch: int
+    sqlite_busy_timeout: timedelta
+    undo_margin: timedelta
+    undo_window: timedelta
+    retention: timedelta
+    failed_retention: timedelta
+
+
+def load_config(config: Mapping[str, Any]) -> DeferConfig:
+    """Build the frozen config, with errors that name the offending key."""
+    values: dict[str, Any] = {}
+    for name in DEFAULTS:
+        value = config[name]
+        if name in _DURATIONS:
+            value = as_duration(value, name)
+        values[name.removeprefix("DEFER_").lower()] = value
+    for name in ("DEFER_MAX_ATTEMPTS", "DEFER_CLAIM_BATCH"):
+        value = config[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidArgument(name, f"expected an integer ≥ 1, got {value!r}")
+    return DeferConfig(**values)

@@ -1,0 +1,213 @@
+"""Run one claimed job and record its outcome: the code ``run_due`` and the worker share.
+
+The executor knows nothing of Flask. It is handed a *context factory* (the extension
+passes one that pushes an app context) and an *atomic scope* (a transaction on the
+app's session, for ``atomic=True`` handlers), and a clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import traceback
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection
+
+from . import signals
+from .jobs import Job, NotYet, RetryAfter
+from .registry import Registry
+from .retry import backoff_delay
+from .store import JobStore
+
+logger = logging.getLogger("flask_defer")
+
+ContextFactory = Callable[[], AbstractContextManager[Any]]
+AtomicScope = Callable[[], AbstractContextManager[Connection]]
+Clock = Callable[[], datetime]
+
+#: Longest error text kept on a row: a traceback, not a core dump.
+MAX_ERROR_CHARS = 8000
+
+
+class Outcome(enum.StrEnum):
+    """What became of one claimed job."""
+
+    DONE = "done"
+    RETRIED = "retried"
+    FAILED = "failed"
+    SNOOZED = "snoozed"  # NotYet: back to pending, attempt not spent
+    UNKNOWN = "unknown"  # no handler here: back to pending with a backoff
+    LOST = "lost"  # the claim's lease lapsed; another worker owns the job now
+
+
+@dataclass
+class RunSummary:
+    """Counts of what a run did, by outcome; ``ran`` is every job claimed."""
+
+    ran: int = 0
+    counts: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
+
+    def add(self, outcome: Outcome) -> None:
+        self.ran += 1
+        self.counts[outcome.value] += 1
+
+    def __getattr__(self, name: str) -> int:
+        # summary.done, summary.failed ... read like the outcome names.
+        counts = self.__dict__.get("counts", {})
+        if name in counts:
+            return int(counts[name])
+        raise AttributeError(name)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"ran": self.ran, **self.counts}
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How long to wait before trying again, from the app's configuration."""
+
+    base: timedelta
+    cap: timedelta
+    unknown_backoff: timedelta
+
+
+class JobLog(logging.LoggerAdapter[logging.Logger]):
+    """Every line about a job names its id, name and key, as text and as record fields."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        job: Job = self.extra["job"]  # type: ignore[index]
+        kwargs["extra"] = {"job_id": job.id, "job_name": job.name, "job_key": job.key}
+        key = f" key={job.key}" if job.key else ""
+        return f"job {job.id} {job.name}{key}: {msg}", kwargs
+
+
+class _LeaseLost(Exception):
+    """Internal: the done mark was refused, so the atomic transaction must roll back."""
+
+
+class Executor:
+    """Runs claimed jobs one at a time and acknowledges each outcome."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        registry: Registry,
+        *,
+        policy: RetryPolicy,
+        context_factory: ContextFactory,
+        atomic_scope: AtomicScope,
+        sender: Any = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.policy = policy
+        self.context_factory = context_factory
+        self.atomic_scope = atomic_scope
+        self.sender = sender
+
+    def execute(self, job: Job, clock: Clock) -> Outcome:
+        """Run *job*'s handler and acknowledge the result with compare-and-set."""
+        log = JobLog(logger, {"job": job})
+        spec = self.registry.get(job.name)
+        if spec is None:
+            # A rolling deploy can put a job in the table before the worker that knows
+            # it is up: wait, loudly, rather than failing it.
+            run_at = clock() + self.policy.unknown_backoff
+            log.warning("no handler registered in this worker; retrying at %s", run_at)
+            self.store.ack_snooze(
+                job,
+                now=clock(),
+                run_at=run_at,
+                note=f"no handler registered for {job.name!r} in the worker",
+                still_owed=True,
+            )
+            return Outcome.UNKNOWN
+        signals.job_started.send(self.sender, job=job)
+        log.info("started (attempt %d of %d)", job.attempts, job.max_attempts)
+        try:
+            with self.context_factory():
+                if spec.atomic:
+                    with self.atomic_scope() as conn:
+                        result = spec.func(job)
+                        if not self.store.ack_done(
+                            job, now=clock(), result=_jsonable(result), conn=conn
+                        ):
+                            raise _LeaseLost()
+                    return self._succeeded(job, log, acknowledged=True)
+                result = spec.func(job)
+        except _LeaseLost:
+            return self._lost(log)
+        except NotYet as wait:
+            log.info("not yet; runs again at %s", wait.until.isoformat())
+            ok = self.store.ack_snooze(
+                job, now=clock(), run_at=wait.until, note=None, still_owed=False
+            )
+            return Outcome.SNOOZED if ok else self._lost(log)
+        except Exception as error:  # noqa: BLE001 - a handler may raise anything
+            delay = error.delay if isinstance(error, RetryAfter) else None
+            return self._failed_attempt(job, log, error, delay, clock)
+        ok = self.store.ack_done(job, now=clock(), result=_jsonable(result))
+        return self._succeeded(job, log, acknowledged=ok)
+
+    def _succeeded(self, job: Job, log: JobLog, *, acknowledged: bool) -> Outcome:
+        if not acknowledged:
+            return self._lost(log)
+        log.info("done")
+        signals.job_succeeded.send(self.sender, job=job)
+        return Outcome.DONE
+
+    def _failed_attempt(
+        self,
+        job: Job,
+        log: JobLog,
+        error: BaseException,
+        delay: timedelta | None,
+        clock: Clock,
+    ) -> Outcome:
+        text = _error_text(error)
+        now = clock()
+        will_retry = job.attempts < job.max_attempts
+        if will_retry:
+            if delay is None:
+                delay = backoff_delay(job.attempts, base=self.policy.base, cap=self.policy.cap)
+            run_at = now + delay
+            log.warning("attempt %d failed, retrying at %s: %s", job.attempts, run_at, error)
+            ok = self.store.ack_retry(job, now=now, run_at=run_at, error=text)
+        else:
+            log.error("failed after %d attempts: %s", job.attempts, error)
+            ok = self.store.ack_failed(job, now=now, error=text)
+        if not ok:
+            return self._lost(log)
+        signals.job_failed.send(self.sender, job=job, error=text, will_retry=will_retry)
+        return Outcome.RETRIED if will_retry else Outcome.FAILED
+
+    @staticmethod
+    def _lost(log: JobLog) -> Outcome:
+        log.warning("lease lapsed before acknowledgement; outcome discarded")
+        return Outcome.LOST
+
+
+def _error_text(error: BaseException) -> str:
+    text = "".join(traceback.format_exception(error))
+    if len(text) > MAX_ERROR_CHARS:
+        # Keep the end: the innermost frame and the message are what a reader needs.
+        text = "…(truncated)\n" + text[-MAX_ERROR_CHARS:]
+    return text
+
+
+def _jsonable(value: Any) -> Any:
+    """A handler's return value if it can be stored as JSON, else ``None``."""
+    if value is None:
+        return None
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        logger.debug("handler result %r is not JSON; not stored", value)
+        return None
+    return value

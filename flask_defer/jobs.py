@@ -1,0 +1,126 @@
+"""The job as the rest of the program sees it: an immutable snapshot of one row.
+
+A :class:`Job` is a value, not an active record: changing a job always goes through
+the facade (``defer.cancel``, ``defer.reschedule`` ...), so every change is one guarded
+statement with one set of race rules. :class:`NotYet` and :class:`RetryAfter` are the
+two ways a handler tells the worker "not now".
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from .errors import InvalidArgument
+from .timeutil import Duration, as_duration, as_utc, utcnow
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is in its life: ``pending → running → done | failed``, or ``cancelled``."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_live(self) -> bool:
+        """True while the job may still run (pending or running): its key is taken."""
+        return self in (JobStatus.PENDING, JobStatus.RUNNING)
+
+    @property
+    def is_settled(self) -> bool:
+        """True once nothing will happen to the job any more."""
+        return not self.is_live
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A snapshot of one ``defer_jobs`` row, as handlers and callers receive it.
+
+    ``run_at`` is when the job is (next) due; ``due_at`` is when it first became due,
+    which a retry's backoff does not move, so "how long has this been owed" stays true.
+    ``attempts`` counts runs started, including the current one inside a handler.
+    """
+
+    id: int
+    name: str
+    payload: Any
+    status: JobStatus
+    run_at: datetime
+    due_at: datetime
+    attempts: int
+    max_attempts: int
+    queue: str
+    key: str | None = None
+    owner: str | None = None
+    label: str | None = None
+    undo_until: datetime | None = None
+    last_error: str | None = None
+    result: Any = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    finished_at: datetime | None = None
+    claim_token: str | None = None
+    lease_expires_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Job:
+        """Build a job from a mapping of column values (as the store returns them)."""
+        values = {name: row[name] for name in cls.__slots__ if name in row}
+        values["status"] = JobStatus(values["status"])
+        return cls(**values)
+
+    @property
+    def is_live(self) -> bool:
+        """True while the job is pending or running."""
+        return self.status.is_live
+
+    def undo_seconds_left(self, now: datetime | None = None) -> float:
+        """Seconds the owner may still undo this job (0 when it is not undoable now)."""
+        if self.undo_until is None or self.status is not JobStatus.PENDING:
+            return 0.0
+        left = (self.undo_until - (now or utcnow())).total_seconds()
+        return max(left, 0.0)
+
+
+class NotYet(Exception):  # noqa: N818 - the name reads as the handler's answer
+    """Raised by a handler to run the job again at ``until`` without spending an attempt.
+
+    Use it when the job is fine but the world is not ready: a booking that is not yet
+    confirmed, a rate-limited API that says "come back at 10:00". ``until`` is an aware
+    datetime in the future, or a delay (timedelta or seconds) from now.
+    """
+
+    until: datetime
+
+    def __init__(self, until: datetime | Duration) -> None:
+        now = utcnow()
+        if isinstance(until, datetime):
+            when = as_utc(until, "until")
+            if when <= now:
+                raise InvalidArgument(
+                    "until", f"{when.isoformat()} is not in the future; NotYet needs a later time"
+                )
+        else:
+            when = now + as_duration(until, "until", allow_zero=False)
+        super().__init__(f"not yet; run again at {when.isoformat()}")
+        self.until = when
+
+
+class RetryAfter(Exception):  # noqa: N818 - the name reads as the handler's answer
+    """Raised by a handler to retry after ``seconds`` instead of the default backoff.
+
+    Unlike :class:`NotYet` this spends an attempt: the run failed, and the handler
+    knows when trying again is worth it (an HTTP ``Retry-After`` header, say).
+    """
+
+    delay: timedelta
+
+    def __init__(self, seconds: Duration, reason: str | None = None) -> None:
+        self.delay = as_duration(seconds, "seconds")
+        super().__init__(reason or f"retry after {self.delay.total_seconds():g} s")

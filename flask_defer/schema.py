@@ -1,0 +1,128 @@
+"""The ``defer_jobs`` table, defined in the application's own SQLAlchemy metadata.
+
+Living in the app's metadata is what lets ``db.create_all()`` and Alembic autogenerate
+see the table like any other. The indexes are the ones the hot paths need:
+
+* pending rows by ``run_at`` (partial): the claim and "when is the next job due";
+* a partial *unique* index on ``key`` over live rows: one pending-or-running job per
+  key, while settled rows keep their key for history;
+* running rows by lease expiry (partial): reclaiming crashed workers' jobs;
+* live rows by owner (partial): the Undo toasts of one user;
+* ``(status, finished_at)``: pruning old settled rows and the dashboard's filters.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Dialect,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.types import TypeDecorator
+
+DEFAULT_TABLE_NAME = "defer_jobs"
+LIVE_STATUSES = ("pending", "running")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that goes in aware and comes out aware UTC, on every backend.
+
+    PostgreSQL stores ``timestamptz``. SQLite has no time zones, so values are stored as
+    naive UTC in SQLAlchemy's fixed-width text format, which sorts correctly as text.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if not isinstance(value, datetime) or value.tzinfo is None:
+            raise ValueError(f"flask_defer stores aware datetimes only, got {value!r}")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Table:
+    """Add the jobs table to *metadata* (or return it if it is already there)."""
+    if name in metadata.tables:
+        return metadata.tables[name]
+    # BIGINT on PostgreSQL; on SQLite only INTEGER PRIMARY KEY is the fast rowid alias.
+    id_type = BigInteger().with_variant(Integer(), "sqlite")
+    payload_type = JSON().with_variant(JSONB(), "postgresql")
+    table = Table(
+        name,
+        metadata,
+        Column("id", id_type, primary_key=True, autoincrement=True),
+        Column("name", String(200), nullable=False),
+        Column("queue", String(100), nullable=False, server_default="default"),
+        Column("key", String(255), nullable=True),
+        Column("payload", payload_type, nullable=False),
+        Column("status", String(16), nullable=False, server_default="pending"),
+        Column("run_at", UTCDateTime(), nullable=False),
+        Column("due_at", UTCDateTime(), nullable=False),
+        Column("attempts", Integer, nullable=False, server_default="0"),
+        Column("max_attempts", Integer, nullable=False),
+        Column("owner", String(255), nullable=True),
+        Column("label", String(255), nullable=True),
+        Column("undo_until", UTCDateTime(), nullable=True),
+        Column("last_error", Text, nullable=True),
+        Column("result", payload_type, nullable=True),
+        Column("claim_token", String(64), nullable=True),
+        Column("lease_expires_at", UTCDateTime(), nullable=True),
+        Column("created_at", UTCDateTime(), nullable=False),
+        Column("updated_at", UTCDateTime(), nullable=False),
+        Column("finished_at", UTCDateTime(), nullable=True),
+    )
+    c = table.c
+    pending = c.status == "pending"
+    live = c.status.in_(LIVE_STATUSES)
+    running = c.status == "running"
+    Index(
+        f"ix_{name}_pending_run_at",
+        c.run_at,
+        sqlite_where=pending,
+        postgresql_where=pending,
+    )
+    Index(
+        f"uq_{name}_live_key",
+        c.key,
+        unique=True,
+        sqlite_where=live,
+        postgresql_where=live,
+    )
+    Index(
+        f"ix_{name}_running_lease",
+        c.lease_expires_at,
+        sqlite_where=running,
+        postgresql_where=running,
+    )
+    Index(
+        f"ix_{name}_live_owner",
+        c.owner,
+        c.run_at,
+        sqlite_where=live,
+        postgresql_where=live,
+    )
+    Index(f"ix_{name}_status_finished", c.status, c.finished_at)
+    return table

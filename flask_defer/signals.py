@@ -1,0 +1,17 @@
+"""blinker signals for a job's life, so apps can log, count or react without patching.
+
+Each is sent with the Flask app as sender and the :class:`~flask_defer.Job` as ``job``;
+``job_failed`` also carries ``error`` (the traceback text) and ``will_retry``.
+"""
+
+from __future__ import annotations
+
+from blinker import Namespace
+
+_signals = Namespace()
+
+job_scheduled = _signals.signal("job-scheduled")
+job_started = _signals.signal("job-started")
+job_succeeded = _signals.signal("job-succeeded")
+job_failed = _signals.signal("job-failed")
+job_cancelled = _signals.signal("job-cancelled")

@@ -1,0 +1,194 @@
+"""Shared fixtures: both database backends, app factories, and leak detectors.
+
+Every store and worker test is parametrised over ``sqlite`` and ``postgresql``. The
+PostgreSQL server is a throwaway cluster the suite starts itself (``pg_cluster.py``),
+or the one named by ``DEFER_TEST_POSTGRES_URL``; each test gets a fresh database, so
+tests never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.globals import _cv_app
+from flask_sqlalchemy import SQLAlchemy
+from sqlalchemy import Engine, MetaData, create_engine, text
+from sqlalchemy.orm import DeclarativeBase
+
+from flask_defer import Defer
+from flask_defer.schema import define_jobs_table
+from flask_defer.store import JobStore, NewJob
+
+from .pg_cluster import PostgresCluster
+
+BACKENDS = ["sqlite", "postgresql"]
+_database_numbers = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> Iterator[str]:
+    """URL of a PostgreSQL server for the whole run (its maintenance database)."""
+    configured = os.environ.get("DEFER_TEST_POSTGRES_URL")
+    if configured:
+        yield configured
+        return
+    cluster = PostgresCluster()
+    cluster.start()
+    try:
+        yield cluster.url
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend under test: ``sqlite`` or ``postgresql``."""
+    return str(request.param)
+
+
+@pytest.fixture
+def database_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh, empty database on the backend under test."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+        return
+    server_url: str = request.getfixturevalue("postgres_server_url")
+    name = f"defer_test_{os.getpid()}_{next(_database_numbers)}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        yield server_url.rsplit("/", 1)[0] + "/" + name
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    """A bare engine on the fresh database, disposed after the test."""
+    engine = create_engine(database_url)
+    if engine.dialect.name == "sqlite":
+        from sqlalchemy import event
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA busy_timeout = 10000")
+            cursor.close()
+
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def store(engine: Engine) -> JobStore:
+    """A store over a bare engine with its table created: no Flask involved."""
+    store = JobStore(engine, define_jobs_table(MetaData()))
+    store.create_table()
+    return store
+
+
+@pytest.fixture
+def now() -> datetime:
+    """A fixed "now" for tests that drive the clock."""
+    return datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def new_job() -> Callable[..., NewJob]:
+    """Factory for the store's NewJob with sensible defaults."""
+
+    def make(**overrides: Any) -> NewJob:
+        values: dict[str, Any] = {
+            "name": "send_email",
+            "payload": {"message_id": 7},
+            "run_at": datetime(2030, 1, 1, 12, 0, tzinfo=UTC),
+            "max_attempts": 3,
+        }
+        values.update(overrides)
+        return NewJob(**values)
+
+    return make
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+@dataclass
+class AppKit:
+    """A Flask app wired with Flask-SQLAlchemy and Defer, as an application would be."""
+
+    app: Flask
+    db: SQLAlchemy
+    defer: Defer
+
+    def context(self) -> Any:
+        return self.app.app_context()
+
+
+@pytest.fixture
+def make_app(database_url: str) -> Iterator[Callable[..., AppKit]]:
+    """Factory: a fresh app on the backend under test, its tables created.
+
+    Handlers are registered by the test on ``kit.defer``; config overrides are passed
+    as keyword arguments (``make_app(DEFER_LEASE=5)``).
+    """
+    made: list[AppKit] = []
+
+    def make(**config: Any) -> AppKit:
+        class Model(DeclarativeBase):
+            pass
+
+        db = SQLAlchemy(model_class=Model)
+        defer = Defer()
+        app = Flask(f"test_app_{len(made)}")
+        app.config.update(
+            SQLALCHEMY_DATABASE_URI=database_url,
+            SECRET_KEY="test-secret",
+            TESTING=True,
+            DEFER_RETRY_BASE=timedelta(seconds=10),
+        )
+        app.config.update(config)
+        db.init_app(app)
+        defer.init_app(app, db=db)
+        kit = AppKit(app, db, defer)
+        made.append(kit)
+        return kit
+
+    yield make
+    for kit in made:
+        with kit.app.app_context():
+            kit.db.session.remove()
+            for engine in kit.db.engines.values():
+                engine.dispose()
+
+
+@pytest.fixture
+def kit(make_app: Callable[..., AppKit]) -> Iterator[AppKit]:
+    """One app with its tables created and an app context pushed for the test."""
+    kit = make_app()
+    with kit.app.app_context():
+        kit.db.create_all()
+        yield kit
+        kit.db.session.rollback()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_app_context() -> Iterator[None]:
+    """Fail a test that leaves an application context pushed."""
+    before = _cv_app.get(None)
+    yield
+    after = _cv_app.get(None)
+    assert after is before, "the test left a Flask application context pushed"

@@ -1,0 +1,315 @@
+"""The store on a bare engine: every statement, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import inspect
+
+from flask_defer import JobExists, JobStatus
+from flask_defer.store import JobFilter, JobStore, NewJob
+
+MakeJob = Callable[..., NewJob]
+
+
+def insert(store: JobStore, job: NewJob, now: datetime, replace: bool = False) -> int:
+    with store.begin() as conn:
+        return store.insert(conn, job, now=now, replace=replace).id
+
+
+def claim(store: JobStore, now: datetime, limit: int = 10) -> list:
+    return store.claim(
+        now=now, limit=limit, token=uuid.uuid4().hex, lease_until=now + timedelta(seconds=30)
+    )
+
+
+def test_table_has_partial_indexes_for_pending_and_live_key(store: JobStore) -> None:
+    indexes = {ix["name"]: ix for ix in inspect(store.engine).get_indexes("defer_jobs")}
+    assert indexes["uq_defer_jobs_live_key"]["unique"]
+    assert "ix_defer_jobs_pending_run_at" in indexes
+
+
+def test_insert_returns_pending_job_with_utc_times(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    with store.begin() as conn:
+        job = store.insert(conn, new_job(key="k"), now=now, replace=False)
+    assert job.status is JobStatus.PENDING
+    assert job.run_at == now and job.run_at.tzinfo is not None
+    assert job.due_at == now
+    with store.begin() as conn:
+        again = store.get(conn, job_id=job.id)
+    assert again == job
+
+
+def test_live_key_is_unique_until_the_holder_settles(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    first = insert(store, new_job(key="message:7:send"), now)
+    with pytest.raises(JobExists) as raised:
+        insert(store, new_job(key="message:7:send"), now)
+    assert raised.value.existing_id == first
+    with store.begin() as conn:
+        assert store.cancel(conn, now=now, job_id=first) is not None
+    second = insert(store, new_job(key="message:7:send"), now)
+    assert second != first
+
+
+def test_replace_swaps_the_pending_holder(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    first = insert(store, new_job(key="k", payload={"v": 1}), now)
+    second = insert(store, new_job(key="k", payload={"v": 2}), now, replace=True)
+    with store.begin() as conn:
+        assert store.get(conn, job_id=first).status is JobStatus.CANCELLED
+        live = store.get(conn, key="k")
+    assert live.id == second and live.payload == {"v": 2}
+
+
+def test_replace_cannot_swap_a_running_holder(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    insert(store, new_job(key="k"), now)
+    assert len(claim(store, now)) == 1
+    with pytest.raises(JobExists):
+        insert(store, new_job(key="k"), now, replace=True)
+
+
+def test_failed_insert_leaves_the_callers_transaction_usable(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    insert(store, new_job(key="k"), now)
+    with store.begin() as conn:
+        with pytest.raises(JobExists):
+            store.insert(conn, new_job(key="k"), now=now, replace=False)
+        # On PostgreSQL an integrity error would have aborted this transaction.
+        other = store.insert(conn, new_job(key="other"), now=now, replace=False)
+    assert other.id
+
+
+def test_claim_takes_only_due_jobs_in_run_at_order(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    late = insert(store, new_job(run_at=now - timedelta(seconds=5)), now)
+    early = insert(store, new_job(run_at=now - timedelta(seconds=10)), now)
+    insert(store, new_job(run_at=now + timedelta(seconds=1)), now)
+    claimed = claim(store, now)
+    assert [job.id for job in claimed] == [early, late]
+    assert all(job.status is JobStatus.RUNNING and job.attempts == 1 for job in claimed)
+    assert claim(store, now) == []
+
+
+def test_claim_respects_limit_and_queue(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    for _ in range(3):
+        insert(store, new_job(), now)
+    insert(store, new_job(queue="mail"), now)
+    assert len(store.claim(now=now, limit=2, token="t", lease_until=now, queues=["default"])) == 2
+    mail = store.claim(now=now, limit=5, token="t2", lease_until=now, queues=["mail"])
+    assert [job.queue for job in mail] == ["mail"]
+
+
+def test_cancel_after_claim_returns_none(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    job_id = insert(store, new_job(), now)
+    claim(store, now)
+    with store.begin() as conn:
+        assert store.cancel(conn, now=now, job_id=job_id) is None
+        assert store.get(conn, job_id=job_id).status is JobStatus.RUNNING
+
+
+def test_cancel_with_owner_only_touches_that_owners_job(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    job_id = insert(store, new_job(owner="alice"), now)
+    with store.begin() as conn:
+        assert store.cancel(conn, now=now, job_id=job_id, owner="bob") is None
+        assert store.cancel(conn, now=now, job_id=job_id, owner="alice") is not None
+
+
+def test_ack_is_compare_and_set_on_the_claim_token(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    insert(store, new_job(max_attempts=5), now)
+    (stale,) = claim(store, now)
+    # The lease lapses; the job is reclaimed and claimed again by another worker.
+    later = now + timedelta(minutes=5)
+    assert store.reclaim_lapsed(now=later) == (1, 0)
+    (fresh,) = claim(store, later)
+    assert not store.ack_done(stale, now=later)
+    assert store.ack_done(fresh, now=later)
+    with store.begin() as conn:
+        job = store.get(conn, job_id=fresh.id)
+    assert job.status is JobStatus.DONE and job.attempts == 2
+
+
+def test_reclaim_fails_a_job_out_of_attempts(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    job_id = insert(store, new_job(max_attempts=1), now)
+    claim(store, now)
+    assert store.reclaim_lapsed(now=now + timedelta(minutes=1)) == (0, 1)
+    with store.begin() as conn:
+        job = store.get(conn, job_id=job_id)
+    assert job.status is JobStatus.FAILED and "lease lapsed" in (job.last_error or "")
+
+
+def test_snooze_gives_the_attempt_back(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    insert(store, new_job(), now)
+    (job,) = claim(store, now)
+    until = now + timedelta(hours=1)
+    assert store.ack_snooze(job, now=now, run_at=until, note=None, still_owed=False)
+    with store.begin() as conn:
+        after = store.get(conn, job_id=job.id)
+    assert after.attempts == 0 and after.run_at == until and after.due_at == until
+
+
+def test_retry_keeps_due_at_so_the_backlog_age_stays_true(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    insert(store, new_job(), now)
+    (job,) = claim(store, now)
+    assert store.ack_retry(job, now=now, run_at=now + timedelta(minutes=1), error="boom")
+    with store.begin() as conn:
+        after = store.get(conn, job_id=job.id)
+    assert after.due_at == now and after.last_error == "boom" and after.attempts == 1
+
+
+def test_reschedule_moves_only_pending_jobs(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    job_id = insert(store, new_job(key="k"), now)
+    later = now + timedelta(days=30)
+    with store.begin() as conn:
+        moved = store.reschedule(conn, later, now=now, key="k")
+    assert moved is not None and moved.run_at == later
+    claim(store, later)
+    with store.begin() as conn:
+        assert store.reschedule(conn, later, now=now, job_id=job_id) is None
+
+
+def test_key_prefix_is_literal_and_case_sensitive(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    for key in ["booking:42:a", "booking:42:b", "Booking:42:c", "booking:4200", "booking_42:x"]:
+        insert(store, new_job(key=key), now)
+    with store.begin() as conn:
+        found = store.list(conn, JobFilter(key_prefix="booking:42:"), limit=10)
+        assert sorted(job.key for job in found) == ["booking:42:a", "booking:42:b"]
+        # "_" and "%" are not wildcards.
+        assert [j.key for j in store.list(conn, JobFilter(key_prefix="booking_"), limit=10)] == [
+            "booking_42:x"
+        ]
+        assert store.list(conn, JobFilter(key_prefix="%"), limit=10) == []
+
+
+def test_cancel_many_counts_what_was_already_running(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    insert(store, new_job(key="booking:42:remind"), now)
+    insert(store, new_job(key="booking:42:close", run_at=now + timedelta(days=90)), now)
+    insert(store, new_job(key="booking:43:close"), now)
+    running = store.claim(now=now, limit=1, token="t", lease_until=now + timedelta(minutes=1))
+    assert running[0].key == "booking:42:remind"
+    with store.begin() as conn:
+        result = store.cancel_many(conn, JobFilter(key_prefix="booking:42:"), now=now)
+    assert result == (1, 1)
+
+
+def test_status_counts_split_scheduled_from_owed(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    insert(store, new_job(run_at=now + timedelta(days=30)), now)
+    insert(store, new_job(run_at=now - timedelta(minutes=10)), now)
+    insert(store, new_job(run_at=now - timedelta(minutes=1)), now)
+    with store.begin() as conn:
+        counts = store.status_counts(conn, now=now)
+    assert counts.scheduled == 1 and counts.owed == 2
+    assert counts.oldest_owed_due_at == now - timedelta(minutes=10)
+
+
+def test_next_run_at_is_the_earliest_pending(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    assert store.next_run_at() is None
+    insert(store, new_job(run_at=now + timedelta(seconds=30)), now)
+    insert(store, new_job(run_at=now + timedelta(seconds=5)), now)
+    assert store.next_run_at() == now + timedelta(seconds=5)
+
+
+def test_prune_deletes_only_old_settled_rows(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    old = now - timedelta(days=10)
+    done_id = insert(store, new_job(run_at=old), old)
+    (job,) = claim(store, old)
+    store.ack_done(job, now=old)
+    keep_id = insert(store, new_job(run_at=old), old)
+    deleted = store.prune(settled_before=now - timedelta(days=7), failed_before=old, batch_size=1)
+    assert deleted == 1
+    with store.begin() as conn:
+        assert store.get(conn, job_id=done_id) is None
+        assert store.get(conn, job_id=keep_id) is not None
+
+
+def test_cancel_versus_claim_race_has_exactly_one_winner(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """Threads hammer the same rows: for every job, cancel XOR claim wins."""
+    trials = 1000
+    ids = []
+    with store.begin() as conn:
+        for _ in range(trials):
+            ids.append(store.insert(conn, new_job(), now=now, replace=False).id)
+    cancelled: set[int] = set()
+    claimed: set[int] = set()
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def canceller(order: list[int]) -> None:
+        try:
+            start.wait()
+            for job_id in order:
+                with store.begin() as conn:
+                    if store.cancel(conn, now=now, job_id=job_id) is not None:
+                        cancelled.add(job_id)
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    def claimer() -> None:
+        try:
+            start.wait()
+            while True:
+                jobs = store.claim(now=now, limit=5, token=uuid.uuid4().hex, lease_until=now)
+                if not jobs:
+                    with store.begin() as conn:
+                        left = store.count(conn, JobFilter(statuses=(JobStatus.PENDING,)))
+                    if left == 0:
+                        return
+                claimed.update(job.id for job in jobs)
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [
+        threading.Thread(target=canceller, args=(ids,)),
+        threading.Thread(target=canceller, args=(list(reversed(ids)),)),
+        threading.Thread(target=claimer),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors
+    assert cancelled.isdisjoint(claimed)
+    assert cancelled | claimed == set(ids)
+    with store.begin() as conn:
+        assert store.count(conn, JobFilter(statuses=(JobStatus.CANCELLED,))) == len(cancelled)
+        assert store.count(conn, JobFilter(statuses=(JobStatus.RUNNING,))) == len(claimed)
