@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Connection
 
@@ -81,7 +81,7 @@ class JobLog(logging.LoggerAdapter[logging.Logger]):
     """Every line about a job names its id, name and key, as text and as record fields."""
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        job: Job = self.extra["job"]  # type: ignore[index]
+        job = cast(Job, (self.extra or {})["job"])
         kwargs["extra"] = {"job_id": job.id, "job_name": job.name, "job_key": job.key}
         key = f" key={job.key}" if job.key else ""
         return f"job {job.id} {job.name}{key}: {msg}", kwargs

@@ -382,7 +382,7 @@ class Defer:
         )
         state = self._state()
         with self._joined(state) as conn:
-            return state.store.list(conn, where, limit=limit, offset=offset)
+            return state.store.find(conn, where, limit=limit, offset=offset)
 
     def health(self, now: datetime | None = None) -> Health:
         """Scheduled vs owed work, the oldest owed job's age, dead letters, lapsed leases."""

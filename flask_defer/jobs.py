@@ -69,7 +69,7 @@ class Job:
     lease_expires_at: datetime | None = None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Job:
+    def from_row(cls, row: Mapping[Any, Any]) -> Job:
         """Build a job from a mapping of column values (as the store returns them)."""
         values = {name: row[name] for name in cls.__slots__ if name in row}
         values["status"] = JobStatus(values["status"])

@@ -66,7 +66,7 @@ def validate_spec(
 ) -> None:
     """Check the arguments of ``@defer.job`` so mistakes surface at import time."""
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise InvalidArgument("name", f"expected a non-empty string of ≤200 characters, got {name!r}")
+        raise InvalidArgument("name", f"expected a non-empty string (≤200 chars), got {name!r}")
     if max_attempts is not None and (
         isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
     ):
@@ -76,4 +76,4 @@ def validate_spec(
     ):
         raise InvalidArgument("timeout", f"expected seconds > 0, got {timeout!r}")
     if not isinstance(queue, str) or not queue or len(queue) > 100:
-        raise InvalidArgument("queue", f"expected a non-empty string of ≤100 characters, got {queue!r}")
+        raise InvalidArgument("queue", f"expected a non-empty string (≤100 chars), got {queue!r}")

@@ -51,8 +51,8 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         if not isinstance(value, datetime) or value.tzinfo is None:
             raise ValueError(f"flask_defer stores aware datetimes only, got {value!r}")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        utc: datetime = value.astimezone(UTC)
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:

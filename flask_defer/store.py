@@ -31,13 +31,14 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    type_coerce,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
 from .errors import JobExists
 from .jobs import Job, JobStatus
-from .schema import LIVE_STATUSES
+from .schema import LIVE_STATUSES, UTCDateTime
 
 #: PostgreSQL channel a scheduling transaction notifies; workers LISTEN on it.
 NOTIFY_CHANNEL = "flask_defer"
@@ -304,7 +305,7 @@ class JobStore:
         row = conn.execute(stmt).mappings().first()
         return Job.from_row(row) if row is not None else None
 
-    def list(
+    def find(
         self, conn: Connection, where: JobFilter, *, limit: int, offset: int = 0
     ) -> list[Job]:
         """Jobs matching *where*, newest first."""
@@ -335,15 +336,12 @@ class JobStore:
             select(
                 func.count().filter(pending & (t.c.run_at > now)),
                 func.count().filter(owed_cond),
-                func.min(t.c.due_at).filter(owed_cond),
+                # type_coerce: SQLite hands aggregates back as text; this parses them.
+                type_coerce(func.min(t.c.due_at).filter(owed_cond), UTCDateTime()),
                 func.count().filter(running & (t.c.lease_expires_at < now)),
             ).where(t.c.status.in_(LIVE_STATUSES))
         ).one()
         oldest = row[2]
-        if isinstance(oldest, str):  # SQLite returns aggregate timestamps as text
-            oldest = self.table.c.due_at.type.process_result_value(
-                datetime.fromisoformat(oldest), self.engine.dialect
-            )
         return StatusCounts(
             by_status=by_status,
             scheduled=int(row[0]),

@@ -202,13 +202,13 @@ def test_key_prefix_is_literal_and_case_sensitive(
     for key in ["booking:42:a", "booking:42:b", "Booking:42:c", "booking:4200", "booking_42:x"]:
         insert(store, new_job(key=key), now)
     with store.begin() as conn:
-        found = store.list(conn, JobFilter(key_prefix="booking:42:"), limit=10)
+        found = store.find(conn, JobFilter(key_prefix="booking:42:"), limit=10)
         assert sorted(job.key for job in found) == ["booking:42:a", "booking:42:b"]
         # "_" and "%" are not wildcards.
-        assert [j.key for j in store.list(conn, JobFilter(key_prefix="booking_"), limit=10)] == [
+        assert [j.key for j in store.find(conn, JobFilter(key_prefix="booking_"), limit=10)] == [
             "booking_42:x"
         ]
-        assert store.list(conn, JobFilter(key_prefix="%"), limit=10) == []
+        assert store.find(conn, JobFilter(key_prefix="%"), limit=10) == []
 
 
 def test_cancel_many_counts_what_was_already_running(
