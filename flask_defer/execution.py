@@ -144,10 +144,10 @@ class Executor:
         except _LeaseLost:
             return self._lost(log)
         except NotYet as wait:
-            log.info("not yet; runs again at %s", wait.until.isoformat())
-            ok = self.store.ack_snooze(
-                job, now=clock(), run_at=wait.until, note=None, still_owed=False
-            )
+            now = clock()
+            until = wait.resume_at(now)
+            log.info("not yet; runs again at %s", until.isoformat())
+            ok = self.store.ack_snooze(job, now=now, run_at=until, note=None, still_owed=False)
             return Outcome.SNOOZED if ok else self._lost(log)
         except Exception as error:  # noqa: BLE001 - a handler may raise anything
             delay = error.delay if isinstance(error, RetryAfter) else None

@@ -189,10 +189,11 @@ class Defer:
         """
         if callable(name):
             return self.job()(name)
+        # Validate now, so a mistake points at the decorator line, not at first use.
+        validate_spec(name if name is not None else "handler", max_attempts, timeout, queue)
 
         def register(func: F) -> F:
             job_name = name if name is not None else func.__name__
-            validate_spec(job_name, max_attempts, timeout, queue)
             self.registry.add(
                 HandlerSpec(
                     name=job_name,
@@ -410,6 +411,7 @@ class Defer:
 
         self._refuse_uncommitted(state, "run_due")
         summary = RunSummary()
+        started: set[int] = set()
         while limit is None or summary.ran < limit:
             batch = state.config.claim_batch
             if limit is not None:
@@ -420,9 +422,16 @@ class Defer:
                 token=uuid.uuid4().hex,
                 lease_until=clock() + state.config.lease,
             )
-            if not jobs:
+            # Each job runs at most once per call: a handler that reschedules itself
+            # before the injected *now* (say, by wall-clock time) must not loop forever.
+            again = [job for job in jobs if job.id in started]
+            if again:
+                state.store.release(again, now=clock(), keep_run_at=True)
+            fresh = [job for job in jobs if job.id not in started]
+            if not fresh:
                 break
-            for job in jobs:
+            for job in fresh:
+                started.add(job.id)
                 summary.add(state.executor.execute(job, clock))
         return summary
 

@@ -97,6 +97,8 @@ class NotYet(Exception):  # noqa: N818 - the name reads as the handler's answer
     """
 
     until: datetime
+    #: The delay when one was given; the worker measures it from its own clock.
+    delay: timedelta | None
 
     def __init__(self, until: datetime | Duration) -> None:
         now = utcnow()
@@ -106,10 +108,16 @@ class NotYet(Exception):  # noqa: N818 - the name reads as the handler's answer
                 raise InvalidArgument(
                     "until", f"{when.isoformat()} is not in the future; NotYet needs a later time"
                 )
+            self.delay = None
         else:
-            when = now + as_duration(until, "until", allow_zero=False)
+            self.delay = as_duration(until, "until", allow_zero=False)
+            when = now + self.delay
         super().__init__(f"not yet; run again at {when.isoformat()}")
         self.until = when
+
+    def resume_at(self, now: datetime) -> datetime:
+        """When to run again, measured from the executor's *now* for a relative delay."""
+        return now + self.delay if self.delay is not None else self.until
 
 
 class RetryAfter(Exception):  # noqa: N818 - the name reads as the handler's answer

@@ -465,23 +465,27 @@ class JobStore:
             values["due_at"] = run_at
         return self._acknowledge(job, values, now=now)
 
-    def release(self, jobs: Sequence[Job], *, now: datetime) -> int:
-        """Hand claimed jobs back to pending, due now, attempt not spent (shutdown)."""
+    def release(
+        self, jobs: Sequence[Job], *, now: datetime, keep_run_at: bool = False
+    ) -> int:
+        """Hand claimed jobs back to pending, attempt not spent (shutdown, ``run_due``).
+
+        They are due now, or at their old ``run_at`` with ``keep_run_at``.
+        """
         t = self.table
+        values: dict[str, Any] = {
+            "status": JobStatus.PENDING.value,
+            "attempts": t.c.attempts - 1,
+            "claim_token": None,
+            "lease_expires_at": None,
+            "updated_at": now,
+        }
+        if not keep_run_at:
+            values["run_at"] = now
         released = 0
         with self.begin() as conn:
             for job in jobs:
-                released += conn.execute(
-                    self._guarded_ack(job)
-                    .values(
-                        status=JobStatus.PENDING.value,
-                        run_at=now,
-                        attempts=t.c.attempts - 1,
-                        claim_token=None,
-                        lease_expires_at=None,
-                        updated_at=now,
-                    )
-                ).rowcount
+                released += conn.execute(self._guarded_ack(job).values(values)).rowcount
         return int(released)
 
     def extend_leases(

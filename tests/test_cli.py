@@ -1,0 +1,98 @@
+"""``flask defer ...`` commands, run through Flask's CLI runner against a real database."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import inspect
+
+from flask_defer import Job, JobStatus
+
+from .conftest import AppKit
+
+
+@pytest.fixture
+def cli_kit(make_app: Callable[..., AppKit]) -> AppKit:
+    kit = make_app()
+
+    @kit.defer.job("send_email")
+    def send_email(job: Job) -> None:
+        pass
+
+    return kit
+
+
+def invoke(kit: AppKit, *args: str) -> tuple[int, str]:
+    result = kit.app.test_cli_runner().invoke(args=["defer", *args])
+    return result.exit_code, result.output
+
+
+def schedule(kit: AppKit, **kwargs: object) -> Job:
+    with kit.context():
+        job = kit.defer.schedule("send_email", **kwargs)  # type: ignore[arg-type]
+        kit.db.session.commit()
+        return job
+
+
+def test_install_creates_the_table(cli_kit: AppKit) -> None:
+    code, output = invoke(cli_kit, "install")
+    assert code == 0, output
+    assert "defer_jobs is ready" in output
+    with cli_kit.context():
+        assert "defer_jobs" in inspect(cli_kit.db.engine).get_table_names()
+    assert invoke(cli_kit, "install")[0] == 0  # idempotent
+
+
+def test_list_shows_jobs_and_filters(cli_kit: AppKit) -> None:
+    invoke(cli_kit, "install")
+    schedule(cli_kit, key="booking:1:close", delay=60)
+    schedule(cli_kit, key="other", delay=60)
+    code, output = invoke(cli_kit, "list", "--key-prefix", "booking:")
+    assert code == 0 and "booking:1:close" in output and "other" not in output
+    code, output = invoke(cli_kit, "list", "--json", "--status", "pending")
+    rows = [json.loads(line) for line in output.splitlines()]
+    assert {row["key"] for row in rows} == {"booking:1:close", "other"}
+
+
+def test_cancel_by_id_key_and_prefix_with_exit_codes(cli_kit: AppKit) -> None:
+    invoke(cli_kit, "install")
+    first = schedule(cli_kit, delay=60)
+    schedule(cli_kit, key="message:2:send", delay=60)
+    schedule(cli_kit, key="booking:9:a", delay=60)
+    schedule(cli_kit, key="booking:9:b", delay=60)
+    assert invoke(cli_kit, "cancel", str(first.id)) == (0, "cancelled\n")
+    code, output = invoke(cli_kit, "cancel", str(first.id))
+    assert code == 1 and "no longer pending" in output
+    assert invoke(cli_kit, "cancel", "--key", "message:2:send")[0] == 0
+    code, output = invoke(cli_kit, "cancel", "--key-prefix", "booking:9:")
+    assert code == 0 and "cancelled 2, still running 0" in output
+    code, output = invoke(cli_kit, "cancel", "99999")
+    assert code == 1 and "no job with id 99999" in output
+    code, output = invoke(cli_kit, "cancel")
+    assert code == 2 and "exactly one of id or key" in output
+
+
+def test_run_due_runs_what_is_due(cli_kit: AppKit) -> None:
+    invoke(cli_kit, "install")
+    job = schedule(cli_kit)
+    schedule(cli_kit, delay=3600)
+    code, output = invoke(cli_kit, "run-due")
+    assert code == 0 and "ran 1 job(s): done 1" in output
+    with cli_kit.context():
+        assert cli_kit.defer.get(job.id).status is JobStatus.DONE  # type: ignore[union-attr]
+    assert "ran 1 job(s)" in invoke(cli_kit, "run-due", "--ahead", "7200")[1]
+
+
+def test_status_prints_counts_and_exits_3_past_a_threshold(cli_kit: AppKit) -> None:
+    invoke(cli_kit, "install")
+    schedule(cli_kit)
+    schedule(cli_kit, delay=3600)
+    code, output = invoke(cli_kit, "status")
+    assert code == 0 and "scheduled" in output and "owed" in output
+    code, output = invoke(cli_kit, "status", "--json")
+    data = json.loads(output)
+    assert data["scheduled"] == 1 and data["owed"] == 1 and data["counts"]["pending"] == 2
+    code, output = invoke(cli_kit, "status", "--max-owed", "0")
+    assert code == 3 and "threshold crossed: owed 1 > 0" in output
