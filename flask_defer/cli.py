@@ -149,6 +149,16 @@ def status_command(
         click.echo(f"{'oldest owed':<14}{age:>10}")
         click.echo(f"{'lapsed leases':<14}{health.lapsed_leases:>10}")
         click.echo(f"{'unknown names':<14}{health.unknown_handlers:>10}")
+        if health.by_name:
+            click.echo()
+            click.echo(f"{'NAME':<28}{'SCHEDULED':>10}{'OWED':>8}{'OLDEST':>10}{'FAILED':>8}")
+            for item in health.by_name:
+                oldest = "-" if item.oldest_owed_age is None else f"{item.oldest_owed_age:.0f}s"
+                flag = "  (no handler here)" if item.unknown else ""
+                click.echo(
+                    f"{item.name[:27]:<28}{item.scheduled:>10}{item.owed:>8}"
+                    f"{oldest:>10}{item.failed:>8}{flag}"
+                )
     crossed: list[str] = []
     if max_owed is not None and health.owed > max_owed:
         crossed.append(f"owed {health.owed} > {max_owed}")

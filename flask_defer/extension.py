@@ -389,10 +389,11 @@ class Defer:
         """Scheduled vs owed work, the oldest owed job's age, dead letters, lapsed leases."""
         state = self._state()
         at = as_utc(now, "now") if now is not None else utcnow()
+        known = self.registry.names()
         with self._joined(state) as conn:
-            counts = state.store.status_counts(conn, now=at)
-            unknown = state.store.count_unknown(conn, self.registry.names())
-        return Health.from_counts(counts, unknown_handlers=unknown, now=at)
+            parts = state.store.counts_by_name(conn, now=at)
+            unknown = state.store.count_unknown(conn, known)
+        return Health.from_counts(parts, known_names=known, unknown_handlers=unknown, now=at)
 
     # -- running ------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ is measured from when it first became due, so a retry's backoff does not hide it
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -15,8 +16,27 @@ from .store import StatusCounts
 
 
 @dataclass(frozen=True, slots=True)
+class NameHealth:
+    """The health figures of one job name."""
+
+    name: str
+    counts: dict[str, int]
+    scheduled: int
+    owed: int
+    oldest_owed_age: float | None
+    failed: int
+    lapsed_leases: int
+    #: True when no handler for this name is registered in this process.
+    unknown: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Health:
-    """One snapshot of the jobs table, as ``defer.health()`` returns it."""
+    """One snapshot of the jobs table, as ``defer.health()`` returns it.
+
+    ``by_name`` lists the same figures per job name, worst backlog first (most owed,
+    then oldest owed).
+    """
 
     counts: dict[str, int]
     scheduled: int
@@ -26,28 +46,56 @@ class Health:
     lapsed_leases: int
     unknown_handlers: int
     measured_at: datetime
+    by_name: tuple[NameHealth, ...] = ()
 
     @classmethod
     def from_counts(
-        cls, counts: StatusCounts, *, unknown_handlers: int, now: datetime
+        cls,
+        parts: list[StatusCounts],
+        *,
+        known_names: Collection[str],
+        unknown_handlers: int,
+        now: datetime,
     ) -> Health:
-        oldest = counts.oldest_owed_due_at
+        total = StatusCounts.total(parts)
+        by_name = [
+            NameHealth(
+                name=part.name or "",
+                counts=part.by_status,
+                scheduled=part.scheduled,
+                owed=part.owed,
+                oldest_owed_age=_age(part.oldest_owed_due_at, now),
+                failed=part.by_status.get("failed", 0),
+                lapsed_leases=part.lapsed_leases,
+                unknown=part.name not in known_names,
+            )
+            for part in parts
+        ]
+        by_name.sort(key=lambda h: (-h.owed, -(h.oldest_owed_age or 0.0), h.name))
         return cls(
-            counts={status: counts.by_status.get(status, 0) for status in _STATUSES},
-            scheduled=counts.scheduled,
-            owed=counts.owed,
-            oldest_owed_age=max((now - oldest).total_seconds(), 0.0) if oldest else None,
-            failed=counts.by_status.get("failed", 0),
-            lapsed_leases=counts.lapsed_leases,
+            counts=total.by_status,
+            scheduled=total.scheduled,
+            owed=total.owed,
+            oldest_owed_age=_age(total.oldest_owed_due_at, now),
+            failed=total.by_status.get("failed", 0),
+            lapsed_leases=total.lapsed_leases,
             unknown_handlers=unknown_handlers,
             measured_at=now,
+            by_name=tuple(by_name),
         )
+
+    @property
+    def ok(self) -> bool:
+        """No lapsed leases and no jobs waiting for a handler that is not deployed."""
+        return self.lapsed_leases == 0 and self.unknown_handlers == 0
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready form (``flask defer status --json``)."""
         data = asdict(self)
         data["measured_at"] = self.measured_at.isoformat()
+        data["by_name"] = [asdict(h) for h in self.by_name]
         return data
 
 
-_STATUSES = ("pending", "running", "done", "failed", "cancelled")
+def _age(since: datetime | None, now: datetime) -> float | None:
+    return max((now - since).total_seconds(), 0.0) if since is not None else None

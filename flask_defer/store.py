@@ -72,13 +72,27 @@ class JobFilter:
 
 @dataclass(frozen=True, slots=True)
 class StatusCounts:
-    """Figures the health report is built from, read in one pass over live rows."""
+    """Figures the health report is built from, for one job name or (``name=None``) all."""
 
+    name: str | None
     by_status: dict[str, int]
     scheduled: int
     owed: int
     oldest_owed_due_at: datetime | None
     lapsed_leases: int
+
+    @classmethod
+    def total(cls, parts: Sequence[StatusCounts]) -> StatusCounts:
+        """Sum per-name figures into one."""
+        oldest = [p.oldest_owed_due_at for p in parts if p.oldest_owed_due_at is not None]
+        return cls(
+            name=None,
+            by_status={s.value: sum(p.by_status.get(s.value, 0) for p in parts) for s in JobStatus},
+            scheduled=sum(p.scheduled for p in parts),
+            owed=sum(p.owed for p in parts),
+            oldest_owed_due_at=min(oldest) if oldest else None,
+            lapsed_leases=sum(p.lapsed_leases for p in parts),
+        )
 
 
 class JobStore:
@@ -320,35 +334,43 @@ class JobStore:
         stmt = select(func.count()).select_from(self.table).where(self._filter(where))
         return int(conn.execute(stmt).scalar_one())
 
-    def status_counts(self, conn: Connection, *, now: datetime) -> StatusCounts:
-        """Counts by status, and the live backlog split into scheduled and owed."""
+    def counts_by_name(self, conn: Connection, *, now: datetime) -> list[StatusCounts]:
+        """Per job name: counts by status, scheduled vs owed, oldest owed, lapsed leases.
+
+        One grouped pass over the table; "owed" is pending-and-due or running, and its
+        age is measured from ``due_at``, which retries do not move.
+        """
         t = self.table
-        by_status = {
-            status: int(n)
-            for status, n in conn.execute(
-                select(t.c.status, func.count()).group_by(t.c.status)
-            )
-        }
         pending = t.c.status == JobStatus.PENDING.value
         running = t.c.status == JobStatus.RUNNING.value
-        owed_cond = (pending & (t.c.run_at <= now)) | running
-        row = conn.execute(
-            select(
-                func.count().filter(pending & (t.c.run_at > now)),
-                func.count().filter(owed_cond),
-                # type_coerce: SQLite hands aggregates back as text; this parses them.
-                type_coerce(func.min(t.c.due_at).filter(owed_cond), UTCDateTime()),
-                func.count().filter(running & (t.c.lease_expires_at < now)),
-            ).where(t.c.status.in_(LIVE_STATUSES))
-        ).one()
-        oldest = row[2]
-        return StatusCounts(
-            by_status=by_status,
-            scheduled=int(row[0]),
-            owed=int(row[1]),
-            oldest_owed_due_at=oldest,
-            lapsed_leases=int(row[3]),
-        )
+        owed = (pending & (t.c.run_at <= now)) | running
+        per_status = [func.count().filter(t.c.status == s.value) for s in JobStatus]
+        stmt = select(
+            t.c.name,
+            func.count().filter(pending & (t.c.run_at > now)),
+            func.count().filter(owed),
+            # type_coerce: SQLite hands aggregates back as text; this parses them.
+            type_coerce(func.min(t.c.due_at).filter(owed), UTCDateTime()),
+            func.count().filter(running & (t.c.lease_expires_at < now)),
+            *per_status,
+        ).group_by(t.c.name)
+        result = []
+        for row in conn.execute(stmt):
+            result.append(
+                StatusCounts(
+                    name=row[0],
+                    by_status={s.value: int(n) for s, n in zip(JobStatus, row[5:], strict=True)},
+                    scheduled=int(row[1]),
+                    owed=int(row[2]),
+                    oldest_owed_due_at=row[3],
+                    lapsed_leases=int(row[4]),
+                )
+            )
+        return result
+
+    def status_counts(self, conn: Connection, *, now: datetime) -> StatusCounts:
+        """The figures of :meth:`counts_by_name`, summed over every name."""
+        return StatusCounts.total(self.counts_by_name(conn, now=now))
 
     def count_unknown(self, conn: Connection, known_names: Collection[str]) -> int:
         """Pending jobs whose name has no handler among *known_names*."""

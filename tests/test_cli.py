@@ -91,6 +91,7 @@ def test_status_prints_counts_and_exits_3_past_a_threshold(cli_kit: AppKit) -> N
     schedule(cli_kit, delay=3600)
     code, output = invoke(cli_kit, "status")
     assert code == 0 and "scheduled" in output and "owed" in output
+    assert "send_email" in output.split("NAME", 1)[1]
     code, output = invoke(cli_kit, "status", "--json")
     data = json.loads(output)
     assert data["scheduled"] == 1 and data["owed"] == 1 and data["counts"]["pending"] == 2
