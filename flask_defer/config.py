@@ -98,5 +98,7 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         )
     limit = config["DEFER_TOAST_LIMIT"]
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100:
-        raise InvalidArgument("DEFER_TOAST_LIMIT", f"expected an integer from 1 to 100, got {limit!r}")
+        raise InvalidArgument(
+            "DEFER_TOAST_LIMIT", f"expected an integer from 1 to 100, got {limit!r}"
+        )
     return DeferConfig(**values)

@@ -25,14 +25,13 @@ from .errors import InvalidArgument, JobNotFound, JobNotPending, NotConfigured, 
 from .execution import Executor, RetryPolicy, RunSummary
 from .health import Health
 from .jobs import Job, JobStatus
-from .registry import Handler, HandlerSpec, Registry, validate_spec
-from .schema import DEFAULT_TABLE_NAME, define_jobs_table
-from .store import JobFilter, JobStore, NewJob
-from .timeutil import Duration, as_utc, resolve_run_at, utcnow
 
 # -- Undo UI imports --
 from .owner import OwnerLoader, resolve_owner
-from .timeutil import as_duration
+from .registry import Handler, HandlerSpec, Registry, validate_spec
+from .schema import DEFAULT_TABLE_NAME, define_jobs_table
+from .store import JobFilter, JobStore, NewJob
+from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
 from .undo import MAX_JOB_ID, Toast, UndoHook, UndoOutcome
 
 F = TypeVar("F", bound=Handler)

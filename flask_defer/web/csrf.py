@@ -63,8 +63,8 @@ def require_csrf() -> None:
     if token is None:
         abort(400, description="The CSRF token is missing.")
     if uses_flask_wtf():
-        from flask_wtf.csrf import validate_csrf
-        from wtforms import ValidationError
+        # wtforms' ValidationError, re-exported by flask_wtf.csrf.
+        from flask_wtf.csrf import ValidationError, validate_csrf
 
         try:
             validate_csrf(token)

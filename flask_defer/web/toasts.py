@@ -7,9 +7,16 @@ no-JavaScript Undo arrives as a flashed message and is shown in the same place.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from flask import current_app, g, get_flashed_messages, has_request_context, render_template, request
+from flask import (
+    current_app,
+    g,
+    get_flashed_messages,
+    has_request_context,
+    render_template,
+    request,
+)
 from markupsafe import Markup
 
 from ..undo import Toast, UndoOutcome
@@ -69,5 +76,8 @@ def page_of_fragment_request() -> str | None:
 
 
 def _flashed_outcomes() -> list[tuple[UndoOutcome, str]]:
-    flashed = get_flashed_messages(with_categories=True, category_filter=list(FLASH_CATEGORIES))
+    flashed = cast(
+        "list[tuple[str, str]]",
+        get_flashed_messages(with_categories=True, category_filter=list(FLASH_CATEGORIES)),
+    )
     return [(FLASH_CATEGORIES[category], str(message)) for category, message in flashed]

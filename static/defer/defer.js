@@ -113,12 +113,12 @@
     var state = toast.__defer;
     if (!bar || !state || state.remaining <= 0) { return; }
     var left = secondsLeft(toast);
+    toast.classList.add("defer-toast--timed"); // shows the bar, so it can transition
     bar.style.transition = "none";
     bar.style.transform = "scaleX(" + (state.fraction * left / state.remaining) + ")";
     void bar.offsetWidth; // apply the starting width before transitioning from it
     bar.style.transition = "transform " + left + "s linear";
     bar.style.transform = "scaleX(0)";
-    toast.classList.add("defer-toast--timed");
   }
 
   function update(toast) {
