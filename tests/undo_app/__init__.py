@@ -95,13 +95,17 @@ def create_app(
     @app.post("/send")
     def send() -> Any:
         subject = request.form.get("subject") or "Hello"
+        window = request.form.get("window")
         job = defer.undoable(
-            "send_email", {"subject": subject}, label=request.form.get("label") or "Message sent"
+            "send_email",
+            {"subject": subject},
+            label=request.form.get("label") or "Message sent",
+            window=float(window) if window else None,
         )
         db.session.commit()
         if request.headers.get("HX-Request") == "true":
             return "", 204
-        return redirect(url_for("compose", sent=job.id), code=303)
+        return redirect(url_for("compose", sent=job.id, window=window or None), code=303)
 
     with app.app_context():
         db.create_all()
