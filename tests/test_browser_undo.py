@@ -214,7 +214,10 @@ def test_a_click_that_loses_the_race_says_too_late(
     running = live.job(running_id)
     with live.mail.context():
         live.mail.defer.store.claim(
-            now=running.run_at, limit=1, token="w1", lease_until=running.run_at + timedelta(minutes=1)
+            now=running.run_at,
+            limit=1,
+            token="w1",
+            lease_until=running.run_at + timedelta(minutes=1),
         )
     assert live.job(running_id).status is JobStatus.RUNNING
     assert live.run_due(now=live.job(ran_id).run_at).done == 1
