@@ -131,9 +131,10 @@ def test_send_then_undo_cancels_the_job(live: Live, open_page: Callable[..., Pag
     expect(count).to_have_text("4", timeout=2500)  # it ticks
     # The toast floats: the page's content did not move.
     assert page.locator("#compose").bounding_box() == form_box
-    assert page.evaluate(
-        "getComputedStyle(document.querySelector('.defer-toasts')).position"
-    ) == "fixed"
+    assert (
+        page.evaluate("getComputedStyle(document.querySelector('.defer-toasts')).position")
+        == "fixed"
+    )
 
     item.get_by_role("button", name="Undo").click()
     outcome = page.locator('[data-defer-outcome="undone"]')
@@ -265,9 +266,7 @@ def test_without_javascript_the_plain_form_undoes(
     expect(item).to_contain_text("Message sent")
     job_id = int(item.get_attribute("data-defer-toast") or 0)
     item.get_by_role("button", name="Undo").click()
-    expect(page.locator('[data-defer-outcome="undone"]')).to_have_text(
-        "“Message sent” — undone."
-    )
+    expect(page.locator('[data-defer-outcome="undone"]')).to_have_text("“Message sent” — undone.")
     assert page.url.startswith(live.url + "/?sent=")
     assert live.job(job_id).status is JobStatus.CANCELLED
 

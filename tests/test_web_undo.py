@@ -80,9 +80,7 @@ def test_a_page_shows_the_toast_with_the_servers_remaining_seconds(mail: MailApp
     client = mail.app.test_client()
     job_id = send(client, label="Message sent")
     html = client.get("/inbox").get_data(as_text=True)
-    toast = re.search(
-        rf'id="defer-toast-{job_id}".*?data-defer-remaining="([0-9.]+)"', html, re.S
-    )
+    toast = re.search(rf'id="defer-toast-{job_id}".*?data-defer-remaining="([0-9.]+)"', html, re.S)
     assert toast, html
     assert 4.0 < float(toast.group(1)) <= 5.0
     assert "Message sent" in html
@@ -225,7 +223,8 @@ def test_plain_post_undo_after_it_ran_flashes_too_late(mail: MailApp) -> None:
     job_id = send(client, label="Message sent")
     run_due_at_run_at(mail, job_id)
     response = client.post(
-        f"/defer/undo/{job_id}", data={"csrf_token": token_of(client), "next": "/"},
+        f"/defer/undo/{job_id}",
+        data={"csrf_token": token_of(client), "next": "/"},
         follow_redirects=True,
     )
     assert "“Message sent” — too late, it already ran." in response.get_data(as_text=True)

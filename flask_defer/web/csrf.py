@@ -72,7 +72,5 @@ def require_csrf() -> None:
             abort(400, description=f"The CSRF token is invalid: {error}")
         return
     expected = session.get(SESSION_KEY)
-    if not isinstance(expected, str) or not hmac.compare_digest(
-        expected.encode(), token.encode()
-    ):
+    if not isinstance(expected, str) or not hmac.compare_digest(expected.encode(), token.encode()):
         abort(400, description="The CSRF token is invalid or has expired.")

@@ -68,9 +68,7 @@ def _no_store(response: ResponseReturnValue) -> ResponseReturnValue:
 def toasts_fragment() -> ResponseReturnValue:
     """The current owner's live toasts as HTML (the toast region refreshes from it)."""
     return _no_store(
-        render_template(
-            "defer/_toast_list.html", **toast_context(page=page_of_fragment_request())
-        )
+        render_template("defer/_toast_list.html", **toast_context(page=page_of_fragment_request()))
     )
 
 
