@@ -25,8 +25,6 @@ from .errors import InvalidArgument, JobNotFound, JobNotPending, NotConfigured, 
 from .execution import Executor, RetryPolicy, RunSummary
 from .health import Health
 from .jobs import Job, JobStatus
-
-# -- Undo UI imports --
 from .owner import OwnerLoader, resolve_owner
 from .registry import Handler, HandlerSpec, Registry, validate_spec
 from .schema import DEFAULT_TABLE_NAME, define_jobs_table
