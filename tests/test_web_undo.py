@@ -400,7 +400,10 @@ def test_pending_page_lists_the_owners_undoable_and_scheduled_jobs(mail: MailApp
         )
         foreign = mail.defer.schedule("send_email", delay=60, owner="someone", label="Secret")
         mail.db.session.commit()
-    html = client.get("/defer/pending").get_data(as_text=True)
+    html = client.get(
+        "/defer/pending", headers={"Referer": "http://localhost/inbox?page=2"}
+    ).get_data(as_text=True)
+    assert '<a href="/inbox?page=2">← Back</a>' in html
     assert "Message sent" in html and "Undo possible for" in html
     assert "Publish post" in html and "Runs in" in html and "2 h" in html
     assert "Secret" not in html and f"defer-pending-{foreign.id}" not in html
@@ -416,8 +419,11 @@ def test_pending_page_lists_the_owners_undoable_and_scheduled_jobs(mail: MailApp
 
 
 def test_pending_page_of_a_new_visitor_is_empty(mail: MailApp) -> None:
-    response = mail.app.test_client().get("/defer/pending")
+    response = mail.app.test_client().get(
+        "/defer/pending", headers={"Referer": "https://evil.example/"}
+    )
     assert response.status_code == 200
+    assert "evil.example" not in response.get_data(as_text=True)
     assert "Nothing is waiting." in response.get_data(as_text=True)
 
 

@@ -22,7 +22,7 @@ from ..errors import JobNotFound
 from ..extension import Defer, DeferState
 from ..timeutil import utcnow
 from .csrf import csrf_token, field_name, require_csrf
-from .redirects import safe_local_target
+from .redirects import path_of, safe_local_target
 from .toasts import page_of_fragment_request, toast_context
 
 
@@ -107,5 +107,6 @@ def pending_page() -> ResponseReturnValue:
             now=now,
             csrf_token=csrf_token() if jobs else "",
             csrf_field=field_name(),
+            back_url=path_of(request.referrer, request.host_url),
         )
     )
