@@ -667,8 +667,16 @@ def _clear_uncommitted(session: Session, transaction: Any) -> None:
 
 
 def _track_uncommitted(session: scoped_session[Session]) -> None:
-    if not event.contains(session, "after_transaction_end", _clear_uncommitted):
-        event.listen(session, "after_transaction_end", _clear_uncommitted)
+    # The listener lands on the sessionmaker's own Session subclass. The mark lives on
+    # that class, not in event.contains(): SQLAlchemy's event registry is keyed by
+    # id(), so a new class reusing a collected class's address looked "already
+    # listened to" and its sessions never cleared the uncommitted mark.
+    factory_class = getattr(session.session_factory, "class_", None)
+    if factory_class is not None and factory_class.__dict__.get("_flask_defer_tracked"):
+        return
+    event.listen(session, "after_transaction_end", _clear_uncommitted)
+    if factory_class is not None:
+        factory_class._flask_defer_tracked = True
 
 
 def _identity(job_id: Any, key: Any) -> tuple[int | None, str | None]:

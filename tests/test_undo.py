@@ -294,3 +294,44 @@ def test_undo_outcome_sentences() -> None:
     assert UndoOutcome.ALREADY_RAN.describe("") == "Too late — it already ran."
     assert UndoOutcome.ALREADY_UNDONE.undone and not UndoOutcome.RUNNING.undone
     assert UndoOutcome.for_status(JobStatus.FAILED) is UndoOutcome.ALREADY_RAN
+
+
+def test_commit_clears_the_uncommitted_mark_for_every_new_app() -> None:
+    """Regression: undo() once refused to run after a commit in a fresh app.
+
+    SQLAlchemy keys its event registry by ``id()``; a new app's Session class reusing a
+    collected one's address was taken as already listened to, so its commit never
+    cleared the "jobs scheduled, not committed" mark.
+    """
+    import gc
+
+    from flask import Flask
+    from flask_sqlalchemy import SQLAlchemy
+    from sqlalchemy.orm import DeclarativeBase
+
+    from flask_defer import Defer
+
+    stuck = 0
+    for number in range(60):
+
+        class Model(DeclarativeBase):
+            pass
+
+        db = SQLAlchemy(model_class=Model)
+        defer = Defer()
+        app = Flask(f"app_{number}")
+        app.config.update(SQLALCHEMY_DATABASE_URI="sqlite://")
+        db.init_app(app)
+        defer.init_app(app, db=db)
+        defer.job("noop")(lambda job: None)
+        with app.app_context():
+            db.create_all()
+            defer.schedule("noop")
+            db.session.commit()
+            stuck += bool(db.session.info.get("flask_defer.uncommitted"))
+            db.session.remove()
+            for engine in db.engines.values():
+                engine.dispose()
+        del db, defer, app, Model
+        gc.collect()
+    assert stuck == 0
