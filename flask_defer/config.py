@@ -42,6 +42,11 @@ DEFAULTS: dict[str, Any] = {
     # Settled rows are pruned after these ages (done/cancelled, and failed).
     "DEFER_RETENTION": timedelta(days=7),
     "DEFER_FAILED_RETENTION": timedelta(days=30),
+    # -- Undo UI (blueprint) --
+    # Where the blueprint's pages, fragments and assets are mounted.
+    "DEFER_URL_PREFIX": "/defer",
+    # At most this many Undo toasts are shown at once (the newest).
+    "DEFER_TOAST_LIMIT": 5,
 }
 
 _DURATIONS = {name for name, value in DEFAULTS.items() if isinstance(value, timedelta)}
@@ -69,6 +74,9 @@ class DeferConfig:
     undo_window: timedelta
     retention: timedelta
     failed_retention: timedelta
+    # -- Undo UI (blueprint) --
+    url_prefix: str
+    toast_limit: int
 
 
 def load_config(config: Mapping[str, Any]) -> DeferConfig:
@@ -83,4 +91,14 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         value = config[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgument(name, f"expected an integer ≥ 1, got {value!r}")
+    prefix = config["DEFER_URL_PREFIX"]
+    if not isinstance(prefix, str) or not prefix.startswith("/") or prefix.endswith("/"):
+        raise InvalidArgument(
+            "DEFER_URL_PREFIX", f"expected a path like '/defer' (no trailing slash), got {prefix!r}"
+        )
+    limit = config["DEFER_TOAST_LIMIT"]
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100:
+        raise InvalidArgument(
+            "DEFER_TOAST_LIMIT", f"expected an integer from 1 to 100, got {limit!r}"
+        )
     return DeferConfig(**values)

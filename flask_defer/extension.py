@@ -25,10 +25,12 @@ from .errors import InvalidArgument, JobNotFound, JobNotPending, NotConfigured, 
 from .execution import Executor, RetryPolicy, RunSummary
 from .health import Health
 from .jobs import Job, JobStatus
+from .owner import OwnerLoader, resolve_owner
 from .registry import Handler, HandlerSpec, Registry, validate_spec
 from .schema import DEFAULT_TABLE_NAME, define_jobs_table
 from .store import JobFilter, JobStore, NewJob
-from .timeutil import Duration, as_utc, resolve_run_at, utcnow
+from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
+from .undo import MAX_JOB_ID, Toast, UndoHook, UndoOutcome
 
 F = TypeVar("F", bound=Handler)
 
@@ -72,6 +74,9 @@ class Defer:
         self.registry = Registry()
         self.db = db
         self.table_name = table_name
+        # -- Undo UI --
+        self._owner_loader: OwnerLoader | None = None
+        self._undo_hooks: dict[str, list[UndoHook]] = {}
         if db is not None:
             # Defining the table now puts it in the metadata before create_all or
             # Alembic look, whatever order the app sets things up in.
@@ -129,6 +134,11 @@ class Defer:
         from .cli import defer_cli
 
         app.cli.add_command(defer_cli)
+
+        # -- Undo UI: blueprint, defer_toasts() and the htmx refresh trigger --
+        from .web import init_web
+
+        init_web(app, config)
 
     def _state(self) -> DeferState:
         if not has_app_context():
@@ -255,6 +265,164 @@ class Defer:
             job = state.store.insert(conn, new, now=now, replace=replace)
         signals.job_scheduled.send(current_app._get_current_object(), job=job)  # type: ignore[attr-defined]
         return job
+
+    # -- Undo (the facade of the Undo UI) ---------------------------------------------
+
+    def owner_loader(self, loader: OwnerLoader) -> OwnerLoader:
+        """Register the function that names the current owner of Undo toasts (a decorator).
+
+        It takes no arguments and returns a string id, or None when nobody is there.
+        Without one, the owner is Flask-Login's authenticated user (``get_id()``) when
+        the app uses Flask-Login, else an anonymous id kept in this browser's session.
+        Toasts and Undo only ever see jobs whose ``owner`` equals this value.
+        """
+        if not callable(loader):
+            raise InvalidArgument("loader", f"expected a function, got {loader!r}")
+        self._owner_loader = loader
+        return loader
+
+    def current_owner(self, *, create: bool = False) -> str | None:
+        """The current owner's id, or None (outside a request, or an anonymous visitor).
+
+        ``create=True`` gives an anonymous visitor a per-browser id (stored in the
+        session cookie); only scheduling an undoable job does that.
+        """
+        return resolve_owner(self._owner_loader, create=create)
+
+    def on_undo(self, name: str) -> Callable[[UndoHook], UndoHook]:
+        """Run the decorated ``hook(job)`` when a job called *name* is undone.
+
+        The hook runs in the Undo's transaction, after the cancel and before the
+        commit (with a ``db``, that is ``db.session``'s transaction): restoring a
+        soft-deleted row and cancelling its purge commit together or not at all. If
+        the hook raises, the Undo is rolled back and the error propagates.
+        """
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument("name", f"expected a job name string, got {name!r}")
+
+        def register(hook: UndoHook) -> UndoHook:
+            self._undo_hooks.setdefault(name, []).append(hook)
+            return hook
+
+        return register
+
+    def undoable(
+        self,
+        name: str,
+        payload: Any = None,
+        *,
+        window: Duration | None = None,
+        label: str | None = None,
+        key: str | None = None,
+        owner: str | None = None,
+        replace: bool = False,
+    ) -> Job:
+        """Schedule *name* to run after an Undo window, and show its owner an Undo toast.
+
+        The owner sees the toast for ``window`` (default ``DEFER_UNDO_WINDOW``, 5 s);
+        the job runs ``DEFER_UNDO_MARGIN`` (1 s) after the window closes, so an Undo
+        clicked in the last moment still lands. ``owner`` defaults to the current owner
+        (see :meth:`owner_loader`); ``label`` is the toast's text ("Message sent").
+
+        Like :meth:`schedule`, the row joins ``db.session``'s transaction: the caller
+        commits it together with the business change (and the toast appears once it is
+        committed).
+        """
+        state = self._state()
+        span = (
+            state.config.undo_window
+            if window is None
+            else as_duration(window, "window", allow_zero=False)
+        )
+        if owner is None:
+            owner = self.current_owner(create=True)
+            if owner is None:
+                raise InvalidArgument(
+                    "owner",
+                    "there is no current owner to show the Undo toast to; call undoable() "
+                    "while handling a request, or pass owner=",
+                )
+        now = utcnow()
+        return self.schedule(
+            name,
+            payload,
+            run_at=now + span + state.config.undo_margin,
+            key=key,
+            replace=replace,
+            owner=owner,
+            label=label,
+            undo_until=now + span,
+        )
+
+    def undo(self, id: int, *, owner: str) -> UndoOutcome:
+        """Cancel *owner*'s job *id* if it has not started, and say what happened.
+
+        pending → cancelled, :attr:`UndoOutcome.UNDONE` (``on_undo`` hooks run in the
+        same transaction). running → ``RUNNING``; done or failed → ``ALREADY_RAN``;
+        cancelled → ``ALREADY_UNDONE``. A job of another owner, or no job at all,
+        raises :class:`JobNotFound`: other people's ids are never confirmed to exist.
+        Runs and commits a transaction of its own, like :meth:`cancel`.
+        """
+        state = self._state()
+        job_id, _ = _identity(id, None)
+        assert job_id is not None
+        checked_owner = _checked_text(owner, "owner")
+        if checked_owner is None:
+            raise InvalidArgument("owner", "undo needs the owner whose job it may cancel")
+        if not 1 <= job_id <= MAX_JOB_ID:
+            raise JobNotFound(job_id)
+        self._refuse_uncommitted(state, "undo")
+        with self._atomic_scope() as conn:
+            cancelled: Job | None = None
+            # A failed attempt can put the job back to pending between the cancel and
+            # the read below; cancelling again then is right, so try a few times.
+            for _ in range(3):
+                cancelled = state.store.cancel(
+                    conn, now=utcnow(), job_id=job_id, owner=checked_owner
+                )
+                if cancelled is not None:
+                    break
+                existing = state.store.get(conn, job_id=job_id)
+                if existing is None or existing.owner != checked_owner:
+                    raise JobNotFound(job_id)
+                if existing.status is not JobStatus.PENDING:
+                    return UndoOutcome.for_status(existing.status)
+            if cancelled is None:
+                return UndoOutcome.RUNNING
+            for hook in self._undo_hooks.get(cancelled.name, ()):
+                hook(cancelled)
+        signals.job_cancelled.send(current_app._get_current_object(), job=cancelled)  # type: ignore[attr-defined]
+        return UndoOutcome.UNDONE
+
+    def toasts(
+        self, owner: str | None = None, *, now: datetime | None = None, limit: int | None = None
+    ) -> list[Toast]:
+        """*owner*'s live Undo toasts (pending, window still open), newest first.
+
+        ``owner`` defaults to the current owner; with none, there are no toasts.
+        ``limit`` defaults to ``DEFER_TOAST_LIMIT``.
+        """
+        state = self._state()
+        owner = _checked_text(owner, "owner") if owner is not None else self.current_owner()
+        if owner is None:
+            return []
+        at = as_utc(now, "now") if now is not None else utcnow()
+        count = state.config.toast_limit if limit is None else _checked_limit(limit)
+        with self._joined(state) as conn:
+            jobs = state.store.undoable_for(conn, owner, now=at, limit=count)
+        return [Toast.from_job(job, at) for job in jobs]
+
+    def pending_for(self, owner: str | None = None, *, limit: int = 100) -> list[Job]:
+        """*owner*'s pending jobs, undoable or scheduled, soonest first.
+
+        ``owner`` defaults to the current owner; with none, the list is empty.
+        """
+        state = self._state()
+        owner = _checked_text(owner, "owner") if owner is not None else self.current_owner()
+        if owner is None:
+            return []
+        with self._joined(state) as conn:
+            return state.store.pending_for(conn, owner, limit=_checked_limit(limit))
 
     # -- control ------------------------------------------------------------------
 
@@ -509,8 +677,16 @@ def _clear_uncommitted(session: Session, transaction: Any) -> None:
 
 
 def _track_uncommitted(session: scoped_session[Session]) -> None:
-    if not event.contains(session, "after_transaction_end", _clear_uncommitted):
-        event.listen(session, "after_transaction_end", _clear_uncommitted)
+    # The listener lands on the sessionmaker's own Session subclass. The mark lives on
+    # that class, not in event.contains(): SQLAlchemy's event registry is keyed by
+    # id(), so a new class reusing a collected class's address looked "already
+    # listened to" and its sessions never cleared the uncommitted mark.
+    factory_class = getattr(session.session_factory, "class_", None)
+    if factory_class is not None and factory_class.__dict__.get("_flask_defer_tracked"):
+        return
+    event.listen(session, "after_transaction_end", _clear_uncommitted)
+    if factory_class is not None:
+        factory_class._flask_defer_tracked = True
 
 
 def _identity(job_id: Any, key: Any) -> tuple[int | None, str | None]:
@@ -532,6 +708,12 @@ def _checked_text(value: Any, argument: str, *, allow_empty: bool = False) -> st
     if len(value) > 255:
         raise InvalidArgument(argument, f"at most 255 characters, got {len(value)}")
     return value
+
+
+def _checked_limit(limit: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise InvalidArgument("limit", f"expected an integer from 1 to 10000, got {limit!r}")
+    return limit
 
 
 def _checked_payload(payload: Any) -> Any:

@@ -382,6 +382,46 @@ class JobStore:
         )
         return int(conn.execute(stmt).scalar_one())
 
+    # -- the Undo UI's reads -------------------------------------------------------
+
+    def undoable_for(
+        self, conn: Connection, owner: str, *, now: datetime, limit: int
+    ) -> list[Job]:
+        """*owner*'s pending jobs whose Undo window is still open, newest window first.
+
+        The repeated ``status IN ('pending', 'running')`` is the predicate of the
+        partial owner index; stating it lets SQLite and PostgreSQL use that index for
+        a query that runs on every page view.
+        """
+        t = self.table
+        stmt = (
+            select(t)
+            .where(
+                t.c.owner == owner,
+                t.c.status.in_(LIVE_STATUSES),
+                t.c.status == JobStatus.PENDING.value,
+                t.c.undo_until > now,
+            )
+            .order_by(t.c.undo_until.desc(), t.c.id.desc())
+            .limit(limit)
+        )
+        return [Job.from_row(row) for row in conn.execute(stmt).mappings()]
+
+    def pending_for(self, conn: Connection, owner: str, *, limit: int) -> list[Job]:
+        """*owner*'s pending jobs, soonest first (the "pending actions" page)."""
+        t = self.table
+        stmt = (
+            select(t)
+            .where(
+                t.c.owner == owner,
+                t.c.status.in_(LIVE_STATUSES),
+                t.c.status == JobStatus.PENDING.value,
+            )
+            .order_by(t.c.run_at, t.c.id)
+            .limit(limit)
+        )
+        return [Job.from_row(row) for row in conn.execute(stmt).mappings()]
+
     # -- the worker's side: claim, acknowledge, lease ------------------------------
 
     def claim(

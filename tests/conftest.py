@@ -192,3 +192,37 @@ def _no_leaked_app_context() -> Iterator[None]:
     yield
     after = _cv_app.get(None)
     assert after is before, "the test left a Flask application context pushed"
+
+
+# -- browser tests (Playwright driving real headless Chromium) --------------------------
+
+#: Flags for a headless Chromium in a container or CI without a desktop session.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
+    """pytest-playwright's launch arguments, pointed at the system's Chromium.
+
+    The test command installs Chromium from the distribution (``DEFER_TEST_CHROMIUM``
+    names another binary); Playwright's own browser download is never needed.
+    """
+    import shutil
+
+    executable = (
+        os.environ.get("DEFER_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    )
+    return {
+        **browser_type_launch_args,
+        "executable_path": executable,
+        "headless": True,
+        "args": CHROMIUM_ARGS,
+    }

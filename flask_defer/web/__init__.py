@@ -1,0 +1,78 @@
+"""The ``defer`` blueprint: the Undo toasts, the Undo endpoint and the pending page.
+
+The web layer holds no SQL: every view calls the :class:`~flask_defer.Defer` facade
+and maps its errors (:class:`~flask_defer.JobNotFound` → 404). Templates live under
+``defer/`` so an app overrides any of them from its own ``templates/defer/`` folder
+(Flask searches the app's templates before a blueprint's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Flask, Response, g, has_request_context, request
+
+from .. import signals
+from ..config import DeferConfig
+from ..jobs import Job
+from ..resources import static_dir, templates_dir
+from . import undo_views
+from .csrf import csrf_token
+from .toasts import defer_toasts
+
+#: The event htmx fires on ``body`` when a response carries ``HX-Trigger: defer-toasts``;
+#: the toast container listens for it and fetches new toasts.
+REFRESH_EVENT = "defer-toasts"
+
+
+def create_blueprint() -> Blueprint:
+    """A fresh ``defer`` blueprint (one per app, so each app may mount it elsewhere)."""
+    blueprint = Blueprint(
+        "defer",
+        __name__,
+        template_folder=str(templates_dir()),
+        static_folder=str(static_dir()),
+        static_url_path="/static",
+    )
+    undo_views.register(blueprint)
+    return blueprint
+
+
+def init_web(app: Flask, config: DeferConfig) -> None:
+    """Register the blueprint, the Jinja globals and the htmx refresh trigger on *app*."""
+    app.register_blueprint(create_blueprint(), url_prefix=config.url_prefix)
+    app.add_template_global(defer_toasts, "defer_toasts")
+    app.add_template_global(csrf_token, "defer_csrf_token")
+    signals.job_scheduled.connect(_note_new_toast, sender=app)
+    app.after_request(_trigger_toast_refresh)
+
+
+def _note_new_toast(sender: Any, job: Job, **_: Any) -> None:
+    if job.undo_until is not None and has_request_context():
+        g._defer_new_toast = True
+
+
+def _trigger_toast_refresh(response: Response) -> Response:
+    """Tell htmx to refresh the toasts after an htmx request that made an undoable job.
+
+    So an app whose Send button is an htmx request shows the toast without a reload
+    and without any code of its own.
+    """
+    if not g.get("_defer_new_toast") or request.headers.get("HX-Request") != "true":
+        return response
+    existing = response.headers.get("HX-Trigger")
+    if not existing:
+        response.headers["HX-Trigger"] = REFRESH_EVENT
+    elif existing.lstrip().startswith("{"):
+        import json
+
+        try:
+            events = json.loads(existing)
+        except ValueError:
+            return response
+        if isinstance(events, dict):
+            events.setdefault(REFRESH_EVENT, True)
+            response.headers["HX-Trigger"] = json.dumps(events)
+    elif REFRESH_EVENT not in {name.strip() for name in existing.split(",")}:
+        response.headers["HX-Trigger"] = f"{existing}, {REFRESH_EVENT}"
+    return response

@@ -1,0 +1,337 @@
+"""The Undo facade: undoable(), undo(), toasts(), pending_for() and on_undo hooks.
+
+Every test runs on SQLite and PostgreSQL (the ``kit`` fixture).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, select
+
+from flask_defer import InvalidArgument, Job, JobNotFound, JobStatus
+from flask_defer.timeutil import utcnow
+from flask_defer.undo import Toast, UndoOutcome
+
+from .conftest import AppKit
+
+
+@pytest.fixture
+def mail(kit: AppKit) -> AppKit:
+    """The kit with a ``send_email`` handler registered."""
+
+    @kit.defer.job("send_email")
+    def send_email(job: Job) -> None:
+        pass
+
+    return kit
+
+
+def undoable(kit: AppKit, owner: str = "alice", **kwargs: object) -> Job:
+    job = kit.defer.undoable("send_email", {"message_id": 7}, owner=owner, **kwargs)  # type: ignore[arg-type]
+    kit.db.session.commit()
+    return job
+
+
+# -- undoable ---------------------------------------------------------------------------
+
+
+def test_undoable_runs_one_margin_after_the_window(mail: AppKit) -> None:
+    before = utcnow()
+    job = undoable(mail, label="Message sent")
+    assert job.status is JobStatus.PENDING
+    assert job.owner == "alice" and job.label == "Message sent"
+    assert job.undo_until is not None
+    assert job.run_at - job.undo_until == timedelta(seconds=1)
+    assert before + timedelta(seconds=5) <= job.undo_until <= utcnow() + timedelta(seconds=5)
+
+
+def test_undoable_window_and_margin_come_from_arguments_and_config(
+    make_app: Callable[..., AppKit],
+) -> None:
+    kit = make_app(DEFER_UNDO_MARGIN=timedelta(seconds=2), DEFER_UNDO_WINDOW=10)
+    with kit.context():
+        kit.db.create_all()
+
+        @kit.defer.job("send_email")
+        def send_email(job: Job) -> None:
+            pass
+
+        default = undoable(kit)
+        assert default.undo_until is not None and default.created_at is not None
+        assert default.undo_until - default.created_at == pytest.approx(
+            timedelta(seconds=10), abs=timedelta(milliseconds=200)
+        )
+        custom = undoable(kit, window=timedelta(seconds=30))
+        assert custom.undo_until is not None
+        assert custom.run_at - custom.undo_until == timedelta(seconds=2)
+        assert custom.undo_until - default.undo_until > timedelta(seconds=19)
+
+
+@pytest.mark.parametrize("window", [0, -1, "5", True, timedelta(0)])
+def test_undoable_refuses_a_bad_window(mail: AppKit, window: object) -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        mail.defer.undoable("send_email", owner="alice", window=window)  # type: ignore[arg-type]
+    assert raised.value.argument == "window"
+
+
+def test_undoable_joins_the_callers_transaction(mail: AppKit) -> None:
+    job = mail.defer.undoable("send_email", owner="alice")
+    mail.db.session.rollback()
+    assert mail.defer.get(job.id) is None
+    assert mail.defer.toasts("alice") == []
+
+
+def test_undoable_outside_a_request_needs_an_owner(mail: AppKit) -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        mail.defer.undoable("send_email")
+    assert raised.value.argument == "owner"
+
+
+def test_undoable_takes_the_owner_from_the_owner_loader(mail: AppKit) -> None:
+    mail.defer.owner_loader(lambda: "carol")
+    with mail.app.test_request_context("/"):
+        job = mail.defer.undoable("send_email")
+        mail.db.session.commit()
+    assert job.owner == "carol"
+
+
+def test_undoable_with_a_key_replaces_the_pending_one(mail: AppKit) -> None:
+    first = undoable(mail, key="message:7:send")
+    second = undoable(mail, key="message:7:send", replace=True)
+    assert mail.defer.get(first.id).status is JobStatus.CANCELLED  # type: ignore[union-attr]
+    assert [toast.id for toast in mail.defer.toasts("alice")] == [second.id]
+
+
+# -- undo -------------------------------------------------------------------------------
+
+
+def test_undo_of_a_pending_job_cancels_it(mail: AppKit) -> None:
+    job = undoable(mail)
+    assert mail.defer.undo(job.id, owner="alice") is UndoOutcome.UNDONE
+    assert mail.defer.get(job.id).status is JobStatus.CANCELLED  # type: ignore[union-attr]
+    assert mail.defer.run_due(now=job.run_at + timedelta(seconds=1)).ran == 0
+
+
+def test_undo_twice_answers_already_undone(mail: AppKit) -> None:
+    job = undoable(mail)
+    mail.defer.undo(job.id, owner="alice")
+    assert mail.defer.undo(job.id, owner="alice") is UndoOutcome.ALREADY_UNDONE
+
+
+def test_undo_of_a_running_job_is_too_late(mail: AppKit) -> None:
+    job = undoable(mail)
+    claimed = mail.defer.store.claim(
+        now=job.run_at, limit=1, token="worker-1", lease_until=job.run_at + timedelta(seconds=30)
+    )
+    assert [c.id for c in claimed] == [job.id]
+    assert mail.defer.undo(job.id, owner="alice") is UndoOutcome.RUNNING
+    assert mail.defer.get(job.id).status is JobStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_undo_of_a_job_that_ran_is_too_late(mail: AppKit) -> None:
+    job = undoable(mail)
+    assert mail.defer.run_due(now=job.run_at).done == 1
+    assert mail.defer.undo(job.id, owner="alice") is UndoOutcome.ALREADY_RAN
+
+
+def test_undo_of_a_failed_job_says_it_already_ran(kit: AppKit) -> None:
+    @kit.defer.job("send_email", max_attempts=1)
+    def send_email(job: Job) -> None:
+        raise RuntimeError("smtp down")
+
+    job = undoable(kit)
+    kit.defer.run_due(now=job.run_at)
+    assert kit.defer.get(job.id).status is JobStatus.FAILED  # type: ignore[union-attr]
+    assert kit.defer.undo(job.id, owner="alice") is UndoOutcome.ALREADY_RAN
+
+
+def test_undo_of_another_owners_job_is_not_found(mail: AppKit) -> None:
+    job = undoable(mail, owner="alice")
+    with pytest.raises(JobNotFound):
+        mail.defer.undo(job.id, owner="mallory")
+    assert mail.defer.get(job.id).status is JobStatus.PENDING  # type: ignore[union-attr]
+    # Even once it ran: other owners never learn that the id exists.
+    mail.defer.run_due(now=job.run_at)
+    with pytest.raises(JobNotFound):
+        mail.defer.undo(job.id, owner="mallory")
+
+
+@pytest.mark.parametrize("job_id", [0, -1, 10**6, 2**63 - 1, 2**63, 2**80])
+def test_undo_of_unknown_or_impossible_ids_is_not_found(mail: AppKit, job_id: int) -> None:
+    with pytest.raises(JobNotFound):
+        mail.defer.undo(job_id, owner="alice")
+
+
+@pytest.mark.parametrize("owner", [None, "", 7])
+def test_undo_requires_an_owner(mail: AppKit, owner: object) -> None:
+    job = undoable(mail)
+    with pytest.raises(InvalidArgument) as raised:
+        mail.defer.undo(job.id, owner=owner)  # type: ignore[arg-type]
+    assert raised.value.argument == "owner"
+    assert mail.defer.get(job.id).status is JobStatus.PENDING  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("job_id", ["1", 1.0, True, None])
+def test_undo_refuses_ids_that_are_not_integers(mail: AppKit, job_id: object) -> None:
+    with pytest.raises(InvalidArgument):
+        mail.defer.undo(job_id, owner="alice")  # type: ignore[arg-type]
+
+
+def _restorations(kit: AppKit) -> Table:
+    table = Table(
+        "restorations", MetaData(), Column("id", Integer, primary_key=True), Column("job", String)
+    )
+    table.create(kit.db.engine)
+    return table
+
+
+def test_on_undo_hook_commits_with_the_cancel(mail: AppKit) -> None:
+    restorations = _restorations(mail)
+
+    @mail.defer.on_undo("send_email")
+    def restore(job: Job) -> None:
+        mail.db.session.execute(restorations.insert().values(job=str(job.id)))
+
+    job = undoable(mail)
+    assert mail.defer.undo(job.id, owner="alice") is UndoOutcome.UNDONE
+    mail.db.session.remove()
+    assert mail.db.session.execute(select(restorations.c.job)).scalars().all() == [str(job.id)]
+    # Not run again for an Undo that changed nothing.
+    assert mail.defer.undo(job.id, owner="alice") is UndoOutcome.ALREADY_UNDONE
+    assert mail.db.session.execute(select(restorations.c.job)).scalars().all() == [str(job.id)]
+
+
+def test_a_failing_on_undo_hook_rolls_the_cancel_back(mail: AppKit) -> None:
+    restorations = _restorations(mail)
+
+    @mail.defer.on_undo("send_email")
+    def restore(job: Job) -> None:
+        mail.db.session.execute(restorations.insert().values(job=str(job.id)))
+        raise RuntimeError("cannot restore")
+
+    job = undoable(mail)
+    with pytest.raises(RuntimeError, match="cannot restore"):
+        mail.defer.undo(job.id, owner="alice")
+    assert mail.defer.get(job.id).status is JobStatus.PENDING  # type: ignore[union-attr]
+    assert mail.db.session.execute(select(restorations.c.job)).scalars().all() == []
+
+
+def test_on_undo_refuses_a_bad_name(mail: AppKit) -> None:
+    with pytest.raises(InvalidArgument):
+        mail.defer.on_undo("")
+
+
+# -- toasts and the pending list --------------------------------------------------------
+
+
+def test_toasts_are_the_owners_pending_jobs_with_an_open_window(mail: AppKit) -> None:
+    old = undoable(mail, window=5)
+    new = undoable(mail, window=60, label="Project deleted")
+    undone = undoable(mail)
+    mail.defer.undo(undone.id, owner="alice")
+    undoable(mail, owner="bob")
+    plain = mail.defer.schedule("send_email", delay=60, owner="alice")
+    mail.db.session.commit()
+
+    toasts = mail.defer.toasts("alice")
+    assert [t.id for t in toasts] == [new.id, old.id]
+    assert toasts[0].label == "Project deleted"
+    assert 59 < toasts[0].seconds_left <= 60
+    assert toasts[0].fraction_left == pytest.approx(1.0, abs=0.02)
+
+    assert old.undo_until is not None
+    later = mail.defer.toasts("alice", now=old.undo_until + timedelta(milliseconds=1))
+    assert [t.id for t in later] == [new.id]
+    assert plain.id not in [t.id for t in later]
+    assert mail.defer.toasts("alice", limit=1)[0].id == new.id
+
+
+def test_toast_seconds_left_come_from_the_row(mail: AppKit) -> None:
+    job = undoable(mail, window=5)
+    assert job.undo_until is not None
+    toast = mail.defer.toasts("alice", now=job.undo_until - timedelta(seconds=3))[0]
+    assert toast.seconds_left == pytest.approx(3.0)
+    assert toast.fraction_left == pytest.approx(0.6, abs=0.01)
+    assert Toast.from_job(job, job.undo_until).seconds_left == 0.0
+
+
+def test_toasts_without_an_owner_are_empty(mail: AppKit) -> None:
+    undoable(mail)
+    assert mail.defer.toasts() == []
+    assert mail.defer.pending_for() == []
+
+
+def test_toasts_limit_defaults_to_the_config(make_app: Callable[..., AppKit]) -> None:
+    kit = make_app(DEFER_TOAST_LIMIT=2)
+    with kit.context():
+        kit.db.create_all()
+
+        @kit.defer.job("send_email")
+        def send_email(job: Job) -> None:
+            pass
+
+        jobs = [undoable(kit) for _ in range(4)]
+        assert [t.id for t in kit.defer.toasts("alice")] == [jobs[3].id, jobs[2].id]
+
+
+def test_pending_for_lists_the_owners_pending_jobs_soonest_first(mail: AppKit) -> None:
+    later = mail.defer.schedule("send_email", delay=3600, owner="alice", label="Publish post")
+    soon = undoable(mail)
+    mail.defer.schedule("send_email", delay=10, owner="bob")
+    ran = undoable(mail)
+    mail.db.session.commit()
+    mail.defer.run_due(now=ran.run_at)
+    assert [j.id for j in mail.defer.pending_for("alice")] == [later.id]
+    assert soon.id != later.id
+
+
+def test_undo_outcome_sentences() -> None:
+    assert UndoOutcome.UNDONE.describe("Message sent") == "“Message sent” — undone."
+    assert UndoOutcome.RUNNING.describe(None) == "Too late — it is running now."
+    assert UndoOutcome.ALREADY_RAN.describe("") == "Too late — it already ran."
+    assert UndoOutcome.ALREADY_UNDONE.undone and not UndoOutcome.RUNNING.undone
+    assert UndoOutcome.for_status(JobStatus.FAILED) is UndoOutcome.ALREADY_RAN
+
+
+def test_commit_clears_the_uncommitted_mark_for_every_new_app() -> None:
+    """Regression: undo() once refused to run after a commit in a fresh app.
+
+    SQLAlchemy keys its event registry by ``id()``; a new app's Session class reusing a
+    collected one's address was taken as already listened to, so its commit never
+    cleared the "jobs scheduled, not committed" mark.
+    """
+    import gc
+
+    from flask import Flask
+    from flask_sqlalchemy import SQLAlchemy
+    from sqlalchemy.orm import DeclarativeBase
+
+    from flask_defer import Defer
+
+    stuck = 0
+    for number in range(60):
+
+        class Model(DeclarativeBase):
+            pass
+
+        db = SQLAlchemy(model_class=Model)
+        defer = Defer()
+        app = Flask(f"app_{number}")
+        app.config.update(SQLALCHEMY_DATABASE_URI="sqlite://")
+        db.init_app(app)
+        defer.init_app(app, db=db)
+        defer.job("noop")(lambda job: None)
+        with app.app_context():
+            db.create_all()
+            defer.schedule("noop")
+            db.session.commit()
+            stuck += bool(db.session.info.get("flask_defer.uncommitted"))
+            db.session.remove()
+            for engine in db.engines.values():
+                engine.dispose()
+        del db, defer, app, Model
+        gc.collect()
+    assert stuck == 0

@@ -1,0 +1,477 @@
+"""The Undo blueprint over HTTP, on SQLite and PostgreSQL.
+
+A real app (``tests/undo_app``) driven by Flask's test client: toasts, the Undo
+endpoint for htmx and for plain forms, ownership, CSRF and hostile input.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from flask.testing import FlaskClient
+
+from flask_defer import JobStatus
+from flask_defer.web.redirects import safe_local_target
+
+from .undo_app import MailApp, create_app
+
+HTMX = {"HX-Request": "true"}
+
+
+@pytest.fixture
+def make_mail(database_url: str) -> Iterator[Callable[..., MailApp]]:
+    """Factory for the mail app on the backend under test."""
+    made: list[MailApp] = []
+
+    def make(**options: Any) -> MailApp:
+        mail = create_app(database_url, TESTING=True, **options)
+        made.append(mail)
+        return mail
+
+    yield make
+    for mail in made:
+        mail.dispose()
+
+
+@pytest.fixture
+def mail(make_mail: Callable[..., MailApp]) -> MailApp:
+    return make_mail()
+
+
+def token_of(client: FlaskClient, path: str = "/") -> str:
+    """The CSRF token the page at *path* gives this browser."""
+    html = client.get(path).get_data(as_text=True)
+    found = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert found, "no CSRF token on the page"
+    return found.group(1)
+
+
+def send(client: FlaskClient, **form: str) -> int:
+    """Click Send on the compose page; return the undoable job's id."""
+    response = client.post("/send", data={"csrf_token": token_of(client), **form})
+    assert response.status_code == 303
+    return int(parse_qs(urlsplit(response.headers["Location"]).query)["sent"][0])
+
+
+def status_of(mail: MailApp, job_id: int) -> JobStatus:
+    with mail.context():
+        job = mail.defer.get(job_id)
+        assert job is not None
+        return job.status
+
+
+def run_due_at_run_at(mail: MailApp, job_id: int) -> None:
+    with mail.context():
+        job = mail.defer.get(job_id)
+        assert job is not None
+        mail.defer.run_due(now=job.run_at)
+
+
+# -- toasts -------------------------------------------------------------------------------
+
+
+def test_a_page_shows_the_toast_with_the_servers_remaining_seconds(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client, label="Message sent")
+    html = client.get("/inbox").get_data(as_text=True)
+    toast = re.search(rf'id="defer-toast-{job_id}".*?data-defer-remaining="([0-9.]+)"', html, re.S)
+    assert toast, html
+    assert 4.0 < float(toast.group(1)) <= 5.0
+    assert "Message sent" in html
+    assert f'action="/defer/undo/{job_id}"' in html
+    assert html.count("defer/defer.css") == 1 and "htmx-2.0.11.min.js" in html
+    assert 'aria-live="polite"' in html
+
+
+def test_a_new_visitor_sees_no_toasts_and_gets_no_cookie(mail: MailApp) -> None:
+    owner = mail.app.test_client()
+    send(owner)
+    visitor = mail.app.test_client()
+    response = visitor.get("/defer/toasts")
+    assert response.status_code == 200
+    assert "defer-toast" not in response.get_data(as_text=True)
+    assert "Set-Cookie" not in response.headers
+    assert response.headers["Cache-Control"] == "no-store"
+
+
+def test_the_toasts_fragment_lists_the_owners_live_toasts(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    first = send(client, label="First")
+    second = send(client, label="Second")
+    html = client.get(
+        "/defer/toasts", headers={**HTMX, "HX-Current-URL": "http://localhost/inbox?x=1"}
+    ).get_data(as_text=True)
+    # Oldest first, so the newest sits nearest the corner.
+    assert html.index(f'data-defer-toast="{first}"') < html.index(f'data-defer-toast="{second}"')
+    assert 'name="next" value="/inbox?x=1"' in html
+
+
+def test_a_toast_is_gone_once_its_window_closed(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client)
+    with mail.context():
+        job = mail.defer.get(job_id)
+        assert job is not None and job.undo_until is not None
+        assert mail.defer.toasts(job.owner, now=job.undo_until) == []
+
+
+def test_the_toast_limit_shows_the_newest(make_mail: Callable[..., MailApp]) -> None:
+    mail = make_mail(DEFER_TOAST_LIMIT=2)
+    client = mail.app.test_client()
+    ids = [send(client) for _ in range(3)]
+    html = client.get("/defer/toasts").get_data(as_text=True)
+    assert f'data-defer-toast="{ids[0]}"' not in html
+    assert f'data-defer-toast="{ids[2]}"' in html
+
+
+def test_an_htmx_send_asks_the_page_to_refresh_its_toasts(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    response = client.post("/send", data={"csrf_token": token_of(client)}, headers=HTMX)
+    assert response.status_code == 204
+    assert response.headers["HX-Trigger"] == "defer-toasts"
+    plain = client.post("/send", data={"csrf_token": token_of(client)})
+    assert "HX-Trigger" not in plain.headers
+
+
+def test_the_refresh_trigger_joins_the_apps_own_triggers(mail: MailApp) -> None:
+    @mail.app.post("/send-with-trigger/<style>")
+    def send_with_trigger(style: str) -> Any:
+        mail.defer.undoable("send_email", label="x")
+        mail.db.session.commit()
+        header = '{"saved": {"id": 1}}' if style == "json" else "saved, other"
+        return "", 204, {"HX-Trigger": header}
+
+    client = mail.app.test_client()
+    as_json = client.post("/send-with-trigger/json", headers=HTMX)
+    assert as_json.headers["HX-Trigger"] == '{"saved": {"id": 1}, "defer-toasts": true}'
+    as_list = client.post("/send-with-trigger/list", headers=HTMX)
+    assert as_list.headers["HX-Trigger"] == "saved, other, defer-toasts"
+
+
+# -- undo: outcomes ------------------------------------------------------------------------
+
+
+def test_htmx_undo_cancels_and_answers_undone(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client, label="Message sent")
+    token = token_of(client)
+    response = client.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token})
+    assert response.status_code == 200
+    html = response.get_data(as_text=True)
+    assert 'data-defer-outcome="undone"' in html
+    assert "“Message sent” — undone." in html
+    assert status_of(mail, job_id) is JobStatus.CANCELLED
+    # A double click: harmless, and says so.
+    again = client.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token})
+    assert 'data-defer-outcome="already_undone"' in again.get_data(as_text=True)
+
+
+def test_undo_of_a_running_job_answers_too_late(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client)
+    with mail.context():
+        job = mail.defer.get(job_id)
+        assert job is not None
+        mail.defer.store.claim(
+            now=job.run_at, limit=1, token="w", lease_until=job.run_at + timedelta(seconds=30)
+        )
+    response = client.post(
+        f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token_of(client)}
+    )
+    assert response.status_code == 200
+    assert "too late, it is running now" in response.get_data(as_text=True)
+    assert status_of(mail, job_id) is JobStatus.RUNNING
+
+
+def test_undo_of_a_job_that_ran_answers_already_ran(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client)
+    run_due_at_run_at(mail, job_id)
+    response = client.post(
+        f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token_of(client)}
+    )
+    assert 'data-defer-outcome="already_ran"' in response.get_data(as_text=True)
+    assert status_of(mail, job_id) is JobStatus.DONE
+    assert len(mail.sent) == 1
+
+
+def test_plain_post_undo_redirects_back_with_the_outcome_flashed(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client, label="Message sent")
+    response = client.post(
+        f"/defer/undo/{job_id}", data={"csrf_token": token_of(client), "next": "/inbox?page=2"}
+    )
+    assert response.status_code == 303
+    assert response.headers["Location"] == "/inbox?page=2"
+    page = client.get("/inbox?page=2").get_data(as_text=True)
+    assert "“Message sent” — undone." in page
+    assert 'data-defer-outcome="undone"' in page
+    assert f'id="defer-toast-{job_id}"' not in page
+    # Flashed once: the next page is clean.
+    assert "undone." not in client.get("/inbox").get_data(as_text=True)
+    assert status_of(mail, job_id) is JobStatus.CANCELLED
+
+
+def test_plain_post_undo_after_it_ran_flashes_too_late(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client, label="Message sent")
+    run_due_at_run_at(mail, job_id)
+    response = client.post(
+        f"/defer/undo/{job_id}",
+        data={"csrf_token": token_of(client), "next": "/"},
+        follow_redirects=True,
+    )
+    assert "“Message sent” — too late, it already ran." in response.get_data(as_text=True)
+
+
+# -- ownership -----------------------------------------------------------------------------
+
+
+def test_another_owner_gets_404_and_cannot_see_the_toast(mail: MailApp) -> None:
+    alice = mail.app.test_client()
+    job_id = send(alice)
+    mallory = mail.app.test_client()
+    token = token_of(mallory)
+    assert f"defer-toast-{job_id}" not in mallory.get("/").get_data(as_text=True)
+    assert f"defer-toast-{job_id}" not in mallory.get("/defer/toasts").get_data(as_text=True)
+    for headers, data in (({**HTMX, "X-CSRFToken": token}, None), ({}, {"csrf_token": token})):
+        response = mallory.post(f"/defer/undo/{job_id}", headers=headers, data=data)
+        assert response.status_code == 404
+    assert status_of(mail, job_id) is JobStatus.PENDING
+    # After it ran, still 404 (never "too late") for someone else.
+    run_due_at_run_at(mail, job_id)
+    response = mallory.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token})
+    assert response.status_code == 404
+
+
+def test_a_visitor_without_an_owner_id_gets_404(mail: MailApp) -> None:
+    alice = mail.app.test_client()
+    job_id = send(alice)
+    stranger = mail.app.test_client()
+    token = token_of(stranger)  # a CSRF token, but no owner id in the session yet
+    response = stranger.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token})
+    assert response.status_code == 404
+
+
+def test_flask_login_users_own_their_toasts(make_mail: Callable[..., MailApp]) -> None:
+    mail = make_mail(login=True)
+    client = mail.app.test_client()
+    client.get("/login/alice")
+    job_id = send(client)
+    with mail.context():
+        assert mail.defer.get(job_id).owner == "alice"  # type: ignore[union-attr]
+    client.get("/login/bob")
+    assert f"defer-toast-{job_id}" not in client.get("/").get_data(as_text=True)
+    response = client.post(
+        f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token_of(client)}
+    )
+    assert response.status_code == 404
+    # Alice, from another browser, sees and undoes it.
+    other_browser = mail.app.test_client()
+    other_browser.get("/login/alice")
+    assert f"defer-toast-{job_id}" in other_browser.get("/").get_data(as_text=True)
+    response = other_browser.post(
+        f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token_of(other_browser)}
+    )
+    assert 'data-defer-outcome="undone"' in response.get_data(as_text=True)
+
+
+# -- CSRF ----------------------------------------------------------------------------------
+
+
+def test_undo_without_a_csrf_token_is_refused(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client)
+    assert client.post(f"/defer/undo/{job_id}", headers=HTMX).status_code == 400
+    assert client.post(f"/defer/undo/{job_id}", data={"next": "/"}).status_code == 400
+    bad = client.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": "x" * 43})
+    assert bad.status_code == 400
+    assert status_of(mail, job_id) is JobStatus.PENDING
+
+
+def test_a_csrf_token_of_another_browser_is_refused(mail: MailApp) -> None:
+    alice = mail.app.test_client()
+    job_id = send(alice)
+    other_token = token_of(mail.app.test_client())
+    response = alice.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": other_token})
+    assert response.status_code == 400
+    assert status_of(mail, job_id) is JobStatus.PENDING
+
+
+def test_flask_wtf_tokens_are_used_when_csrfprotect_is_on(
+    make_mail: Callable[..., MailApp],
+) -> None:
+    mail = make_mail(flask_wtf=True)
+    client = mail.app.test_client()
+    job_id = send(client)
+    with client.session_transaction() as session:
+        assert "_defer_csrf" not in session  # Flask-WTF's token, not ours
+        assert "csrf_token" in session
+    assert client.post(f"/defer/undo/{job_id}", headers=HTMX).status_code == 400
+    response = client.post(
+        f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token_of(client)}
+    )
+    assert 'data-defer-outcome="undone"' in response.get_data(as_text=True)
+    second = send(client)
+    form = client.post(f"/defer/undo/{second}", data={"csrf_token": token_of(client)})
+    assert form.status_code == 303
+
+
+# -- hostile input -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/defer/undo/abc",
+        "/defer/undo/-1",
+        "/defer/undo/1.5",
+        "/defer/undo/0",
+        "/defer/undo/%00",
+        "/defer/undo/1%0a",
+        "/defer/undo/" + "9" * 30,
+        "/defer/undo/9223372036854775808",
+        "/defer/undo/9223372036854775807",
+        "/defer/undo/1/../2",
+    ],
+)
+def test_hostile_ids_answer_404(mail: MailApp, path: str) -> None:
+    client = mail.app.test_client()
+    send(client)
+    response = client.post(path, headers={**HTMX, "X-CSRFToken": token_of(client)})
+    assert response.status_code == 404
+
+
+def test_undo_only_accepts_post(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client)
+    assert client.get(f"/defer/undo/{job_id}").status_code == 405
+    assert status_of(mail, job_id) is JobStatus.PENDING
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "https://evil.example/",
+        "//evil.example/path",
+        "///evil.example",
+        "/\\evil.example",
+        "\\\\evil.example",
+        "javascript:alert(1)",
+        "/ok\r\nSet-Cookie: a=b",
+        "/tab\tnull",
+        "evil.example",
+        "",
+        "/" + "a" * 5000,
+    ],
+)
+def test_bad_redirect_targets_fall_back_to_the_pending_page(mail: MailApp, target: str) -> None:
+    client = mail.app.test_client()
+    job_id = send(client)
+    response = client.post(
+        f"/defer/undo/{job_id}", data={"csrf_token": token_of(client), "next": target}
+    )
+    assert response.status_code == 303
+    assert response.headers["Location"] == "/defer/pending"
+
+
+@pytest.mark.parametrize("target", ["/", "/inbox?page=2&q=%20x", "/a/b#frag"])
+def test_local_redirect_targets_are_kept(target: str) -> None:
+    assert safe_local_target(target) == target
+
+
+# -- the pending page and the templates ----------------------------------------------------
+
+
+def test_pending_page_lists_the_owners_undoable_and_scheduled_jobs(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    undoable_id = send(client, label="Message sent")
+    with client.session_transaction() as session:
+        owner = session["_defer_owner"]
+    with mail.context():
+        scheduled = mail.defer.schedule(
+            "send_email", delay=timedelta(hours=2), owner=owner, label="Publish post"
+        )
+        foreign = mail.defer.schedule("send_email", delay=60, owner="someone", label="Secret")
+        mail.db.session.commit()
+    html = client.get(
+        "/defer/pending", headers={"Referer": "http://localhost/inbox?page=2"}
+    ).get_data(as_text=True)
+    assert '<a href="/inbox?page=2">← Back</a>' in html
+    assert "Message sent" in html and "Undo possible for" in html
+    assert "Publish post" in html and "Runs in" in html and "2 h" in html
+    assert "Secret" not in html and f"defer-pending-{foreign.id}" not in html
+    token = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert token
+    response = client.post(
+        f"/defer/undo/{scheduled.id}",
+        data={"csrf_token": token.group(1), "next": "/defer/pending"},
+        follow_redirects=True,
+    )
+    assert "“Publish post” — undone." in response.get_data(as_text=True)
+    assert status_of(mail, undoable_id) is JobStatus.PENDING
+
+
+def test_pending_page_of_a_new_visitor_is_empty(mail: MailApp) -> None:
+    response = mail.app.test_client().get(
+        "/defer/pending", headers={"Referer": "https://evil.example/"}
+    )
+    assert response.status_code == 200
+    assert "evil.example" not in response.get_data(as_text=True)
+    assert "Nothing is waiting." in response.get_data(as_text=True)
+
+
+def test_the_apps_templates_override_the_blueprints(
+    make_mail: Callable[..., MailApp], tmp_path: Path
+) -> None:
+    folder = tmp_path / "templates"
+    (folder / "defer").mkdir(parents=True)
+    base = Path(__file__).parent / "undo_app" / "templates"
+    for name in ("base.html", "compose.html", "inbox.html"):
+        (folder / name).write_text((base / name).read_text())
+    (folder / "defer" / "_toast.html").write_text(
+        '<p class="my-toast">{{ toast.label }}: {{ toast.seconds_left|round|int }} s</p>'
+    )
+    mail = make_mail(template_folder=folder)
+    client = mail.app.test_client()
+    send(client, label="Custom")
+    html = client.get("/").get_data(as_text=True)
+    assert '<p class="my-toast">Custom: 5 s</p>' in html
+
+
+def test_the_url_prefix_is_configurable(make_mail: Callable[..., MailApp]) -> None:
+    mail = make_mail(DEFER_URL_PREFIX="/jobs/ui")
+    client = mail.app.test_client()
+    job_id = send(client)
+    html = client.get("/").get_data(as_text=True)
+    assert f'action="/jobs/ui/undo/{job_id}"' in html
+    assert "/jobs/ui/static/defer/defer.js" in html
+    asset = client.get("/jobs/ui/static/defer/defer.js")
+    assert asset.status_code == 200
+    asset.close()
+    assert client.get("/defer/toasts").status_code == 404
+
+
+def test_the_blueprint_serves_its_assets(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    for name in ("defer.css", "defer.js", "htmx-2.0.11.min.js", "htmx.LICENSE"):
+        response = client.get(f"/defer/static/defer/{name}")
+        assert response.status_code == 200, name
+        response.close()
+
+
+def test_defer_toasts_links_its_assets_once_per_page(mail: MailApp) -> None:
+    with mail.app.test_request_context("/"):
+        from flask import render_template_string
+
+        html = render_template_string(
+            "{{ defer_toasts() }}{{ defer_toasts() }}{{ defer_toasts(htmx=False) }}"
+        )
+    assert html.count("defer/defer.css") == 1
+    assert html.count("defer/defer.js") == 1
