@@ -19,7 +19,8 @@ from flask import Flask, current_app, has_app_context
 from sqlalchemy import Connection, Engine, MetaData, create_engine, event
 from sqlalchemy.orm import Session, scoped_session
 
-from . import signals
+from . import batching, http_jobs, signals, undo_hooks
+from . import soft_delete as _soft_delete
 from .config import DeferConfig, apply_defaults, load_config
 from .errors import InvalidArgument, JobNotFound, JobNotPending, NotConfigured, UnknownJob
 from .execution import Executor, RetryPolicy, RunSummary
@@ -70,6 +71,11 @@ class Defer:
         table_name: str = DEFAULT_TABLE_NAME,
     ) -> None:
         self.registry = Registry()
+        # -- helpers: built-in jobs (purge, HTTP) and the undo hooks they use --
+        self.undo_hooks = undo_hooks.UndoHooks()
+        _soft_delete.register(self)
+        http_jobs.register(self)
+        # --
         self.db = db
         self.table_name = table_name
         if db is not None:
@@ -114,6 +120,8 @@ class Defer:
             store.create_table()
         else:
             _track_uncommitted(db.session)
+            # helpers: hide soft-deleted rows from the app's ORM queries.
+            _soft_delete.install_query_filter(db.session)
         executor = Executor(
             store,
             self.registry,
@@ -465,6 +473,127 @@ class Defer:
                 f"{operation}() runs in its own transaction, but db.session holds jobs "
                 "scheduled and not committed yet: call db.session.commit() first"
             )
+
+
+    # -- helpers: undo hooks, soft delete, batching, HTTP ----------------------------
+
+    def on_undo(self, name: str) -> Callable[[undo_hooks.UndoHook], undo_hooks.UndoHook]:
+        """Register a function run when a pending job called *name* is undone.
+
+        The hook receives the just-cancelled :class:`Job` and runs inside
+        :meth:`undo`'s transaction on ``db.session``: its database work commits
+        together with the cancel, and if it raises the cancel is rolled back too.
+        """
+
+        def register(hook: undo_hooks.UndoHook) -> undo_hooks.UndoHook:
+            self.undo_hooks.add(name, hook)
+            return hook
+
+        return register
+
+    def undo(
+        self, id: int | None = None, *, key: str | None = None, owner: str | None = None
+    ) -> bool:
+        """The user's Undo: cancel a pending job and run its :meth:`on_undo` hooks, atomically.
+
+        Answers like :meth:`cancel` (True: this call undid it; False: it is running or
+        settled, nothing changed; :class:`JobNotFound` for an unknown id or key or
+        another owner's job). Runs on ``db.session`` and commits it. Undo of a
+        ``soft_delete`` purge restores the row in the same transaction.
+        """
+        job_id, key = _identity(id, key)
+        return undo_hooks.undo(self, job_id, key, _checked_text(owner, "owner"))
+
+    def soft_delete(
+        self,
+        obj: Any,
+        grace: Duration = _soft_delete.DEFAULT_GRACE,
+        *,
+        label: str | None = None,
+        owner: str | None = None,
+    ) -> Job:
+        """Hide *obj* now and hard-delete it after *grace*, unless it is restored.
+
+        *obj* is a model instance using :class:`~flask_defer.SoftDeleteMixin`. Sets
+        ``deleted_at`` and schedules the purge in ``db.session``'s transaction (the
+        caller commits) and returns the purge job, undoable by its *owner* until
+        ``grace - DEFER_UNDO_MARGIN`` from now. :meth:`undo` of that job, or
+        :meth:`restore`, brings the row back.
+        """
+        return _soft_delete.soft_delete(self, obj, grace=grace, label=label, owner=owner)
+
+    def restore(self, obj: Any) -> _soft_delete.RestoreOutcome:
+        """Undo a :meth:`soft_delete` from code: cancel the purge and clear ``deleted_at``.
+
+        Joins ``db.session`` (the caller commits). Returns ``RESTORED``, or ``PURGING``
+        / ``PURGED`` when it is too late, or ``NOT_DELETED``.
+        """
+        return _soft_delete.restore(self, obj)
+
+    def batch(
+        self,
+        name: str,
+        *,
+        key: str,
+        item: Any,
+        window: Duration = batching.DEFAULT_WINDOW,
+        max_items: int | None = None,
+        mode: batching.BatchMode = "window",
+        max_wait: Duration | None = None,
+        now: datetime | None = None,
+    ) -> batching.Batched:
+        """Add *item* to the batch job *name* of *key* (see :mod:`flask_defer.batching`).
+
+        The handler of *name* receives every item of the batch, in order, in
+        ``job.payload["items"]``. Joins ``db.session``: the item is added when the
+        caller commits.
+        """
+        return batching.batch(
+            self,
+            name,
+            key=key,
+            item=item,
+            window=window,
+            max_items=max_items,
+            mode=mode,
+            max_wait=max_wait,
+            now=now,
+        )
+
+    def schedule_http(
+        self,
+        url: str,
+        method: str = "POST",
+        *,
+        json: Any = None,
+        headers: dict[str, str] | None = None,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
+        key: str | None = None,
+        timeout: Duration | None = None,
+        replace: bool = False,
+        owner: str | None = None,
+        label: str | None = None,
+    ) -> Job:
+        """Schedule an HTTP request (see :mod:`flask_defer.http_jobs`); returns its job.
+
+        2xx is done (status and a body excerpt in ``job.result``); 408, 429, 5xx and
+        network errors are retried, honouring ``Retry-After``; other 4xx fail at once.
+        """
+        return http_jobs.schedule_http(
+            self,
+            url,
+            method=method,
+            json_body=json,
+            headers=headers,
+            run_at=run_at,
+            delay=delay,
+            key=key,
+            timeout=timeout,
+            replace=replace,
+            owner=owner,
+            label=label,
+        )
 
 
 def _default_sqlite_uri(app: Flask) -> str:
