@@ -214,18 +214,18 @@ def soft_delete(
     grace = as_duration(grace, "grace")
     mapper, pk = _mapper_and_pk(session, obj)
     key = purge_key(mapper, pk)
+    now = utcnow()
     if obj.deleted_at is not None:
         existing = defer.get(key=key)
         if existing is not None and existing.is_live:
             return existing
     else:
-        obj.deleted_at = utcnow()
-    now = utcnow()
+        obj.deleted_at = now
     undo_until = now + grace - defer.config.undo_margin
     return defer.schedule(
         PURGE_JOB,
         {"table": _table_name(mapper), "pk": pk},
-        delay=grace,
+        run_at=now + grace,
         key=key,
         owner=owner,
         label=label,

@@ -156,7 +156,13 @@ class JobStore:
                 dialect_insert(t)
                 .values(values)
                 .on_conflict_do_nothing(
-                    index_elements=[t.c.key], index_where=t.c.status.in_(LIVE_STATUSES)
+                    index_elements=[t.c.key],
+                    # Literal values, not bound parameters: once psycopg prepares the
+                    # statement (from its 6th run on a connection), PostgreSQL cannot
+                    # match "status IN ($1, $2)" to the partial index and refuses it.
+                    index_where=t.c.status.in_(
+                        [literal_column(f"'{status}'") for status in LIVE_STATUSES]
+                    ),
                 )
                 .returning(*t.c)
             )
