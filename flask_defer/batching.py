@@ -14,9 +14,11 @@ claims, or the append touches nothing and the item goes to another batch.
 a batch runs its key is taken. A batch therefore lives in one of several *slots* of the
 key: slot 1 is the key itself, slot *n* is ``f"{key}#{n}"``. Items go to the first slot
 holding a pending batch that accepts them; a new batch opens in the first free slot.
-With one batch running and one filling, slots 1 and 2 are all a key ever uses, and an
-item costs one ``UPDATE`` (two while a batch runs). Keys ending in ``#<number>`` are
-therefore reserved for batching. In a rare race (a running batch finishing between
+A batch that reaches ``max_items`` gives its slot up at once (its key becomes
+``f"{key}#full-{id}"``), so full batches waiting for a worker hold no slot. With one
+batch running and one filling, slots 1 and 2 are all a key ever uses, and an item
+costs one ``UPDATE`` (two while a batch runs). Keys ending in ``#<number>`` or
+``#full-<number>`` are therefore reserved for batching. In a rare race (a running batch finishing between
 another item's two steps) two pending batches of a key can coexist for a while: each
 item is still in exactly one of them, and both are delivered.
 """
@@ -44,6 +46,9 @@ DEFAULT_WINDOW = timedelta(minutes=1)
 
 #: Slots tried before giving up: that many batches of one key running at once.
 MAX_SLOTS = 32
+
+#: Longest batch key: the job key adds a slot or "#full-<id>" suffix.
+MAX_KEY_CHARS = 230
 
 BatchMode = Literal["window", "debounce"]
 
@@ -96,9 +101,9 @@ def batch(
         raise UnknownJob(name)
     if not isinstance(key, str) or not key:
         raise InvalidArgument("key", f"expected a non-empty string, got {key!r}")
-    if len(key) > 250:
-        # Room for the slot suffix within the 255 characters of the key column.
-        raise InvalidArgument("key", f"at most 250 characters, got {len(key)}")
+    if len(key) > MAX_KEY_CHARS:
+        # Room for a suffix ("#2", "#full-<id>") within the 255 characters of the column.
+        raise InvalidArgument("key", f"at most {MAX_KEY_CHARS} characters, got {len(key)}")
     try:
         item_json = json.dumps(item, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as error:
@@ -144,30 +149,40 @@ def batch(
         if flush_by is not None:
             # ISO 8601 UTC with microseconds: fixed width, so the store can compare it.
             payload["flush_by"] = flush_by.isoformat(timespec="microseconds")
-        run_at = arrived if max_items == 1 else arrived + window
-        for slot in range(1, MAX_SLOTS + 1):
+
+        def open_batch(job_key: str | None, run_at: datetime) -> Batched | None:
             new = NewJob(
                 name=name,
                 payload=payload,
                 run_at=run_at,
                 max_attempts=spec.max_attempts or state.config.max_attempts,
                 queue=spec.queue,
-                key=slot_key(key, slot),
+                key=job_key,
             )
             try:
                 job = store.insert(conn, new, now=arrived, replace=False)
             except JobExists:
-                # Taken: by a batch opened a moment ago (join it), or by one that is
-                # running or full (move on to the next slot).
-                appended = append(conn, slot)
-                if appended is not None:
-                    return _batched(appended)
-                continue
+                return None
             signals.job_scheduled.send(current_app._get_current_object(), job=job)  # type: ignore[attr-defined]
             return Batched(job_id=job.id, position=0, run_at=job.run_at, opened=True)
+
+        if max_items == 1:
+            # Full with its first item: a job of its own, due now, holding no slot.
+            opened = open_batch(None, arrived)
+            assert opened is not None
+            return opened
+        for slot in range(1, MAX_SLOTS + 1):
+            opened = open_batch(slot_key(key, slot), arrived + window)
+            if opened is not None:
+                return opened
+            # Taken: by a batch opened a moment ago (join it), or by one that is running
+            # (move on to the next slot).
+            appended = append(conn, slot)
+            if appended is not None:
+                return _batched(appended)
     raise DeferError(
-        f"{MAX_SLOTS} batches of key {key!r} are running or full at once; "
-        "the item was not added (raise max_items or add workers)"
+        f"{MAX_SLOTS} batches of key {key!r} are running at once; "
+        "the item was not added (add workers or use max_items)"
     )
 
 

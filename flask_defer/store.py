@@ -22,6 +22,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
+    String,
     Table,
     Text,
     and_,
@@ -619,7 +620,8 @@ class JobStore:
         is claimed, or the update touches nothing and the caller starts a new batch.
         *item_json* is the item as JSON text. ``debounce_until`` moves ``run_at`` there,
         but never past the batch's ``flush_by`` (its ``max_wait`` deadline); a batch
-        that reaches *max_items* is made due at once. ``None`` when no such row accepts.
+        that reaches *max_items* is made due at once and its key becomes
+        ``<key>#full-<id>``. ``None`` when no such row accepts the item.
         """
         t = self.table
         if self.is_postgres:
@@ -660,14 +662,22 @@ class JobStore:
             t.c.name == name,
             t.c.status == JobStatus.PENDING.value,
         ]
+        values: dict[str, Any] = {"payload": appended, "updated_at": now}
         if max_items is not None:
             conditions.append(count_before < max_items)
             full = count_before + 1 >= max_items
             run_at = case((full, literal(now, UTCDateTime())), else_=run_at)
+            # A full batch gives its key up (renamed after its id), so the next item
+            # can open a new batch in the same slot while this one waits for a worker.
+            values["key"] = case(
+                (full, t.c.key + literal_column("'#full-'") + cast(t.c.id, String())),
+                else_=t.c.key,
+            )
+        values["run_at"] = run_at
         stmt = (
             update(t)
             .where(*conditions)
-            .values(payload=appended, run_at=run_at, updated_at=now)
+            .values(values)
             .returning(t.c.id, t.c.run_at, t.c.queue, count_after)
         )
         row = conn.execute(stmt).first()
