@@ -346,6 +346,44 @@ def test_undo_hooks_commit_with_the_cancel(sk: SoftKit) -> None:
 # -- the race -------------------------------------------------------------------------------
 
 
+def race_once(sk: SoftKit, pid: int, job_id: int, use_undo: bool, pauses: list[float]) -> Any:
+    """Run a worker's run_due and a user's restore (or undo) at the same moment."""
+    barrier = threading.Barrier(2)
+    answers: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            with sk.app.app_context():
+                barrier.wait()
+                threading.Event().wait(pauses[0])
+                answers["purge"] = sk.defer.run_due(now=later(1))
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    def user() -> None:
+        try:
+            with sk.app.app_context():
+                row = sk.db.session.get(sk.Project, pid, execution_options=WITH_DELETED)
+                barrier.wait()
+                threading.Event().wait(pauses[1])
+                if use_undo:
+                    answers["user"] = sk.defer.undo(job_id)
+                else:
+                    answers["user"] = sk.defer.restore(row)
+                    sk.db.session.commit()
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker), threading.Thread(target=user)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    return answers["user"]
+
+
 def test_restore_racing_the_purge_exactly_one_wins(sk: SoftKit, backend: str) -> None:
     """Many trials of restore (or undo) against a worker claiming the due purge.
 
@@ -361,52 +399,18 @@ def test_restore_racing_the_purge_exactly_one_wins(sk: SoftKit, backend: str) ->
         pid = project.id
         job = sk.defer.soft_delete(project, grace=0)
         sk.db.session.commit()
-        use_undo = trial % 2 == 1
-        barrier = threading.Barrier(2)
-        answers: dict[str, Any] = {}
-        errors: list[BaseException] = []
-        pause = [rng.uniform(0, 0.003), rng.uniform(0, 0.003)]
-
-        def worker() -> None:
-            try:
-                with sk.app.app_context():
-                    barrier.wait()
-                    threading.Event().wait(pause[0])
-                    answers["purge"] = sk.defer.run_due(now=later(1))
-            except BaseException as error:  # noqa: BLE001 - reported below
-                errors.append(error)
-
-        def user() -> None:
-            try:
-                with sk.app.app_context():
-                    row = sk.db.session.get(sk.Project, pid, execution_options=WITH_DELETED)
-                    barrier.wait()
-                    threading.Event().wait(pause[1])
-                    if use_undo:
-                        answers["user"] = sk.defer.undo(job.id)
-                    else:
-                        answers["user"] = sk.defer.restore(row)
-                        sk.db.session.commit()
-            except BaseException as error:  # noqa: BLE001 - reported below
-                errors.append(error)
-
-        threads = [threading.Thread(target=worker), threading.Thread(target=user)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
-        assert not errors, errors
+        pauses = [rng.uniform(0, 0.003), rng.uniform(0, 0.003)]
+        answer = race_once(sk, pid, job.id, use_undo=trial % 2 == 1, pauses=pauses)
 
         final = sk.defer.get(job.id)
         row = sk.load(pid)
         tasks = sk.task_count(pid)
-        user_won = answers["user"] in (True, RestoreOutcome.RESTORED)
-        if user_won:
+        if answer in (True, RestoreOutcome.RESTORED):
             assert final.status is JobStatus.CANCELLED
             assert row is not None and row.deleted_at is None and tasks == 3
             wins["restore"] += 1
         else:
-            assert answers["user"] in (False, RestoreOutcome.PURGING, RestoreOutcome.PURGED)
+            assert answer in (False, RestoreOutcome.PURGING, RestoreOutcome.PURGED)
             assert final.status is JobStatus.DONE and final.result == {"purged": True}
             assert row is None and tasks == 0
             wins["purge"] += 1

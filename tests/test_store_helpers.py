@@ -97,7 +97,8 @@ def test_batch_append_debounces_up_to_flush_by(
 ) -> None:
     flush_by = now + timedelta(seconds=30)
     payload = {"items": [0], "flush_by": flush_by.isoformat(timespec="microseconds")}
-    first = new_job(name="digest", key="post:1", run_at=now + timedelta(seconds=10), payload=payload)
+    due = now + timedelta(seconds=10)
+    first = new_job(name="digest", key="post:1", run_at=due, payload=payload)
     with store.begin() as conn:
         store.insert(conn, first, now=now, replace=False)
     moved = append(store, now, 1, debounce_until=now + timedelta(seconds=25, microseconds=7))
