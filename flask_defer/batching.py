@@ -18,9 +18,9 @@ A batch that reaches ``max_items`` gives its slot up at once (its key becomes
 ``f"{key}#full-{id}"``), so full batches waiting for a worker hold no slot. With one
 batch running and one filling, slots 1 and 2 are all a key ever uses, and an item
 costs one ``UPDATE`` (two while a batch runs). Keys ending in ``#<number>`` or
-``#full-<number>`` are therefore reserved for batching. In a rare race (a running batch finishing between
-another item's two steps) two pending batches of a key can coexist for a while: each
-item is still in exactly one of them, and both are delivered.
+``#full-<number>`` are therefore reserved for batching. In a rare race (a running
+batch finishing between another item's two steps) two pending batches of a key can
+coexist for a while: each item is still in exactly one of them, and both are delivered.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from flask_defer import (
     Job,
     JobNotFound,
     JobStatus,
+    NotConfigured,
     RestoreOutcome,
     SoftDeleteMixin,
 )
@@ -42,6 +43,7 @@ class SoftKit:
     defer: Defer
     Project: Any
     Task: Any
+    Note: Any
 
     def new_project(self, tasks: int = 2) -> Any:
         project = self.Project(name="p", tasks=[self.Task(title=f"t{i}") for i in range(tasks)])
@@ -59,7 +61,7 @@ class SoftKit:
         return int(self.db.session.scalar(stmt) or 0)
 
 
-def define_models(db: SQLAlchemy) -> tuple[Any, Any]:
+def define_models(db: SQLAlchemy) -> tuple[Any, Any, Any]:
     class Project(SoftDeleteMixin, db.Model):  # type: ignore[name-defined, misc]
         __tablename__ = "projects"
         id: Mapped[int] = mapped_column(primary_key=True)
@@ -67,6 +69,7 @@ def define_models(db: SQLAlchemy) -> tuple[Any, Any]:
         tasks: Mapped[list[Task]] = relationship(
             back_populates="project", cascade="all, delete-orphan"
         )
+        notes: Mapped[list[Note]] = relationship(cascade="all, delete-orphan")
 
     class Task(db.Model):  # type: ignore[name-defined, misc]
         __tablename__ = "tasks"
@@ -75,16 +78,21 @@ def define_models(db: SQLAlchemy) -> tuple[Any, Any]:
         title: Mapped[str] = mapped_column(String(50))
         project: Mapped[Project] = relationship(back_populates="tasks")
 
-    return Project, Task
+    class Note(SoftDeleteMixin, db.Model):  # type: ignore[name-defined, misc]
+        __tablename__ = "notes"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"))
+
+    return Project, Task, Note
 
 
 @pytest.fixture
 def sk(make_app: Callable[..., AppKit]) -> Iterator[SoftKit]:
     kit = make_app()
-    project, task = define_models(kit.db)
+    project, task, note = define_models(kit.db)
     with kit.app.app_context():
         kit.db.create_all()
-        yield SoftKit(kit.app, kit.db, kit.defer, project, task)
+        yield SoftKit(kit.app, kit.db, kit.defer, project, task, note)
         kit.db.session.rollback()
 
 
@@ -115,6 +123,31 @@ def test_soft_delete_hides_the_row_and_schedules_an_undoable_purge(sk: SoftKit) 
     hidden = select(sk.Project).execution_options(include_deleted=True)
     assert [p.id for p in sk.db.session.scalars(hidden)] == [project.id]
     assert sk.db.session.get(sk.Project, project.id, execution_options=WITH_DELETED) is not None
+
+
+def test_soft_deleted_children_are_hidden_in_collections_but_purged_with_the_parent(
+    sk: SoftKit,
+) -> None:
+    project = sk.new_project()
+    pid = project.id
+    project.notes = [sk.Note(), sk.Note()]
+    sk.db.session.commit()
+    sk.defer.soft_delete(project.notes[0], grace=3600)
+    sk.db.session.commit()
+
+    sk.db.session.expunge_all()
+    [loaded] = sk.db.session.scalars(select(sk.Project)).all()
+    assert len(loaded.notes) == 1  # the criteria travel into the lazy load
+    everything = select(sk.Note).execution_options(include_deleted=True)
+    assert len(sk.db.session.scalars(everything).all()) == 2
+
+    sk.defer.soft_delete(loaded, grace=0)
+    sk.db.session.commit()
+    sk.defer.run_due(now=later(1))  # the project's purge; the note's waits an hour
+    sk.db.session.expunge_all()
+    assert sk.db.session.scalars(everything).all() == []  # the cascade saw both notes
+    assert sk.load(pid) is None
+    assert sk.defer.run_due(now=later(7200)).done == 1  # the note's purge: already gone
 
 
 def test_soft_delete_joins_the_callers_transaction(sk: SoftKit) -> None:
@@ -416,3 +449,13 @@ def test_restore_racing_the_purge_exactly_one_wins(sk: SoftKit, backend: str) ->
             wins["purge"] += 1
     assert sum(wins.values()) == trials
     print(f"\n{backend}: restore-vs-purge over {trials} trials: {dict(wins)}")
+
+
+def test_soft_delete_needs_the_apps_sqlalchemy(tmp_path: Any) -> None:
+    app = Flask("no_db")
+    app.config["DEFER_DATABASE_URI"] = f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+    defer = Defer(app)
+    with app.app_context():
+        with pytest.raises(NotConfigured, match="Flask-SQLAlchemy"):
+            defer.soft_delete(object())
+        defer.store.engine.dispose()
