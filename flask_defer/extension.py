@@ -474,7 +474,6 @@ class Defer:
                 "scheduled and not committed yet: call db.session.commit() first"
             )
 
-
     # -- helpers: undo hooks, soft delete, batching, HTTP ----------------------------
 
     def on_undo(self, name: str) -> Callable[[undo_hooks.UndoHook], undo_hooks.UndoHook]:
