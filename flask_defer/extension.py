@@ -28,6 +28,7 @@ from .health import Health
 from .jobs import Job, JobStatus
 from .registry import Handler, HandlerSpec, Registry, validate_spec
 from .schema import DEFAULT_TABLE_NAME, define_jobs_table
+from .session_events import listen_once
 from .store import JobFilter, JobStore, NewJob
 from .timeutil import Duration, as_utc, resolve_run_at, utcnow
 
@@ -627,8 +628,8 @@ def _clear_uncommitted(session: Session, transaction: Any) -> None:
 
 
 def _track_uncommitted(session: scoped_session[Session]) -> None:
-    if not event.contains(session, "after_transaction_end", _clear_uncommitted):
-        event.listen(session, "after_transaction_end", _clear_uncommitted)
+    # Not event.contains(): it can alias a collected Session class (see session_events).
+    listen_once(session, "after_transaction_end", _clear_uncommitted)
 
 
 def _identity(job_id: Any, key: Any) -> tuple[int | None, str | None]:

@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from flask import current_app
-from sqlalchemy import event, inspect, select
+from sqlalchemy import inspect, select
 from sqlalchemy.orm import (
     InstanceState,
     Mapped,
@@ -46,6 +46,7 @@ from .errors import DeferError, InvalidArgument, NotConfigured
 from .jobs import Fail, Job, JobStatus
 from .registry import HandlerSpec
 from .schema import UTCDateTime
+from .session_events import listen_once
 from .timeutil import Duration, as_duration, utcnow
 
 if TYPE_CHECKING:
@@ -114,8 +115,7 @@ def _hide_deleted(state: ORMExecuteState) -> None:
 
 def install_query_filter(session: scoped_session[Session]) -> None:
     """Hide soft-deleted rows from every ORM query made through *session*'s factory."""
-    if not event.contains(session, "do_orm_execute", _hide_deleted):
-        event.listen(session, "do_orm_execute", _hide_deleted)
+    listen_once(session, "do_orm_execute", _hide_deleted)
 
 
 # -- identity of a row --------------------------------------------------------------
