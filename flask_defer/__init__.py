@@ -6,6 +6,7 @@ Undo is a guarded update that wins or loses cleanly against the worker's claim.
 
 from __future__ import annotations
 
+from .batching import Batched
 from .errors import (
     DeferError,
     InvalidArgument,
@@ -18,12 +19,17 @@ from .errors import (
 from .execution import Outcome, RunSummary
 from .extension import Defer
 from .health import Health
-from .jobs import Job, JobStatus, NotYet, RetryAfter
+from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
 from .signals import job_cancelled, job_failed, job_scheduled, job_started, job_succeeded
+from .soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
+from .undo import Toast, UndoOutcome
 
 __all__ = [
+    "INCLUDE_DELETED",
+    "Batched",
     "Defer",
     "DeferError",
+    "Fail",
     "Health",
     "InvalidArgument",
     "Job",
@@ -34,8 +40,12 @@ __all__ = [
     "NotConfigured",
     "NotYet",
     "Outcome",
+    "RestoreOutcome",
     "RetryAfter",
     "RunSummary",
+    "SoftDeleteMixin",
+    "Toast",
+    "UndoOutcome",
     "UnknownJob",
     "job_cancelled",
     "job_failed",

@@ -47,6 +47,12 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_URL_PREFIX": "/defer",
     # At most this many Undo toasts are shown at once (the newest).
     "DEFER_TOAST_LIMIT": 5,
+    # -- helpers (soft delete, batching, HTTP) --
+    # Hosts defer.schedule_http() may call: None allows any host; otherwise a list of
+    # host names, where "*.example.com" also allows every subdomain of example.com.
+    "DEFER_HTTP_ALLOWED_HOSTS": None,
+    # Default timeout of a scheduled HTTP call, and the longest one a call may ask for.
+    "DEFER_HTTP_TIMEOUT": timedelta(seconds=10),
 }
 
 _DURATIONS = {name for name, value in DEFAULTS.items() if isinstance(value, timedelta)}
@@ -77,6 +83,9 @@ class DeferConfig:
     # -- Undo UI (blueprint) --
     url_prefix: str
     toast_limit: int
+    # -- helpers --
+    http_allowed_hosts: frozenset[str] | None
+    http_timeout: timedelta
 
 
 def load_config(config: Mapping[str, Any]) -> DeferConfig:
@@ -101,4 +110,26 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         raise InvalidArgument(
             "DEFER_TOAST_LIMIT", f"expected an integer from 1 to 100, got {limit!r}"
         )
+    # -- helpers --
+    values["http_allowed_hosts"] = _allowed_hosts(config["DEFER_HTTP_ALLOWED_HOSTS"])
+    if values["http_timeout"] <= timedelta(0):
+        raise InvalidArgument("DEFER_HTTP_TIMEOUT", "must be positive")
     return DeferConfig(**values)
+
+
+def _allowed_hosts(value: Any) -> frozenset[str] | None:
+    """Normalise ``DEFER_HTTP_ALLOWED_HOSTS`` to lower-case host names (None: any host)."""
+    if value is None:
+        return None
+    name = "DEFER_HTTP_ALLOWED_HOSTS"
+    if isinstance(value, str):
+        # A bare string would otherwise be read as a set of one-letter hosts.
+        raise InvalidArgument(name, f"expected a list of host names, got the string {value!r}")
+    try:
+        hosts = list(value)
+    except TypeError:
+        raise InvalidArgument(name, f"expected a list of host names, got {value!r}") from None
+    for host in hosts:
+        if not isinstance(host, str) or not host.strip() or "/" in host:
+            raise InvalidArgument(name, f"expected host names like 'api.example.com', got {host!r}")
+    return frozenset(host.strip().lower().rstrip(".") for host in hosts)

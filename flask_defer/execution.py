@@ -20,7 +20,7 @@ from typing import Any, cast
 from sqlalchemy import Connection
 
 from . import signals
-from .jobs import Job, NotYet, RetryAfter
+from .jobs import Fail, Job, NotYet, RetryAfter
 from .registry import Registry
 from .retry import backoff_delay
 from .store import JobStore
@@ -149,6 +149,8 @@ class Executor:
             log.info("not yet; runs again at %s", until.isoformat())
             ok = self.store.ack_snooze(job, now=now, run_at=until, note=None, still_owed=False)
             return Outcome.SNOOZED if ok else self._lost(log)
+        except Fail as error:
+            return self._failed_attempt(job, log, error, None, clock, final=True)
         except Exception as error:  # noqa: BLE001 - a handler may raise anything
             delay = error.delay if isinstance(error, RetryAfter) else None
             return self._failed_attempt(job, log, error, delay, clock)
@@ -169,10 +171,13 @@ class Executor:
         error: BaseException,
         delay: timedelta | None,
         clock: Clock,
+        *,
+        final: bool = False,
     ) -> Outcome:
         text = _error_text(error)
         now = clock()
-        will_retry = job.attempts < job.max_attempts
+        # ``final``: the handler raised Fail, so attempts left do not matter.
+        will_retry = not final and job.attempts < job.max_attempts
         if will_retry:
             if delay is None:
                 delay = backoff_delay(job.attempts, base=self.policy.base, cap=self.policy.cap)
@@ -180,7 +185,10 @@ class Executor:
             log.warning("attempt %d failed, retrying at %s: %s", job.attempts, run_at, error)
             ok = self.store.ack_retry(job, now=now, run_at=run_at, error=text)
         else:
-            log.error("failed after %d attempts: %s", job.attempts, error)
+            if final:
+                log.error("failed without retry (attempt %d): %s", job.attempts, error)
+            else:
+                log.error("failed after %d attempts: %s", job.attempts, error)
             ok = self.store.ack_failed(job, now=now, error=text)
         if not ok:
             return self._lost(log)

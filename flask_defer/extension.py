@@ -19,7 +19,8 @@ from flask import Flask, current_app, has_app_context
 from sqlalchemy import Connection, Engine, MetaData, create_engine, event
 from sqlalchemy.orm import Session, scoped_session
 
-from . import signals
+from . import batching, http_jobs, signals, undo_hooks
+from . import soft_delete as _soft_delete
 from .config import DeferConfig, apply_defaults, load_config
 from .errors import InvalidArgument, JobNotFound, JobNotPending, NotConfigured, UnknownJob
 from .execution import Executor, RetryPolicy, RunSummary
@@ -28,9 +29,11 @@ from .jobs import Job, JobStatus
 from .owner import OwnerLoader, resolve_owner
 from .registry import Handler, HandlerSpec, Registry, validate_spec
 from .schema import DEFAULT_TABLE_NAME, define_jobs_table
+from .session_events import listen_once
 from .store import JobFilter, JobStore, NewJob
 from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
-from .undo import MAX_JOB_ID, Toast, UndoHook, UndoOutcome
+from .undo import MAX_JOB_ID, Toast, UndoOutcome
+from .undo_hooks import UndoHook
 
 F = TypeVar("F", bound=Handler)
 
@@ -72,11 +75,15 @@ class Defer:
         table_name: str = DEFAULT_TABLE_NAME,
     ) -> None:
         self.registry = Registry()
+        # -- helpers: built-in jobs (purge, HTTP) and the undo hooks they use --
+        self.undo_hooks = undo_hooks.UndoHooks()
+        _soft_delete.register(self)
+        http_jobs.register(self)
+        # --
         self.db = db
         self.table_name = table_name
         # -- Undo UI --
         self._owner_loader: OwnerLoader | None = None
-        self._undo_hooks: dict[str, list[UndoHook]] = {}
         if db is not None:
             # Defining the table now puts it in the metadata before create_all or
             # Alembic look, whatever order the app sets things up in.
@@ -119,6 +126,8 @@ class Defer:
             store.create_table()
         else:
             _track_uncommitted(db.session)
+            # helpers: hide soft-deleted rows from the app's ORM queries.
+            _soft_delete.install_query_filter(db.session)
         executor = Executor(
             store,
             self.registry,
@@ -301,7 +310,7 @@ class Defer:
             raise InvalidArgument("name", f"expected a job name string, got {name!r}")
 
         def register(hook: UndoHook) -> UndoHook:
-            self._undo_hooks.setdefault(name, []).append(hook)
+            self.undo_hooks.add(name, hook)
             return hook
 
         return register
@@ -354,22 +363,23 @@ class Defer:
             undo_until=now + span,
         )
 
-    def undo(self, id: int, *, owner: str) -> UndoOutcome:
-        """Cancel *owner*'s job *id* if it has not started, and say what happened.
+    def undo(
+        self, id: int | None = None, *, key: str | None = None, owner: str | None = None
+    ) -> UndoOutcome:
+        """The user's Undo: cancel a pending job, run its ``on_undo`` hooks, say what happened.
 
         pending → cancelled, :attr:`UndoOutcome.UNDONE` (``on_undo`` hooks run in the
-        same transaction). running → ``RUNNING``; done or failed → ``ALREADY_RAN``;
-        cancelled → ``ALREADY_UNDONE``. A job of another owner, or no job at all,
-        raises :class:`JobNotFound`: other people's ids are never confirmed to exist.
-        Runs and commits a transaction of its own, like :meth:`cancel`.
+        same transaction: a soft-deleted row is restored together with the cancel of
+        its purge). running → ``RUNNING``; done or failed → ``ALREADY_RAN``;
+        cancelled → ``ALREADY_UNDONE``. With ``owner`` (the web layer always passes
+        it), a job of another owner raises :class:`JobNotFound`, as does no job at
+        all: other people's ids are never confirmed to exist. Runs and commits a
+        transaction of its own on ``db.session``, like :meth:`cancel`.
         """
         state = self._state()
-        job_id, _ = _identity(id, None)
-        assert job_id is not None
+        job_id, key = _identity(id, key)
         checked_owner = _checked_text(owner, "owner")
-        if checked_owner is None:
-            raise InvalidArgument("owner", "undo needs the owner whose job it may cancel")
-        if not 1 <= job_id <= MAX_JOB_ID:
+        if job_id is not None and not 1 <= job_id <= MAX_JOB_ID:
             raise JobNotFound(job_id)
         self._refuse_uncommitted(state, "undo")
         with self._atomic_scope() as conn:
@@ -378,18 +388,20 @@ class Defer:
             # the read below; cancelling again then is right, so try a few times.
             for _ in range(3):
                 cancelled = state.store.cancel(
-                    conn, now=utcnow(), job_id=job_id, owner=checked_owner
+                    conn, now=utcnow(), job_id=job_id, key=key, owner=checked_owner
                 )
                 if cancelled is not None:
                     break
-                existing = state.store.get(conn, job_id=job_id)
-                if existing is None or existing.owner != checked_owner:
-                    raise JobNotFound(job_id)
+                existing = state.store.get(conn, job_id=job_id, key=key)
+                if existing is None or (
+                    checked_owner is not None and existing.owner != checked_owner
+                ):
+                    raise JobNotFound(job_id, key)
                 if existing.status is not JobStatus.PENDING:
                     return UndoOutcome.for_status(existing.status)
             if cancelled is None:
                 return UndoOutcome.RUNNING
-            for hook in self._undo_hooks.get(cancelled.name, ()):
+            for hook in self.undo_hooks.for_name(cancelled.name):
                 hook(cancelled)
         signals.job_cancelled.send(current_app._get_current_object(), job=cancelled)  # type: ignore[attr-defined]
         return UndoOutcome.UNDONE
@@ -644,6 +656,99 @@ class Defer:
                 "scheduled and not committed yet: call db.session.commit() first"
             )
 
+    # -- helpers: undo hooks, soft delete, batching, HTTP ----------------------------
+
+    def soft_delete(
+        self,
+        obj: Any,
+        grace: Duration = _soft_delete.DEFAULT_GRACE,
+        *,
+        label: str | None = None,
+        owner: str | None = None,
+    ) -> Job:
+        """Hide *obj* now and hard-delete it after *grace*, unless it is restored.
+
+        *obj* is a model instance using :class:`~flask_defer.SoftDeleteMixin`. Sets
+        ``deleted_at`` and schedules the purge in ``db.session``'s transaction (the
+        caller commits) and returns the purge job, undoable by its *owner* until
+        ``grace - DEFER_UNDO_MARGIN`` from now. :meth:`undo` of that job, or
+        :meth:`restore`, brings the row back.
+        """
+        return _soft_delete.soft_delete(self, obj, grace=grace, label=label, owner=owner)
+
+    def restore(self, obj: Any) -> _soft_delete.RestoreOutcome:
+        """Undo a :meth:`soft_delete` from code: cancel the purge and clear ``deleted_at``.
+
+        Joins ``db.session`` (the caller commits). Returns ``RESTORED``, or ``PURGING``
+        / ``PURGED`` when it is too late, or ``NOT_DELETED``.
+        """
+        return _soft_delete.restore(self, obj)
+
+    def batch(
+        self,
+        name: str,
+        *,
+        key: str,
+        item: Any,
+        window: Duration = batching.DEFAULT_WINDOW,
+        max_items: int | None = None,
+        mode: batching.BatchMode = "window",
+        max_wait: Duration | None = None,
+        now: datetime | None = None,
+    ) -> batching.Batched:
+        """Add *item* to the batch job *name* of *key* (see :mod:`flask_defer.batching`).
+
+        The handler of *name* receives every item of the batch, in order, in
+        ``job.payload["items"]``. Joins ``db.session``: the item is added when the
+        caller commits.
+        """
+        return batching.batch(
+            self,
+            name,
+            key=key,
+            item=item,
+            window=window,
+            max_items=max_items,
+            mode=mode,
+            max_wait=max_wait,
+            now=now,
+        )
+
+    def schedule_http(
+        self,
+        url: str,
+        method: str = "POST",
+        *,
+        json: Any = None,
+        headers: dict[str, str] | None = None,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
+        key: str | None = None,
+        timeout: Duration | None = None,
+        replace: bool = False,
+        owner: str | None = None,
+        label: str | None = None,
+    ) -> Job:
+        """Schedule an HTTP request (see :mod:`flask_defer.http_jobs`); returns its job.
+
+        2xx is done (status and a body excerpt in ``job.result``); 408, 429, 5xx and
+        network errors are retried, honouring ``Retry-After``; other 4xx fail at once.
+        """
+        return http_jobs.schedule_http(
+            self,
+            url,
+            method=method,
+            json_body=json,
+            headers=headers,
+            run_at=run_at,
+            delay=delay,
+            key=key,
+            timeout=timeout,
+            replace=replace,
+            owner=owner,
+            label=label,
+        )
+
 
 def _default_sqlite_uri(app: Flask) -> str:
     import os
@@ -677,16 +782,8 @@ def _clear_uncommitted(session: Session, transaction: Any) -> None:
 
 
 def _track_uncommitted(session: scoped_session[Session]) -> None:
-    # The listener lands on the sessionmaker's own Session subclass. The mark lives on
-    # that class, not in event.contains(): SQLAlchemy's event registry is keyed by
-    # id(), so a new class reusing a collected class's address looked "already
-    # listened to" and its sessions never cleared the uncommitted mark.
-    factory_class = getattr(session.session_factory, "class_", None)
-    if factory_class is not None and factory_class.__dict__.get("_flask_defer_tracked"):
-        return
-    event.listen(session, "after_transaction_end", _clear_uncommitted)
-    if factory_class is not None:
-        factory_class._flask_defer_tracked = True
+    # Not event.contains(): it can alias a collected Session class (see session_events).
+    listen_once(session, "after_transaction_end", _clear_uncommitted)
 
 
 def _identity(job_id: Any, key: Any) -> tuple[int | None, str | None]:

@@ -132,3 +132,12 @@ class RetryAfter(Exception):  # noqa: N818 - the name reads as the handler's ans
     def __init__(self, seconds: Duration, reason: str | None = None) -> None:
         self.delay = as_duration(seconds, "seconds")
         super().__init__(reason or f"retry after {self.delay.total_seconds():g} s")
+
+
+class Fail(Exception):  # noqa: N818 - the name reads as the handler's answer
+    """Raised by a handler to fail the job now, without the retries it has left.
+
+    For errors that another attempt cannot fix: a 404 from an API, a payload that
+    names a row that will never exist. The job becomes a dead letter at once, with
+    this exception's text as its ``last_error``.
+    """

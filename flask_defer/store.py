@@ -22,13 +22,17 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
+    String,
     Table,
+    Text,
     and_,
     case,
+    cast,
     delete,
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
     type_coerce,
@@ -167,7 +171,13 @@ class JobStore:
                 dialect_insert(t)
                 .values(values)
                 .on_conflict_do_nothing(
-                    index_elements=[t.c.key], index_where=t.c.status.in_(LIVE_STATUSES)
+                    index_elements=[t.c.key],
+                    # Literal values, not bound parameters: once psycopg prepares the
+                    # statement (from its 6th run on a connection), PostgreSQL cannot
+                    # match "status IN ($1, $2)" to the partial index and refuses it.
+                    index_where=t.c.status.in_(
+                        [literal_column(f"'{status}'") for status in LIVE_STATUSES]
+                    ),
                 )
                 .returning(*t.c)
             )
@@ -636,6 +646,115 @@ class JobStore:
             if deleted < batch_size:
                 return total
 
+    # -- helpers: soft delete and batching ------------------------------------------
+
+    def hold_claim(self, conn: Connection, job: Job) -> bool:
+        """Lock a claimed job's row in the caller's transaction; False if the claim is lost.
+
+        An ``atomic=True`` handler calls this first, so its transaction takes the job
+        row before the rows it works on, in the same order as an undo (cancel, then the
+        app's row): the two can wait for each other but never deadlock. SQLite has one
+        writer at a time and needs no row lock; there it is only the ownership check.
+        """
+        t = self.table
+        stmt = (
+            select(t.c.id)
+            .where(
+                t.c.id == job.id,
+                t.c.status == JobStatus.RUNNING.value,
+                t.c.claim_token == job.claim_token,
+            )
+            .with_for_update()
+        )
+        return conn.execute(stmt).first() is not None
+
+    def batch_append(
+        self,
+        conn: Connection,
+        *,
+        name: str,
+        key: str,
+        item_json: str,
+        now: datetime,
+        max_items: int | None,
+        debounce_until: datetime | None,
+    ) -> BatchAppend | None:
+        """Append one item to the pending batch job *name* holding *key*, in one statement.
+
+        The guard (``status = 'pending'`` and, with *max_items*, "not full yet") makes
+        the append and the worker's claim exclusive: an item lands in a batch before it
+        is claimed, or the update touches nothing and the caller starts a new batch.
+        *item_json* is the item as JSON text. ``debounce_until`` moves ``run_at`` there,
+        but never past the batch's ``flush_by`` (its ``max_wait`` deadline); a batch
+        that reaches *max_items* is made due at once and its key becomes
+        ``<key>#full-<id>``. ``None`` when no such row accepts the item.
+        """
+        t = self.table
+        if self.is_postgres:
+            items = t.c.payload.op("->")(literal_column("'items'"))
+            count_before = func.jsonb_array_length(items)
+            # A one-element array concatenated to the list appends the item, even
+            # when the item is itself an array.
+            appended = func.jsonb_set(
+                t.c.payload,
+                literal_column("'{items}'"),
+                items.op("||")(cast(literal("[" + item_json + "]", Text()), postgresql.JSONB)),
+            )
+            count_after: ColumnElement[Any] = literal_column(
+                "jsonb_array_length(payload -> 'items')"
+            )
+            flush_by: ColumnElement[Any] = cast(
+                t.c.payload.op("->>")(literal_column("'flush_by'")),
+                postgresql.TIMESTAMP(timezone=True),
+            )
+            earliest: Any = func.least
+        else:
+            count_before = func.json_array_length(t.c.payload, literal_column("'$.items'"))
+            appended = func.json_insert(
+                t.c.payload, literal_column("'$.items[#]'"), func.json(literal(item_json, Text()))
+            )
+            count_after = literal_column("json_array_length(payload, '$.items')")
+            # flush_by is ISO 8601 UTC; SQLite stores times as "YYYY-MM-DD HH:MM:SS.ffffff",
+            # which compares correctly as text once the "T" and the offset are cut.
+            iso = func.json_extract(t.c.payload, literal_column("'$.flush_by'"))
+            flush_by = func.substr(iso, 1, 10).op("||")(" ").op("||")(func.substr(iso, 12, 15))
+            earliest = func.min
+        run_at: ColumnElement[Any] = t.c.run_at
+        if debounce_until is not None:
+            candidate = literal(debounce_until, UTCDateTime())
+            run_at = earliest(candidate, func.coalesce(flush_by, candidate))
+        conditions = [
+            t.c.key == key,
+            t.c.name == name,
+            t.c.status == JobStatus.PENDING.value,
+        ]
+        values: dict[str, Any] = {"payload": appended, "updated_at": now}
+        if max_items is not None:
+            conditions.append(count_before < max_items)
+            full = count_before + 1 >= max_items
+            run_at = case((full, literal(now, UTCDateTime())), else_=run_at)
+            # A full batch gives its key up (renamed after its id), so the next item
+            # can open a new batch in the same slot while this one waits for a worker.
+            values["key"] = case(
+                (full, t.c.key + literal_column("'#full-'") + cast(t.c.id, String())),
+                else_=t.c.key,
+            )
+        values["run_at"] = run_at
+        stmt = (
+            update(t)
+            .where(*conditions)
+            .values(values)
+            .returning(t.c.id, t.c.run_at, t.c.queue, count_after)
+        )
+        row = conn.execute(stmt).first()
+        if row is None:
+            return None
+        result = BatchAppend(job_id=int(row[0]), run_at=row[1], items=int(row[3]))
+        if result.run_at <= now:
+            # Full: wake a sleeping worker now rather than at its next poll.
+            self.notify(conn, row[2])
+        return result
+
     # -- helpers ------------------------------------------------------------------
 
     def _acknowledge(
@@ -703,3 +822,15 @@ class JobStore:
             # SQLite's LIKE ignores ASCII case; the exact substr comparison restores it.
             return like & (func.substr(t.c.key, 1, len(prefix)) == prefix)
         return like
+
+
+# -- helpers: batching -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BatchAppend:
+    """Where :meth:`JobStore.batch_append` put an item: the batch, its size and due time."""
+
+    job_id: int
+    run_at: datetime
+    items: int

@@ -8,14 +8,10 @@ renders it, and ``defer.undo()`` callers branch on it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
 from .jobs import Job, JobStatus
-
-#: A function run inside the Undo's transaction with the cancelled job (``@defer.on_undo``).
-UndoHook = Callable[[Job], None]
 
 #: The largest id a job can have (a signed 64-bit integer on both backends); larger
 #: numbers in a URL are answered "not found" instead of overflowing the driver.

@@ -1,0 +1,247 @@
+"""Notification batching: one job per burst of items, every item delivered exactly once."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from flask_defer import InvalidArgument, Job, JobStatus, UnknownJob
+
+from .conftest import AppKit
+
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def digests(kit: AppKit) -> Iterator[list[Job]]:
+    """Registers the ``digest`` handler; yields the jobs it ran, in order."""
+    ran: list[Job] = []
+    lock = threading.Lock()
+
+    @kit.defer.job("digest")
+    def digest(job: Job) -> None:
+        with lock:
+            ran.append(job)
+
+    yield ran
+
+
+def add(kit: AppKit, item: Any, now: datetime, **options: Any) -> Any:
+    options.setdefault("key", "post:1")
+    batched = kit.defer.batch("digest", item=item, now=now, **options)
+    kit.db.session.commit()
+    return batched
+
+
+def test_items_within_the_window_become_one_batch_in_order(
+    kit: AppKit, digests: list[Job]
+) -> None:
+    first = add(kit, {"comment": 1}, at(0), window=60)
+    second = add(kit, {"comment": 2}, at(10), window=60)
+    third = add(kit, {"comment": 3}, at(50), window=60)
+    assert first.opened and not second.opened and not third.opened
+    assert first.job_id == second.job_id == third.job_id
+    assert [first.position, second.position, third.position] == [0, 1, 2]
+    assert third.run_at == at(60)  # window mode: due a window after the first item
+
+    assert kit.defer.run_due(now=at(59)).ran == 0
+    assert kit.defer.run_due(now=at(60)).done == 1
+    [job] = digests
+    assert job.payload["items"] == [{"comment": 1}, {"comment": 2}, {"comment": 3}]
+    assert job.payload["key"] == "post:1"
+    assert job.key == "post:1"
+
+
+def test_an_item_after_the_claim_starts_a_new_batch_that_later_items_join(
+    kit: AppKit, digests: list[Job]
+) -> None:
+    first = add(kit, 1, at(0), window=60)
+    [claimed] = kit.defer.store.claim(
+        now=at(60), limit=1, token=uuid.uuid4().hex, lease_until=at(90)
+    )
+    second = add(kit, 2, at(61), window=60)
+    assert second.opened and second.job_id != first.job_id
+    assert kit.defer.get(second.job_id).key == "post:1#2"
+    kit.app.extensions["defer"].executor.execute(claimed, lambda: at(62))
+    # The first batch is done and its key free again, yet the open batch is joined,
+    # not split: one burst, one delivery.
+    third = add(kit, 3, at(63), window=60)
+    assert third.job_id == second.job_id and third.position == 1
+
+    kit.defer.run_due(now=at(200))
+    assert [job.payload["items"] for job in digests] == [[1], [2, 3]]
+
+
+def test_debounce_moves_the_batch_but_never_past_max_wait(
+    kit: AppKit, digests: list[Job]
+) -> None:
+    options = {"window": 10, "mode": "debounce", "max_wait": 30}
+    assert add(kit, "a", at(0), **options).run_at == at(10)
+    assert add(kit, "b", at(5), **options).run_at == at(15)
+    assert add(kit, "c", at(12), **options).run_at == at(22)
+    assert add(kit, "d", at(25), **options).run_at == at(30)  # capped: 0 + max_wait
+    assert add(kit, "e", at(29), **options).run_at == at(30)
+    assert kit.defer.run_due(now=at(29.9)).ran == 0
+    assert kit.defer.run_due(now=at(30)).done == 1
+    assert digests[0].payload["items"] == ["a", "b", "c", "d", "e"]
+    # After the flush the next item opens a fresh batch with its own deadline.
+    assert add(kit, "f", at(31), **options).run_at == at(41)
+
+
+def test_debounce_without_max_wait_keeps_moving(kit: AppKit, digests: list[Job]) -> None:
+    for n in range(5):
+        batched = add(kit, n, at(n * 9), window=10, mode="debounce")
+    assert batched.run_at == at(46) and batched.position == 4
+
+
+def test_max_items_flushes_a_full_batch_and_opens_the_next(
+    kit: AppKit, digests: list[Job]
+) -> None:
+    placed = [add(kit, n, at(n), window=3600, max_items=3) for n in range(7)]
+    assert [p.position for p in placed] == [0, 1, 2, 0, 1, 2, 0]
+    assert placed[2].run_at == at(2)  # full: due at once
+    assert placed[5].run_at == at(5)
+    assert placed[6].run_at == at(3606)
+    # Full batches gave their slot up while they wait for a worker.
+    full = kit.defer.get(placed[0].job_id)
+    assert full.key == f"post:1#full-{full.id}"
+    assert kit.defer.get(placed[6].job_id).key == "post:1"
+    kit.defer.run_due(now=at(10))
+    assert [job.payload["items"] for job in digests] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_max_items_one_makes_every_item_its_own_job(kit: AppKit, digests: list[Job]) -> None:
+    placed = [add(kit, n, at(n), max_items=1) for n in range(3)]
+    assert all(p.opened and p.run_at == at(n) for n, p in enumerate(placed))
+    kit.defer.run_due(now=at(10))
+    assert [job.payload["items"] for job in digests] == [[0], [1], [2]]
+
+
+def test_a_batch_joins_the_callers_transaction(kit: AppKit, digests: list[Job]) -> None:
+    kit.defer.batch("digest", key="post:1", item=1, now=at(0))
+    kit.db.session.rollback()
+    assert kit.defer.list(name="digest") == []
+    add(kit, 2, at(1))
+    kit.defer.batch("digest", key="post:1", item=3, now=at(2))
+    kit.db.session.rollback()
+    kit.defer.run_due(now=at(3600))
+    assert [job.payload["items"] for job in digests] == [[2]]
+
+
+def test_a_key_held_by_another_job_does_not_block_batching(
+    kit: AppKit, digests: list[Job]
+) -> None:
+    @kit.defer.job("reminder")
+    def reminder(job: Job) -> None:
+        pass
+
+    kit.defer.schedule("reminder", key="post:1", run_at=at(10_000))
+    kit.db.session.commit()
+    first = add(kit, 1, at(0))
+    second = add(kit, 2, at(1))
+    assert first.job_id == second.job_id
+    assert kit.defer.get(first.job_id).key == "post:1#2"
+
+
+def test_batch_refuses_bad_arguments(kit: AppKit, digests: list[Job]) -> None:
+    def refused(**options: Any) -> str:
+        values: dict[str, Any] = {"key": "post:1", "item": 1}
+        values.update(options)
+        with pytest.raises(InvalidArgument) as raised:
+            kit.defer.batch("digest", **values)
+        return raised.value.argument
+
+    assert refused(key="") == "key"
+    assert refused(key="x" * 231) == "key"
+    assert refused(item={1, 2}) == "item"
+    assert refused(item=float("nan")) == "item"
+    assert refused(window=-1) == "window"
+    assert refused(max_items=0) == "max_items"
+    assert refused(mode="burst") == "mode"
+    assert refused(max_wait=60) == "max_wait"  # only for debounce
+    assert refused(mode="debounce", window=60, max_wait=30) == "max_wait"
+    assert refused(now=datetime(2030, 1, 1)) == "now"
+    with pytest.raises(UnknownJob):
+        kit.defer.batch("nobody", key="post:1", item=1)
+
+
+@pytest.mark.parametrize("max_items", [None, 7], ids=["window0", "max_items7"])
+def test_items_racing_the_worker_are_delivered_exactly_once(
+    kit: AppKit, digests: list[Job], backend: str, max_items: int | None
+) -> None:
+    """Producers in several threads add thousands of items while a worker claims.
+
+    ``window=0`` makes every batch due at once, so claims land between appends all
+    the time; ``max_items=7`` with a long window flushes by size, so full batches
+    and slots are exercised. Whatever the interleaving, the delivered batches hold
+    every item exactly once, and one producer's items keep their order.
+    """
+    producers, per_producer = 4, 500
+    window = 0 if max_items is None else 3600
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce(producer: int) -> None:
+        try:
+            with kit.app.app_context():
+                for n in range(per_producer):
+                    kit.defer.batch(
+                        "digest",
+                        key="post:1",
+                        item=[producer, n],
+                        window=window,
+                        max_items=max_items,
+                    )
+                    kit.db.session.commit()
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    def work() -> None:
+        try:
+            with kit.app.app_context():
+                while not stop.is_set():
+                    if kit.defer.run_due().ran == 0:
+                        stop.wait(0.001)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    threads = [threading.Thread(target=produce, args=(p,)) for p in range(producers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    stop.set()
+    worker.join(60)
+    assert not errors, errors
+    kit.defer.run_due(now=datetime.now(UTC) + timedelta(hours=2))  # what is left
+
+    batches = [job.payload["items"] for job in digests]
+    delivered = [tuple(item) for items in batches for item in items]
+    expected = {(p, n) for p in range(producers) for n in range(per_producer)}
+    assert len(delivered) == len(expected)  # nothing twice
+    assert set(delivered) == expected  # nothing lost
+    for items in batches:
+        for producer in range(producers):
+            mine = [n for p, n in items if p == producer]
+            assert mine == sorted(mine)
+        if max_items is not None:
+            assert len(items) <= max_items
+    assert kit.defer.list(name="digest", status=["pending", "running"]) == []
+    assert all(job.status is JobStatus.RUNNING for job in digests)  # as handlers saw them
+    slots = sorted({job.key for job in digests if job.key and "#full-" not in job.key})
+    full = sum(1 for job in digests if job.key and "#full-" in job.key)
+    print(
+        f"\n{backend} {max_items=}: {len(delivered)} items in {len(batches)} batches "
+        f"({full} flushed full), slots used {slots}"
+    )

@@ -1,0 +1,37 @@
+"""Listeners on db.session survive apps and their Session classes coming and going."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+from sqlalchemy.orm import DeclarativeBase
+
+from flask_defer import Defer
+from flask_defer.extension import _clear_uncommitted
+from flask_defer.soft_delete import _hide_deleted
+
+
+def test_every_new_app_gets_its_session_listeners(tmp_path: Path) -> None:
+    # SQLAlchemy keys listeners by id() of the per-factory Session class; after one is
+    # collected a new class may reuse its id. Each app must still get its listeners.
+    for n in range(40):
+
+        class Model(DeclarativeBase):
+            pass
+
+        db = SQLAlchemy(model_class=Model)
+        app = Flask(f"app_{n}")
+        app.config["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{tmp_path / 'db.sqlite3'}"
+        db.init_app(app)
+        Defer(app, db=db)
+        with app.app_context():
+            session = db.session()
+            assert _clear_uncommitted in list(session.dispatch.after_transaction_end), n
+            assert _hide_deleted in list(session.dispatch.do_orm_execute), n
+            db.session.remove()
+            db.engine.dispose()
+        del app, db, session, Model
+        gc.collect()

@@ -1,0 +1,120 @@
+"""The store methods the helpers add (hold_claim, batch_append), on a bare engine."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from flask_defer import JobStatus
+from flask_defer.store import JobStore, NewJob
+
+MakeJob = Callable[..., NewJob]
+
+
+def claim(store: JobStore, now: datetime) -> list:
+    return store.claim(
+        now=now, limit=10, token=uuid.uuid4().hex, lease_until=now + timedelta(seconds=30)
+    )
+
+
+def append(store: JobStore, now: datetime, item: object, **options: object):  # type: ignore[no-untyped-def]
+    values: dict[str, object] = {
+        "name": "digest",
+        "key": "post:1",
+        "item_json": json.dumps(item),
+        "now": now,
+        "max_items": None,
+        "debounce_until": None,
+    }
+    values.update(options)
+    with store.begin() as conn:
+        return store.batch_append(conn, **values)  # type: ignore[arg-type]
+
+
+def test_keyed_inserts_keep_working_once_the_statement_is_prepared(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    # psycopg prepares a statement from its sixth run on one connection; the
+    # ON CONFLICT clause must still find the partial live-key index then.
+    with store.begin() as conn:
+        for n in range(12):
+            store.insert(conn, new_job(key=f"k{n}"), now=now, replace=False)
+        for n in range(12):
+            store.insert(conn, new_job(key=f"k{n}"), now=now, replace=True)
+
+
+def test_hold_claim_is_true_only_for_the_current_claim(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    with store.begin() as conn:
+        store.insert(conn, new_job(), now=now, replace=False)
+    [job] = claim(store, now)
+    with store.begin() as conn:
+        assert store.hold_claim(conn, job) is True
+    store.reclaim_lapsed(now=now + timedelta(seconds=31))
+    with store.begin() as conn:
+        assert store.hold_claim(conn, job) is False
+
+
+def test_batch_append_adds_to_a_pending_batch_only(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    first = new_job(name="digest", key="post:1", payload={"key": "post:1", "items": [{"n": 1}]})
+    with store.begin() as conn:
+        job = store.insert(conn, first, now=now, replace=False)
+    added = append(store, now, {"n": 2})
+    assert added is not None and added.job_id == job.id and added.items == 2
+    assert added.run_at == job.run_at  # window mode leaves the due time alone
+    # An array item stays one item.
+    assert append(store, now, [3, 4]).items == 3
+    assert append(store, now, {"n": 5}, name="other") is None  # another job's key
+    assert append(store, now, {"n": 5}, key="post:2") is None
+
+    [claimed] = claim(store, now)
+    assert claimed.payload["items"] == [{"n": 1}, {"n": 2}, [3, 4]]
+    assert append(store, now, {"n": 6}) is None  # running: the item must go elsewhere
+    with store.begin() as conn:
+        assert store.get(conn, job_id=job.id).payload["items"] == [{"n": 1}, {"n": 2}, [3, 4]]
+
+
+def test_batch_append_refuses_a_full_batch_and_makes_it_due(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    later = now + timedelta(minutes=5)
+    first = new_job(name="digest", key="post:1", run_at=later, payload={"items": [1]})
+    with store.begin() as conn:
+        store.insert(conn, first, now=now, replace=False)
+    assert append(store, now, 2, max_items=3).run_at == later
+    full = append(store, now, 3, max_items=3)
+    assert full.items == 3 and full.run_at == now
+    assert append(store, now, 4, max_items=3) is None
+
+
+def test_batch_append_debounces_up_to_flush_by(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    flush_by = now + timedelta(seconds=30)
+    payload = {"items": [0], "flush_by": flush_by.isoformat(timespec="microseconds")}
+    due = now + timedelta(seconds=10)
+    first = new_job(name="digest", key="post:1", run_at=due, payload=payload)
+    with store.begin() as conn:
+        store.insert(conn, first, now=now, replace=False)
+    moved = append(store, now, 1, debounce_until=now + timedelta(seconds=25, microseconds=7))
+    assert moved.run_at == now + timedelta(seconds=25, microseconds=7)
+    capped = append(store, now, 2, debounce_until=now + timedelta(seconds=45))
+    assert capped.run_at == flush_by
+    with store.begin() as conn:
+        job = store.get(conn, key="post:1")
+    assert job.run_at == flush_by and job.status is JobStatus.PENDING
+
+
+def test_batch_append_debounce_without_flush_by_is_uncapped(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    first = new_job(name="digest", key="post:1", payload={"items": [0]})
+    with store.begin() as conn:
+        store.insert(conn, first, now=now, replace=False)
+    moved = append(store, now, 1, debounce_until=now + timedelta(days=3))
+    assert moved.run_at == now + timedelta(days=3)
