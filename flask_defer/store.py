@@ -12,6 +12,7 @@ own. All times are passed in (``now=``) so tests can drive the clock.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +43,10 @@ from .schema import LIVE_STATUSES, UTCDateTime
 
 #: PostgreSQL channel a scheduling transaction notifies; workers LISTEN on it.
 NOTIFY_CHANNEL = "flask_defer"
+
+#: How ``last_error`` starts on a job left pending because no worker knew its name;
+#: health counts these even when the process asking knows the name.
+UNKNOWN_HANDLER_NOTE = "no handler registered"
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +270,9 @@ class JobStore:
             .mappings()
             .first()
         )
+        if row is not None:
+            # Moved earlier ("run now"), it must not wait for a worker's timed wake.
+            self.notify(conn, row["queue"])
         return Job.from_row(row) if row is not None else None
 
     def retry_failed(self, conn: Connection, job_id: int, *, now: datetime) -> Job | None:
@@ -351,12 +359,19 @@ class JobStore:
         )
 
     def count_unknown(self, conn: Connection, known_names: Collection[str]) -> int:
-        """Pending jobs whose name has no handler among *known_names*."""
+        """Pending jobs whose name has no handler among *known_names*, or in a worker.
+
+        A worker that met a name it does not know left the job pending with
+        :data:`UNKNOWN_HANDLER_NOTE`; those count too, because during a rolling deploy
+        the web process may know a name its workers do not know yet.
+        """
         t = self.table
+        unknown_here = t.c.name.not_in(list(known_names))
+        unknown_to_worker = t.c.last_error.startswith(UNKNOWN_HANDLER_NOTE, autoescape=True)
         stmt = (
             select(func.count())
             .select_from(t)
-            .where(t.c.status == JobStatus.PENDING.value, t.c.name.not_in(list(known_names)))
+            .where(t.c.status == JobStatus.PENDING.value, unknown_here | unknown_to_worker)
         )
         return int(conn.execute(stmt).scalar_one())
 
@@ -554,21 +569,74 @@ class JobStore:
         settled_before: datetime,
         failed_before: datetime,
         batch_size: int = 1000,
+        max_batches: int | None = None,
     ) -> int:
-        """Delete settled rows older than the retention, in batches; return how many."""
+        """Delete settled rows older than the retention, in batches; return how many.
+
+        ``max_batches`` bounds one call, so a worker catching up on a huge backlog of
+        history goes back to claiming jobs between rounds.
+        """
         t = self.table
         old = (
             (t.c.status.in_([JobStatus.DONE.value, JobStatus.CANCELLED.value]))
             & (t.c.finished_at < settled_before)
         ) | ((t.c.status == JobStatus.FAILED.value) & (t.c.finished_at < failed_before))
         total = 0
+        batches = 0
         while True:
             batch = select(t.c.id).where(old).limit(batch_size).scalar_subquery()
             with self.begin_immediate() as conn:
                 deleted = int(conn.execute(delete(t).where(t.c.id.in_(batch))).rowcount)
             total += deleted
-            if deleted < batch_size:
+            batches += 1
+            if deleted < batch_size or (max_batches is not None and batches >= max_batches):
                 return total
+
+    # -- the worker's side: one maintainer at a time, and LISTEN ------------------
+
+    @contextmanager
+    def maintenance_lock(self) -> Iterator[bool]:
+        """Yield True in the one worker that may reclaim and prune right now.
+
+        PostgreSQL: a transaction-scoped advisory lock, tried without waiting, held on
+        a connection of its own for the duration of the block and released by its
+        commit, or by the server if this worker dies. SQLite: always True; its
+        writes are serialised anyway and reclaim/prune are guarded statements.
+        """
+        if not self.is_postgres:
+            yield True
+            return
+        with self.engine.connect() as conn, conn.begin():
+            locked = conn.execute(
+                select(func.pg_try_advisory_xact_lock(self._maintenance_lock_key()))
+            ).scalar()
+            yield bool(locked)
+
+    def _maintenance_lock_key(self) -> int:
+        # One lock per jobs table, so two apps sharing a database do not exclude
+        # each other. crc32 fits PostgreSQL's bigint key and is stable across runs.
+        return zlib.crc32(f"flask_defer:{self.table.name}".encode())
+
+    def open_listener(self) -> Any:
+        """A dedicated psycopg connection, in autocommit, LISTENing on the channel.
+
+        Taken from the engine (so it has the app's credentials and connect options)
+        and detached from its pool: it lives as long as the worker and is closed by
+        the caller. PostgreSQL only.
+        """
+        if not self.is_postgres:
+            raise RuntimeError("LISTEN/NOTIFY needs PostgreSQL")
+        pooled = self.engine.raw_connection()
+        conn: Any = pooled.driver_connection
+        pooled.detach()
+        try:
+            conn.rollback()
+            conn.autocommit = True
+            conn.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     # -- helpers ------------------------------------------------------------------
 
