@@ -11,6 +11,7 @@ the tests count "ran exactly once" and see which process ran what.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from datetime import UTC, datetime
@@ -104,6 +105,9 @@ def create_app(database_url: str | None = None, **config: Any) -> Flask:
     )
     app.config.from_prefixed_env("WORKER_APP")
     app.config.update(config)
+    if app.config.get("TEST_LOG"):
+        # For `flask run`, where no worker command sets up logging.
+        logging.basicConfig(level=logging.INFO, format="%(process)d %(name)s %(message)s")
     if not app.config.get("SQLALCHEMY_DATABASE_URI"):
         raise RuntimeError("set WORKER_APP_SQLALCHEMY_DATABASE_URI")
     db.init_app(app)

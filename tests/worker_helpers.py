@@ -107,7 +107,9 @@ class WorkerProcess:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"worker did not exit within {timeout} s:\n{self.log()}")
+            raise AssertionError(
+                f"worker did not exit within {timeout} s:\n{self.log()}"
+            ) from None
 
     def kill(self) -> None:
         if self.process.poll() is None:
