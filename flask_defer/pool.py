@@ -77,7 +77,10 @@ class HandlerPool:
         self._tasks: set[Task] = set()
         self._threads: list[_PoolThread] = []
         self.abandoned_threads = 0
-        for _ in range(size):
+
+    def start(self) -> None:
+        """Start the threads (once; :meth:`close` asks them to exit)."""
+        while len(self._threads) < self.size:
             self._spawn()
 
     # -- what the worker asks -------------------------------------------------------

@@ -55,9 +55,8 @@ class Waker:
         *,
         queues: Collection[str] | None = None,
     ) -> None:
-        self._reader, self._writer = socket.socketpair()
-        self._reader.setblocking(False)
-        self._writer.setblocking(False)
+        self._reader: socket.socket | None = None
+        self._writer: socket.socket | None = None
         self._open_listener = open_listener
         self._queues = frozenset(queues) if queues else None
         self._listener: Any = None
@@ -72,14 +71,25 @@ class Waker:
         return self._listener is not None
 
     def start(self) -> None:
-        """Open the LISTEN connection now, if there is one to open (errors are logged)."""
-        if self._open_listener is not None:
+        """Open the wake-up socket pair and the LISTEN connection (errors are logged)."""
+        if self._reader is None:
+            self._reader, self._writer = socket.socketpair()
+            self._reader.setblocking(False)
+            self._writer.setblocking(False)
+        if self._open_listener is not None and self._listener is None:
             self._try_listen()
 
     def wake(self) -> None:
-        """End the current or next :meth:`wait` at once (thread- and signal-safe)."""
+        """End the current or next :meth:`wait` at once (thread- and signal-safe).
+
+        Before :meth:`start` there is nothing to wake; the caller's own stop flag is
+        checked before the first wait.
+        """
+        writer = self._writer
+        if writer is None:
+            return
         try:
-            self._writer.send(b"\0")
+            writer.send(b"\0")
         except (BlockingIOError, OSError):
             # The buffer is full of earlier wakes, or we are closed: either way the
             # reader has (or needs) nothing more.
@@ -87,6 +97,8 @@ class Waker:
 
     def wait(self, timeout: float) -> Wake:
         """Sleep up to *timeout* seconds; return why the sleep ended."""
+        if self._reader is None:
+            raise RuntimeError("Waker.start() first")
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
             if self._open_listener is not None and self._listener is None:
@@ -112,12 +124,16 @@ class Waker:
     def close(self) -> None:
         """Close the LISTEN connection and the socket pair."""
         self._drop_listener()
-        self._reader.close()
-        self._writer.close()
+        reader, writer = self._reader, self._writer
+        self._reader = self._writer = None
+        for sock in (reader, writer):
+            if sock is not None:
+                sock.close()
 
     # -- internals ----------------------------------------------------------------
 
     def _drain_local(self) -> None:
+        assert self._reader is not None
         try:
             while self._reader.recv(4096):
                 pass

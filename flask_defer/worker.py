@@ -172,6 +172,7 @@ class Worker:
         restore = self._install_signal_handlers() if install_signal_handlers else None
         try:
             self.waker.start()
+            self.pool.start()
             self._heartbeat.start()
             self._warn_if_pool_too_small()
             logger.info(

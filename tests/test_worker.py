@@ -28,7 +28,7 @@ from flask_defer.store import NewJob
 from flask_defer.timeutil import utcnow
 
 from .conftest import AppKit
-from .worker_helpers import wait_until, worker_thread
+from .worker_helpers import wait_for_handler_threads, wait_until, worker_thread
 
 MakeKit = Callable[..., AppKit]
 
@@ -331,6 +331,7 @@ def test_handler_past_its_timeout_fails_the_attempt_without_blocking_the_worker(
         assert worker.pool.abandoned_threads == 1
         release.set()
         wait_until(lambda: any("outcome discarded" in r.getMessage() for r in caplog.records))
+    wait_for_handler_threads()
 
     after = load(kit, stuck_job.id)  # the late return changed nothing
     assert after.status is JobStatus.PENDING and after.result is None
@@ -352,6 +353,7 @@ def test_timeout_on_the_last_attempt_fails_the_job(make_kit: MakeKit) -> None:
             wait_until(lambda: load(kit, job.id).status is JobStatus.FAILED)
     finally:
         release.set()
+        wait_for_handler_threads()
     assert "timeout of 0.2 s" in (load(kit, job.id).last_error or "")
 
 
@@ -482,6 +484,7 @@ def test_stop_releases_a_handler_still_running_after_the_grace(make_kit: MakeKit
         assert released.attempts == 0 and released.claim_token is None
     finally:
         release.set()
+        wait_for_handler_threads()
 
 
 # -- retention, retry and the CLI --------------------------------------------------------

@@ -55,6 +55,20 @@ def worker_thread(worker: Worker) -> Iterator[Worker]:
         raise errors[0]
 
 
+def wait_for_handler_threads() -> None:
+    """Wait until every handler thread has exited, abandoned ones included.
+
+    A handler released at shutdown or abandoned after its timeout still returns and
+    acknowledges (in vain); it must do so before the test disposes the engine, or it
+    would open a connection nobody closes.
+    """
+    wait_until(
+        lambda: not any(
+            t.name.startswith("flask-defer-handler") for t in threading.enumerate()
+        )
+    )
+
+
 class WorkerProcess:
     """``flask --app tests.worker_app defer worker ...`` as a real child process."""
 
