@@ -88,12 +88,12 @@ def count_done(app: Flask) -> int:
 # -- scale-out ---------------------------------------------------------------------------
 
 
-def test_worker_processes_drain_2000_jobs_each_exactly_once(
+def test_worker_processes_drain_a_backlog_each_job_exactly_once(
     app: Flask, spawn: Any, database_url: str, backend: str
 ) -> None:
-    # SQLite serialises writers, so one database file is drained by two processes;
-    # PostgreSQL by three, claiming side by side with SKIP LOCKED.
-    total = 2000
+    # PostgreSQL: three processes claiming side by side with SKIP LOCKED. SQLite
+    # serialises writers, so two processes and fewer jobs make the same point there.
+    total = 2000 if backend == "postgresql" else 500
     workers = [
         spawn(database_url, "--concurrency", "4", DEFER_POLL_INTERVAL=0.1)
         for _ in range(3 if backend == "postgresql" else 2)
