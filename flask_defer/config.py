@@ -122,6 +122,7 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
             "DEFER_WORKER_CONCURRENCY", f"expected an integer ≥ 1, got {concurrency!r}"
         )
     for name in (
+        "DEFER_LEASE",
         "DEFER_JOB_TIMEOUT",
         "DEFER_MAX_SLEEP",
         "DEFER_POLL_INTERVAL",

@@ -654,6 +654,11 @@ class JobStore:
         # each other. crc32 fits PostgreSQL's bigint key and is stable across runs.
         return zlib.crc32(f"flask_defer:{self.table.name}".encode())
 
+    @property
+    def can_listen(self) -> bool:
+        """True when workers can LISTEN for NOTIFY (PostgreSQL through psycopg 3)."""
+        return self.is_postgres and self.engine.dialect.driver == "psycopg"
+
     def open_listener(self) -> Any:
         """A dedicated psycopg connection, in autocommit, LISTENing on the channel.
 
@@ -661,8 +666,8 @@ class JobStore:
         and detached from its pool: it lives as long as the worker and is closed by
         the caller. PostgreSQL only.
         """
-        if not self.is_postgres:
-            raise RuntimeError("LISTEN/NOTIFY needs PostgreSQL")
+        if not self.can_listen:
+            raise RuntimeError("LISTEN needs PostgreSQL through psycopg 3")
         pooled = self.engine.raw_connection()
         conn: Any = pooled.driver_connection
         pooled.detach()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import logging
-import select
+import selectors
 import socket
 import time
 from collections.abc import Callable, Collection
@@ -57,9 +57,13 @@ class Waker:
     ) -> None:
         self._reader: socket.socket | None = None
         self._writer: socket.socket | None = None
+        # selectors (epoll/kqueue), not select(): a web process running the embedded
+        # worker may well have file descriptors above select()'s limit of 1024.
+        self._selector: selectors.BaseSelector | None = None
         self._open_listener = open_listener
         self._queues = frozenset(queues) if queues else None
         self._listener: Any = None
+        self._listener_fd: int | None = None
         self._reconnect_at = 0.0
         self._reconnect_delay = 0.1
         self._ever_listened = False
@@ -76,6 +80,8 @@ class Waker:
             self._reader, self._writer = socket.socketpair()
             self._reader.setblocking(False)
             self._writer.setblocking(False)
+            self._selector = selectors.DefaultSelector()
+            self._selector.register(self._reader, selectors.EVENT_READ, "local")
         if self._open_listener is not None and self._listener is None:
             self._try_listen()
 
@@ -97,7 +103,7 @@ class Waker:
 
     def wait(self, timeout: float) -> Wake:
         """Sleep up to *timeout* seconds; return why the sleep ended."""
-        if self._reader is None:
+        if self._selector is None:
             raise RuntimeError("Waker.start() first")
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
@@ -108,14 +114,11 @@ class Waker:
             if self._listener is None and self._open_listener is not None:
                 # Come back in time to try reconnecting again.
                 remaining = min(remaining, max(self._reconnect_at - time.monotonic(), 0.0))
-            watched: list[Any] = [self._reader]
-            if self._listener is not None:
-                watched.append(self._listener.fileno())
-            readable, _, _ = select.select(watched, [], [], max(remaining, 0.0))
-            if self._reader in readable:
+            ready = {key.data for key, _ in self._selector.select(max(remaining, 0.0))}
+            if "local" in ready:
                 self._drain_local()
                 return Wake.LOCAL
-            if readable and self._receive_notifications():
+            if "listener" in ready and self._receive_notifications():
                 self.notifications += 1
                 return Wake.NOTIFY
             if time.monotonic() >= deadline:
@@ -124,6 +127,9 @@ class Waker:
     def close(self) -> None:
         """Close the LISTEN connection and the socket pair."""
         self._drop_listener()
+        if self._selector is not None:
+            self._selector.close()
+            self._selector = None
         reader, writer = self._reader, self._writer
         self._reader = self._writer = None
         for sock in (reader, writer):
@@ -180,6 +186,10 @@ class Waker:
             )
             self._schedule_reconnect()
             return False
+        if self._selector is not None:
+            # Remember the number: a lost psycopg connection no longer reports it.
+            self._listener_fd = self._listener.fileno()
+            self._selector.register(self._listener_fd, selectors.EVENT_READ, "listener")
         if self._ever_listened:
             logger.info("LISTEN connection re-established")
         self._ever_listened = True
@@ -193,6 +203,12 @@ class Waker:
     def _drop_listener(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
+            if self._selector is not None and self._listener_fd is not None:
+                try:
+                    self._selector.unregister(self._listener_fd)
+                except (KeyError, ValueError, OSError):
+                    pass  # the socket is already gone
+            self._listener_fd = None
             try:
                 listener.close()
             except Exception:  # noqa: BLE001 - closing a dead connection may fail

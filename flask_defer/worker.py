@@ -151,7 +151,13 @@ class Worker:
         self._stop = threading.Event()
         self._started = False
         queues = options.queues
-        self.waker = Waker(store.open_listener if store.is_postgres else None, queues=queues)
+        self.waker = Waker(store.open_listener if store.can_listen else None, queues=queues)
+        if store.is_postgres and not store.can_listen:
+            logger.warning(
+                "LISTEN/NOTIFY needs the psycopg 3 driver (postgresql+psycopg://); "
+                "this worker polls every %g s instead",
+                options.poll_interval.total_seconds(),
+            )
         self.pool = HandlerPool(
             options.concurrency, lambda job: executor.execute(job, self.clock), self._finished
         )

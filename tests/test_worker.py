@@ -554,6 +554,7 @@ def test_cli_prune_retry_and_burst_worker(make_kit: MakeKit, now: datetime) -> N
         ("DEFER_WORKER_CONCURRENCY", 0),
         ("DEFER_WORKER_CONCURRENCY", True),
         ("DEFER_POLL_INTERVAL", 0),
+        ("DEFER_LEASE", 0),
         ("DEFER_JOB_TIMEOUT", -1),
         ("DEFER_EMBEDDED_WORKER", "yes"),
     ],
