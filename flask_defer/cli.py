@@ -195,3 +195,76 @@ def _job_dict(job: Job) -> dict[str, Any]:
         data[name] = value.isoformat() if isinstance(value, datetime) else value
     data["status"] = job.status.value
     return data
+
+
+# -- the worker, retention and retries --------------------------------------------
+
+
+@defer_cli.command("worker")
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(1, 1000),
+    default=None,
+    help="Handler threads (default: DEFER_WORKER_CONCURRENCY).",
+)
+@click.option(
+    "--queue",
+    "-q",
+    "queues",
+    multiple=True,
+    help="Only run jobs of this queue (repeatable; default: all queues).",
+)
+@click.option("--burst", is_flag=True, help="Run what is due, then exit.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one object per line with job_id, job_name and job_key fields.",
+)
+@with_appcontext
+@_errors_to_exit_codes
+def worker_command(
+    concurrency: int | None,
+    queues: tuple[str, ...],
+    burst: bool,
+    log_level: str,
+    log_format: str,
+) -> None:
+    """Run due jobs until stopped (SIGTERM/SIGINT finish or release running jobs).
+
+    Start as many as you like on PostgreSQL; on SQLite run one.
+    """
+    from .logs import configure
+
+    configure(log_level, log_format)
+    _defer().worker(concurrency=concurrency, queues=queues or None, burst=burst).run()
+
+
+@defer_cli.command("prune")
+@with_appcontext
+@_errors_to_exit_codes
+def prune_command() -> None:
+    """Delete settled jobs past DEFER_RETENTION (failed: DEFER_FAILED_RETENTION)."""
+    deleted = _defer().prune()
+    click.echo(f"pruned {deleted} settled job(s)")
+
+
+@defer_cli.command("retry")
+@click.argument("job_id", type=int)
+@with_appcontext
+@_errors_to_exit_codes
+def retry_command(job_id: int) -> None:
+    """Put a failed job back to pending, due now, with its attempts reset.
+
+    Exits 1 when the job is not failed.
+    """
+    job = _defer().retry(job_id)
+    click.echo(f"job {job.id} is pending again")

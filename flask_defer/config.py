@@ -53,6 +53,29 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_HTTP_ALLOWED_HOSTS": None,
     # Default timeout of a scheduled HTTP call, and the longest one a call may ask for.
     "DEFER_HTTP_TIMEOUT": timedelta(seconds=10),
+    # -- the worker (``flask defer worker``) ---------------------------------------
+    # Handler threads per worker process (``--concurrency`` overrides it).
+    "DEFER_WORKER_CONCURRENCY": 4,
+    # How long a handler may run when its ``@defer.job(timeout=...)`` says nothing;
+    # past it the attempt counts as failed and the worker stops waiting for it.
+    "DEFER_JOB_TIMEOUT": timedelta(minutes=10),
+    # Longest idle sleep between looks at the table. On PostgreSQL a NOTIFY wakes the
+    # worker sooner, and it always wakes exactly at the next job's run_at.
+    "DEFER_MAX_SLEEP": timedelta(seconds=10),
+    # SQLite (and PostgreSQL while its LISTEN connection is down): how often the
+    # worker looks for newly scheduled jobs. A job due at a time already known to
+    # the worker starts on time regardless.
+    "DEFER_POLL_INTERVAL": timedelta(milliseconds=500),
+    # On SIGTERM/SIGINT running handlers get this long to finish before their jobs
+    # are released back to pending.
+    "DEFER_SHUTDOWN_GRACE": timedelta(seconds=30),
+    # How often one worker returns jobs with lapsed leases to pending.
+    "DEFER_RECLAIM_INTERVAL": timedelta(seconds=5),
+    # How often one worker prunes settled rows past DEFER_RETENTION.
+    "DEFER_PRUNE_INTERVAL": timedelta(hours=1),
+    # Development: run a worker thread inside the web process (``flask run``), once,
+    # in the process that serves requests (the reloader's child).
+    "DEFER_EMBEDDED_WORKER": False,
 }
 
 _DURATIONS = {name for name, value in DEFAULTS.items() if isinstance(value, timedelta)}
@@ -86,6 +109,15 @@ class DeferConfig:
     # -- helpers --
     http_allowed_hosts: frozenset[str] | None
     http_timeout: timedelta
+    # -- the worker --
+    worker_concurrency: int
+    job_timeout: timedelta
+    max_sleep: timedelta
+    poll_interval: timedelta
+    shutdown_grace: timedelta
+    reclaim_interval: timedelta
+    prune_interval: timedelta
+    embedded_worker: bool
 
 
 def load_config(config: Mapping[str, Any]) -> DeferConfig:
@@ -114,6 +146,25 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
     values["http_allowed_hosts"] = _allowed_hosts(config["DEFER_HTTP_ALLOWED_HOSTS"])
     if values["http_timeout"] <= timedelta(0):
         raise InvalidArgument("DEFER_HTTP_TIMEOUT", "must be positive")
+    # -- the worker --
+    concurrency = config["DEFER_WORKER_CONCURRENCY"]
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise InvalidArgument(
+            "DEFER_WORKER_CONCURRENCY", f"expected an integer ≥ 1, got {concurrency!r}"
+        )
+    for name in (
+        "DEFER_LEASE",
+        "DEFER_JOB_TIMEOUT",
+        "DEFER_MAX_SLEEP",
+        "DEFER_POLL_INTERVAL",
+        "DEFER_RECLAIM_INTERVAL",
+        "DEFER_PRUNE_INTERVAL",
+    ):
+        # Zero would make the worker spin or time every handler out at once.
+        as_duration(config[name], name, allow_zero=False)
+    embedded = config["DEFER_EMBEDDED_WORKER"]
+    if not isinstance(embedded, bool):
+        raise InvalidArgument("DEFER_EMBEDDED_WORKER", f"expected True or False, got {embedded!r}")
     return DeferConfig(**values)
 
 

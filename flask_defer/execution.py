@@ -23,7 +23,7 @@ from . import signals
 from .jobs import Fail, Job, NotYet, RetryAfter
 from .registry import Registry
 from .retry import backoff_delay
-from .store import JobStore
+from .store import UNKNOWN_HANDLER_NOTE, JobStore
 
 logger = logging.getLogger("flask_defer")
 
@@ -87,6 +87,10 @@ class JobLog(logging.LoggerAdapter[logging.Logger]):
         return f"job {job.id} {job.name}{key}: {msg}", kwargs
 
 
+class HandlerTimeout(Exception):
+    """A handler ran longer than its timeout; recorded as the attempt's error."""
+
+
 class _LeaseLost(Exception):
     """Internal: the done mark was refused, so the atomic transaction must roll back."""
 
@@ -124,7 +128,7 @@ class Executor:
                 job,
                 now=clock(),
                 run_at=run_at,
-                note=f"no handler registered for {job.name!r} in the worker",
+                note=f"{UNKNOWN_HANDLER_NOTE} for {job.name!r} in the worker",
                 still_owed=True,
             )
             return Outcome.UNKNOWN
@@ -156,6 +160,18 @@ class Executor:
             return self._failed_attempt(job, log, error, delay, clock)
         ok = self.store.ack_done(job, now=clock(), result=_jsonable(result))
         return self._succeeded(job, log, acknowledged=ok)
+
+    def time_out(self, job: Job, timeout: float, clock: Clock) -> Outcome:
+        """Record that *job*'s handler overran *timeout* seconds: a failed attempt.
+
+        The worker calls this from its loop while the handler's thread may still be
+        running; the job is retried or failed per its attempts, like any exception.
+        If the handler returns later, its acknowledgement is refused by the claim
+        token compare-and-set, so the late result cannot overwrite this outcome.
+        """
+        log = JobLog(logger, {"job": job})
+        error = HandlerTimeout(f"handler ran longer than its timeout of {timeout:g} s")
+        return self._failed_attempt(job, log, error, None, clock)
 
     def _succeeded(self, job: Job, log: JobLog, *, acknowledged: bool) -> Outcome:
         if not acknowledged:

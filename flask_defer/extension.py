@@ -26,6 +26,7 @@ from .errors import InvalidArgument, JobNotFound, JobNotPending, NotConfigured, 
 from .execution import Executor, RetryPolicy, RunSummary
 from .health import Health
 from .jobs import Job, JobStatus
+from .maintenance import prune as prune_settled
 from .owner import OwnerLoader, resolve_owner
 from .registry import Handler, HandlerSpec, Registry, validate_spec
 from .schema import DEFAULT_TABLE_NAME, define_jobs_table
@@ -34,6 +35,7 @@ from .store import JobFilter, JobStore, NewJob
 from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
 from .undo import MAX_JOB_ID, Toast, UndoOutcome
 from .undo_hooks import UndoHook
+from .worker import Worker, WorkerOptions, make_worker
 
 F = TypeVar("F", bound=Handler)
 
@@ -139,6 +141,14 @@ class Defer:
             sender=app,
         )
         app.extensions["defer"] = DeferState(self, config, store, executor, session)
+        # -- the worker: an embedded one for development ---------------------------
+        if config.embedded_worker:
+            from .embedded import EMBEDDED_SHUTDOWN_GRACE, install
+
+            grace = min(config.shutdown_grace, EMBEDDED_SHUTDOWN_GRACE)
+            install(
+                app, lambda: make_worker(store, executor, config, shutdown_grace=grace)
+            )
 
         from .cli import defer_cli
 
@@ -615,6 +625,55 @@ class Defer:
                 started.add(job.id)
                 summary.add(state.executor.execute(job, clock))
         return summary
+
+    # -- the worker and retention -------------------------------------------------
+
+    def worker(
+        self,
+        *,
+        concurrency: int | None = None,
+        queues: Iterable[str] | None = None,
+        burst: bool = False,
+        clock: Callable[[], datetime] | None = None,
+    ) -> Worker:
+        """A worker for the current app; call ``.run()`` on it (``flask defer worker``).
+
+        ``concurrency`` handler threads (default ``DEFER_WORKER_CONCURRENCY``);
+        ``queues`` limits it to jobs of those queues; ``burst`` makes ``run()`` return
+        once nothing is due instead of waiting for more. ``clock`` replaces the wall
+        clock (tests: run what is due at a chosen time with ``burst=True``).
+        """
+        state = self._state()
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise InvalidArgument("concurrency", f"expected an integer ≥ 1, got {concurrency!r}")
+        names: list[str] | None = None
+        if queues is not None:
+            if isinstance(queues, str):
+                raise InvalidArgument("queues", "expected a list of queue names, not one string")
+            names = [_checked_text(q, "queues") or "" for q in queues] or None
+        return make_worker(
+            state.store,
+            state.executor,
+            state.config,
+            concurrency=concurrency,
+            queues=names,
+            burst=bool(burst),
+            clock=clock,
+        )
+
+    def prune(self, now: datetime | None = None) -> int:
+        """Delete settled jobs past their retention now; return how many.
+
+        done and cancelled rows older than ``DEFER_RETENTION``, failed ones older than
+        ``DEFER_FAILED_RETENTION``. Workers do this periodically by themselves.
+        """
+        state = self._state()
+        at = as_utc(now, "now") if now is not None else utcnow()
+        self._refuse_uncommitted(state, "prune")
+        policy = WorkerOptions.from_config(state.config).maintenance
+        return prune_settled(state.store, policy, lambda: at)
 
     # -- transactions -------------------------------------------------------------
 

@@ -1,0 +1,117 @@
+"""A worker thread inside the development server, so the demo needs one command.
+
+With ``DEFER_EMBEDDED_WORKER = True`` the process that serves requests also runs a
+worker thread. It must start exactly once, and in the right process: under the
+Werkzeug reloader ``flask run`` is two processes, a watcher that never serves and a
+child (``WERKZEUG_RUN_MAIN=true``) that does. Two triggers cover it:
+
+* at ``init_app``, when this is the reloader's child, or the ``flask run`` command
+  with the reloader off, so jobs already due run without waiting for a request;
+* at the first request, for every other server (``app.run()``, waitress ...):
+  the reloader's watcher never handles a request, so it never starts one.
+
+Other commands (``flask shell``, ``flask defer worker`` ...) start nothing. This is
+for development; in production run ``flask defer worker`` processes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+
+from flask import Flask
+
+from .worker import Worker
+
+logger = logging.getLogger("flask_defer.worker")
+
+#: An embedded worker waits at most this long for handlers when the server exits,
+#: so Ctrl-C in development is not held up by the production grace period.
+EMBEDDED_SHUTDOWN_GRACE = timedelta(seconds=5)
+
+
+class EmbeddedWorker:
+    """Owns the one worker thread of a web process; starting it twice does nothing."""
+
+    def __init__(self, make_worker: Callable[[], Worker]) -> None:
+        self._make_worker = make_worker
+        self._lock = threading.Lock()
+        self.worker: Worker | None = None
+        self.thread: threading.Thread | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.thread is not None
+
+    def start(self) -> bool:
+        """Start the worker thread unless it runs already; True if this call started it."""
+        if self.thread is not None:  # the cheap check every request makes
+            return False
+        with self._lock:
+            if self.thread is not None:
+                return False
+            self.worker = self._make_worker()
+            self.thread = threading.Thread(
+                target=self._run, name="flask-defer-embedded-worker", daemon=True
+            )
+            self.thread.start()
+        atexit.register(self.stop)
+        logger.info("embedded worker started in process %d", os.getpid())
+        return True
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the worker gracefully and wait for its thread (at most *timeout* s)."""
+        atexit.unregister(self.stop)
+        worker, thread = self.worker, self.thread
+        if worker is None or thread is None:
+            return
+        worker.stop()
+        if timeout is None:
+            timeout = worker.options.shutdown_grace.total_seconds() + 5.0
+        thread.join(timeout)
+
+    def _run(self) -> None:
+        assert self.worker is not None
+        try:
+            self.worker.run(install_signal_handlers=False)
+        except Exception:  # noqa: BLE001 - a dying thread must say why
+            logger.exception("the embedded worker stopped with an error")
+
+
+def is_serving_process() -> bool:
+    """True in the process that will serve ``flask run`` requests.
+
+    That is the reloader's child, or ``flask run`` with the reloader off. The
+    reloader's watcher process imports the app too but never serves.
+    """
+    if os.environ.get("WERKZEUG_RUN_MAIN") == "true":
+        return True
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or ctx.info_name != "run":
+        return False
+    reload = ctx.params.get("reload")
+    if reload is None:
+        from flask.helpers import get_debug_flag
+
+        reload = get_debug_flag()
+    return not reload
+
+
+def install(app: Flask, make_worker: Callable[[], Worker]) -> EmbeddedWorker:
+    """Arrange for *app*'s embedded worker to start once, in the serving process."""
+    embedded = EmbeddedWorker(make_worker)
+    app.extensions["defer.embedded_worker"] = embedded
+    if is_serving_process():
+        embedded.start()
+
+    @app.before_request
+    def _start_embedded_worker() -> None:
+        embedded.start()
+
+    return embedded

@@ -1,0 +1,112 @@
+"""Housekeeping that one worker at a time does: reclaim lapsed leases, prune history.
+
+*Reclaim* returns the jobs of crashed workers to pending once their lease lapsed, so
+they run again within about a lease (not after a fixed quarter of an hour). *Prune*
+deletes settled rows past their retention, in bounded batches so a worker catching up
+on a large history goes back to claiming jobs in between.
+
+Both are guarded statements, so two workers doing them at once would be merely
+wasteful; on PostgreSQL an advisory lock (``JobStore.maintenance_lock``) makes one
+worker do them while the others skip the round.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+from .execution import Clock
+from .store import JobStore
+
+logger = logging.getLogger("flask_defer.worker")
+
+#: Batches deleted per round; a round that hits it prunes again soon after.
+PRUNE_BATCHES_PER_ROUND = 10
+PRUNE_BATCH_SIZE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenancePolicy:
+    """How often to reclaim and prune, and how long settled rows are kept."""
+
+    reclaim_interval: timedelta
+    prune_interval: timedelta
+    retention: timedelta
+    failed_retention: timedelta
+
+
+def prune(store: JobStore, policy: MaintenancePolicy, clock: Clock, **limits: int) -> int:
+    """Delete settled rows older than the retention; return how many went."""
+    now = clock()
+    return store.prune(
+        settled_before=now - policy.retention,
+        failed_before=now - policy.failed_retention,
+        **limits,
+    )
+
+
+class Maintenance:
+    """Runs reclaim and prune when they are due; the worker calls it every loop."""
+
+    def __init__(self, store: JobStore, policy: MaintenancePolicy, clock: Clock) -> None:
+        self.store = store
+        self.policy = policy
+        self.clock = clock
+        # Both are due at start: a restarted worker should pick up the jobs its
+        # crashed predecessor held as soon as their leases allow.
+        self._next_reclaim = 0.0
+        self._next_prune = 0.0
+        self.reclaimed = 0
+        self.pruned = 0
+
+    def next_due(self) -> float:
+        """The monotonic time of the next round."""
+        return min(self._next_reclaim, self._next_prune)
+
+    def run_if_due(self) -> None:
+        """Reclaim and/or prune if their time has come and this worker holds the lock."""
+        now = time.monotonic()
+        reclaim_due = now >= self._next_reclaim
+        prune_due = now >= self._next_prune
+        if not (reclaim_due or prune_due):
+            return
+        # Move the schedule first: a database error below must not make every loop
+        # iteration retry maintenance.
+        if reclaim_due:
+            self._next_reclaim = now + self.policy.reclaim_interval.total_seconds()
+        if prune_due:
+            self._next_prune = now + self.policy.prune_interval.total_seconds()
+        with self.store.maintenance_lock() as mine:
+            if not mine:
+                return
+            if reclaim_due:
+                self._reclaim()
+            if prune_due:
+                self._prune(now)
+
+    def _reclaim(self) -> None:
+        returned, failed = self.store.reclaim_lapsed(now=self.clock())
+        if returned or failed:
+            logger.warning(
+                "reclaimed jobs with lapsed leases: %d back to pending, %d failed "
+                "(out of attempts)",
+                returned,
+                failed,
+            )
+        self.reclaimed += returned + failed
+
+    def _prune(self, now: float) -> None:
+        deleted = prune(
+            self.store,
+            self.policy,
+            self.clock,
+            batch_size=PRUNE_BATCH_SIZE,
+            max_batches=PRUNE_BATCHES_PER_ROUND,
+        )
+        self.pruned += deleted
+        if deleted:
+            logger.info("pruned %d settled job(s) past their retention", deleted)
+        if deleted >= PRUNE_BATCH_SIZE * PRUNE_BATCHES_PER_ROUND:
+            self._next_prune = now + 1.0  # more to do: continue after a breath

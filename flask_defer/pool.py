@@ -1,0 +1,188 @@
+"""The worker's handler threads: a fixed-size pool that a stuck handler cannot shrink.
+
+Python cannot kill a thread, so a handler past its timeout keeps its thread. The pool
+*abandons* it instead: the job stops counting as in flight (no more heartbeats; the
+worker records the timeout as a failed attempt), the thread is told to exit once the
+handler returns, and a fresh thread takes its place. So ``size`` handlers can always
+run, and a worker with a hung handler is degraded by one thread, not blocked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .execution import JobLog, Outcome
+from .jobs import Job
+
+logger = logging.getLogger("flask_defer.worker")
+
+_thread_numbers = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Task:
+    """One claimed job handed to the pool."""
+
+    job: Job
+    timeout: float | None
+    started_at: float = 0.0  # time.monotonic() when a thread began the handler
+    state: str = "queued"  # queued → running → finished | abandoned
+    thread: _PoolThread | None = field(default=None, repr=False)
+
+    @property
+    def deadline(self) -> float | None:
+        if self.timeout is None or self.state != "running":
+            return None
+        return self.started_at + self.timeout
+
+
+class _PoolThread(threading.Thread):
+    def __init__(self, pool: HandlerPool) -> None:
+        super().__init__(name=f"flask-defer-handler-{next(_thread_numbers)}", daemon=True)
+        self.pool = pool
+        self.abandoned = False
+
+    def run(self) -> None:
+        while not self.abandoned:
+            task = self.pool._queue.get()
+            if task is None:
+                return
+            self.pool._run(task, self)
+
+
+class HandlerPool:
+    """Runs claimed jobs on ``size`` threads, with per-job timeouts.
+
+    *run* executes one job and acknowledges it (``Executor.execute``); *on_done* is
+    called after every job, so the worker can wake up and claim another.
+    """
+
+    def __init__(
+        self, size: int, run: Callable[[Job], Outcome], on_done: Callable[[Outcome], None]
+    ) -> None:
+        if size < 1:
+            raise ValueError("a handler pool needs at least one thread")
+        self.size = size
+        self._execute = run
+        self._on_done = on_done
+        self._queue: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._tasks: set[Task] = set()
+        self._threads: list[_PoolThread] = []
+        self.abandoned_threads = 0
+
+    def start(self) -> None:
+        """Start the threads (once; :meth:`close` asks them to exit)."""
+        while len(self._threads) < self.size:
+            self._spawn()
+
+    # -- what the worker asks -------------------------------------------------------
+
+    def free(self) -> int:
+        """How many more jobs could start right now."""
+        with self._lock:
+            return self.size - len(self._tasks)
+
+    def busy(self) -> bool:
+        """True while any job is queued or running (abandoned ones do not count)."""
+        with self._lock:
+            return bool(self._tasks)
+
+    def in_flight(self) -> list[Job]:
+        """Claimed jobs whose outcome is not recorded yet: what the heartbeat renews."""
+        with self._lock:
+            return [task.job for task in self._tasks]
+
+    def submit(self, job: Job, timeout: float | None) -> None:
+        """Queue *job*; the caller claimed at most :meth:`free` jobs."""
+        task = Task(job, timeout)
+        with self._lock:
+            self._tasks.add(task)
+        self._queue.put(task)
+
+    def next_deadline(self) -> float | None:
+        """The earliest monotonic time at which a running handler times out."""
+        with self._lock:
+            deadlines = [d for task in self._tasks if (d := task.deadline) is not None]
+        return min(deadlines, default=None)
+
+    def expire(self, now: float | None = None) -> list[Task]:
+        """Abandon every running handler past its deadline and return their tasks.
+
+        The caller records each as a failed attempt. Each abandoned thread is replaced
+        so the pool keeps ``size`` working threads.
+        """
+        at = time.monotonic() if now is None else now
+        expired: list[Task] = []
+        with self._lock:
+            for task in list(self._tasks):
+                deadline = task.deadline
+                if deadline is not None and deadline <= at:
+                    task.state = "abandoned"
+                    self._tasks.discard(task)
+                    assert task.thread is not None
+                    task.thread.abandoned = True
+                    self.abandoned_threads += 1
+                    expired.append(task)
+            if not self._tasks:
+                self._idle.notify_all()
+        for task in expired:
+            self._threads = [t for t in self._threads if t is not task.thread]
+            self._spawn()
+            JobLog(logger, {"job": task.job}).warning(
+                "handler exceeded its timeout of %g s; its thread is abandoned",
+                task.timeout or 0.0,
+            )
+        return expired
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to *timeout* seconds for every job to finish; True if they did."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._tasks, timeout=max(timeout, 0.0))
+
+    def close(self) -> None:
+        """Ask the idle threads to exit (running handlers finish on their own)."""
+        for _ in self._threads:
+            self._queue.put(None)
+
+    # -- internals ----------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        thread = _PoolThread(self)
+        self._threads.append(thread)
+        thread.start()
+
+    def _run(self, task: Task, thread: _PoolThread) -> None:
+        with self._lock:
+            if task.state != "queued":
+                return
+            task.state = "running"
+            task.started_at = time.monotonic()
+            task.thread = thread
+        outcome = Outcome.LOST
+        try:
+            outcome = self._execute(task.job)
+        except BaseException:  # noqa: BLE001 - the worker must outlive any one job
+            # Typically the database went away while acknowledging. The row stays
+            # running; its lease lapses and another round runs the job again.
+            JobLog(logger, {"job": task.job}).exception(
+                "could not record the outcome; the job returns to pending when its "
+                "lease lapses"
+            )
+        finally:
+            with self._lock:
+                was_ours = task.state == "running"
+                if was_ours:
+                    task.state = "finished"
+                    self._tasks.discard(task)
+                if not self._tasks:
+                    self._idle.notify_all()
+            if was_ours:
+                self._on_done(outcome)

@@ -1,0 +1,433 @@
+"""The long-running worker: claim due jobs, run them on a thread pool, acknowledge.
+
+One loop, in the thread that calls :meth:`Worker.run`:
+
+1. record handlers that overran their timeout as failed attempts;
+2. reclaim lapsed leases and prune history when due (one worker at a time);
+3. claim as many due jobs as there are free threads (up to ``DEFER_CLAIM_BATCH``) and
+   hand them to the pool, which runs ``Executor.execute`` — the same code as
+   ``run_due`` — inside a fresh app context;
+4. sleep until the next job's ``run_at``, a free thread, a handler's timeout, the next
+   maintenance round or a NOTIFY, whichever comes first (bounded by ``max_sleep``;
+   SQLite, which cannot notify, polls every ``poll_interval``).
+
+A heartbeat thread renews the leases of running jobs every lease/3, so a job is only
+reclaimed when its worker really stopped. SIGTERM/SIGINT stop claiming, give running
+handlers ``shutdown_grace`` to finish, release the rest to pending and return; a second
+signal exits at once. A lost database connection is logged and retried with a backoff.
+
+The worker imports no Flask: the app context comes from the executor's context
+factory, which the extension supplies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from .config import DeferConfig
+from .execution import Clock, Executor, JobLog, Outcome, RunSummary
+from .maintenance import Maintenance, MaintenancePolicy
+from .pool import HandlerPool
+from .store import JobStore
+from .timeutil import utcnow
+from .wake import Waker
+
+logger = logging.getLogger("flask_defer.worker")
+
+#: Longest pause between attempts to reach a database that is down.
+MAX_ERROR_BACKOFF = 5.0
+#: Shortest sleep when work is due but could not be claimed (another worker holds it).
+MIN_SLEEP = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    """How a worker runs; built from the app's config plus command-line overrides."""
+
+    concurrency: int
+    lease: timedelta
+    claim_batch: int
+    job_timeout: timedelta
+    max_sleep: timedelta
+    poll_interval: timedelta
+    shutdown_grace: timedelta
+    maintenance: MaintenancePolicy
+    queues: tuple[str, ...] | None = None
+    burst: bool = False
+
+    @classmethod
+    def from_config(
+        cls,
+        config: DeferConfig,
+        *,
+        concurrency: int | None = None,
+        queues: Collection[str] | None = None,
+        burst: bool = False,
+    ) -> WorkerOptions:
+        """Options from the frozen config; explicit arguments win."""
+        return cls(
+            concurrency=concurrency if concurrency is not None else config.worker_concurrency,
+            lease=config.lease,
+            claim_batch=config.claim_batch,
+            job_timeout=config.job_timeout,
+            max_sleep=config.max_sleep,
+            poll_interval=config.poll_interval,
+            shutdown_grace=config.shutdown_grace,
+            maintenance=MaintenancePolicy(
+                reclaim_interval=config.reclaim_interval,
+                prune_interval=config.prune_interval,
+                retention=config.retention,
+                failed_retention=config.failed_retention,
+            ),
+            queues=tuple(queues) if queues else None,
+            burst=burst,
+        )
+
+
+class _Heartbeat(threading.Thread):
+    """Renews the leases of in-flight jobs every lease/3 until stopped."""
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__(name="flask-defer-heartbeat", daemon=True)
+        self.worker = worker
+        self.stopped = threading.Event()
+        self.beats = 0
+
+    def run(self) -> None:
+        worker = self.worker
+        interval = worker.options.lease.total_seconds() / 3
+        while not self.stopped.wait(interval):
+            jobs = worker.pool.in_flight()
+            if not jobs:
+                continue
+            try:
+                now = worker.clock()
+                renewed = worker.store.extend_leases(
+                    jobs, now=now, lease_until=now + worker.options.lease
+                )
+            except SQLAlchemyError as error:
+                logger.warning("heartbeat failed (%s); retrying in %.1f s", _brief(error), interval)
+                continue
+            self.beats += 1
+            if renewed < len(jobs):
+                # Finished meanwhile, or reclaimed after a stall longer than the lease
+                # (then the handler's late acknowledgement will be refused).
+                logger.debug("renewed %d of %d leases", renewed, len(jobs))
+
+
+class Worker:
+    """Runs due jobs until stopped (or, with ``burst``, until nothing is due)."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        executor: Executor,
+        options: WorkerOptions,
+        *,
+        clock: Clock = utcnow,
+    ) -> None:
+        self.store = store
+        self.executor = executor
+        self.registry = executor.registry
+        self.options = options
+        self.clock = clock
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.summary = RunSummary()
+        self._summary_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._started = False
+        queues = options.queues
+        self.waker = Waker(store.open_listener if store.can_listen else None, queues=queues)
+        if store.is_postgres and not store.can_listen:
+            logger.warning(
+                "LISTEN/NOTIFY needs the psycopg 3 driver (postgresql+psycopg://); "
+                "this worker polls every %g s instead",
+                options.poll_interval.total_seconds(),
+            )
+        self.pool = HandlerPool(
+            options.concurrency, lambda job: executor.execute(job, self.clock), self._finished
+        )
+        self.maintenance = Maintenance(store, options.maintenance, clock)
+        self._heartbeat = _Heartbeat(self)
+        self._db_failures = 0
+
+    # -- control ------------------------------------------------------------------
+
+    def run(self, *, install_signal_handlers: bool = True) -> RunSummary:
+        """Run until :meth:`stop` (or a signal); return counts of what was run.
+
+        Signal handlers are installed only when called from the main thread.
+        """
+        if self._started:
+            raise RuntimeError("a Worker runs once; create a new one to run again")
+        self._started = True
+        restore = self._install_signal_handlers() if install_signal_handlers else None
+        try:
+            self.waker.start()
+            self.pool.start()
+            self._heartbeat.start()
+            self._warn_if_pool_too_small()
+            logger.info(
+                "worker %s started: %d thread(s), queues %s, %s%s",
+                self.name,
+                self.options.concurrency,
+                ",".join(self.options.queues) if self.options.queues else "all",
+                self.store.engine.dialect.name,
+                " (LISTEN)" if self.waker.listening else "",
+            )
+            self._loop()
+        finally:
+            self._shutdown()
+            if restore is not None:
+                restore()
+        logger.info("worker %s stopped: %s", self.name, _summary_text(self.summary))
+        return self.summary
+
+    def stop(self) -> None:
+        """Ask the worker to stop claiming and shut down gracefully (thread-safe)."""
+        self._stop.set()
+        self.waker.wake()
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was requested."""
+        return self._stop.is_set()
+
+    # -- the loop -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sleep = self._step()
+            except SQLAlchemyError as error:
+                sleep = self._database_failed(error)
+            else:
+                if self._db_failures:
+                    logger.info("database reachable again; carrying on")
+                    self._db_failures = 0
+            if sleep is None:
+                return  # burst: nothing more is due
+            if sleep > 0 and not self._stop.is_set():
+                self.waker.wait(sleep)
+
+    def _step(self) -> float | None:
+        """One round: time-outs, maintenance, claim. Returns how long to sleep."""
+        self._record_timeouts()
+        self.maintenance.run_if_due()
+        if self._stop.is_set():
+            return 0.0
+        opts = self.options
+        now = self.clock()
+        free = self.pool.free()
+        claimed = 0
+        if free:
+            limit = min(free, opts.claim_batch)
+            jobs = self.store.claim(
+                now=now,
+                limit=limit,
+                token=uuid.uuid4().hex,
+                lease_until=now + opts.lease,
+                queues=opts.queues,
+            )
+            for job in jobs:
+                self.pool.submit(job, self._timeout_for(job.name))
+            claimed = len(jobs)
+            if claimed == limit:
+                return 0.0  # a full batch: more may be due right now
+            free -= claimed
+        waits = [opts.max_sleep.total_seconds()]
+        next_run_at = None
+        if free:
+            next_run_at = self.store.next_run_at(queues=opts.queues)
+            if next_run_at is not None:
+                waits.append((next_run_at - self.clock()).total_seconds())
+            if not self.waker.listening:
+                waits.append(opts.poll_interval.total_seconds())
+        # With every thread busy there is nothing to claim; a finishing handler wakes us.
+        mono = time.monotonic()
+        deadline = self.pool.next_deadline()
+        if deadline is not None:
+            waits.append(deadline - mono)
+        if not opts.burst:
+            waits.append(self.maintenance.next_due() - mono)
+        elif not claimed and not self.pool.busy() and (next_run_at is None or next_run_at > now):
+            return None
+        return max(min(waits), 0.0 if claimed else MIN_SLEEP)
+
+    def _record_timeouts(self) -> None:
+        for task in self.pool.expire():
+            try:
+                outcome = self.executor.time_out(task.job, task.timeout or 0.0, self.clock)
+            except SQLAlchemyError as error:
+                JobLog(logger, {"job": task.job}).warning(
+                    "could not record the timeout (%s); the job returns to pending "
+                    "when its lease lapses",
+                    _brief(error),
+                )
+                continue
+            self._count(outcome)
+
+    def _timeout_for(self, name: str) -> float | None:
+        spec = self.registry.get(name)
+        if spec is None:
+            return None  # unknown here: the executor only snoozes it
+        if spec.timeout is not None:
+            return spec.timeout
+        return self.options.job_timeout.total_seconds()
+
+    def _finished(self, outcome: Outcome) -> None:
+        self._count(outcome)
+        self.waker.wake()  # a thread is free: claim the next job now
+
+    def _count(self, outcome: Outcome) -> None:
+        with self._summary_lock:
+            self.summary.add(outcome)
+
+    def _database_failed(self, error: SQLAlchemyError) -> float:
+        self._db_failures += 1
+        delay = min(0.1 * 2.0 ** min(self._db_failures - 1, 10), MAX_ERROR_BACKOFF)
+        logger.warning(
+            "database error in the worker loop (%s); retrying in %.1f s", _brief(error), delay
+        )
+        return delay
+
+    # -- shutdown -----------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        """Let running handlers finish within the grace period; release the rest."""
+        grace_ends = time.monotonic() + self.options.shutdown_grace.total_seconds()
+        if self.pool.busy():
+            logger.info(
+                "waiting up to %g s for %d running job(s)",
+                self.options.shutdown_grace.total_seconds(),
+                len(self.pool.in_flight()),
+            )
+        while self.pool.busy():
+            try:
+                self._record_timeouts()
+            except Exception:  # noqa: BLE001 - shutting down regardless
+                logger.exception("recording timeouts during shutdown failed")
+            now = time.monotonic()
+            if now >= grace_ends:
+                break
+            wait = grace_ends - now
+            deadline = self.pool.next_deadline()
+            if deadline is not None:
+                wait = min(wait, max(deadline - now, MIN_SLEEP))
+            self.pool.wait_idle(wait)
+        left = self.pool.in_flight()
+        if left:
+            try:
+                released = self.store.release(left, now=self.clock())
+            except SQLAlchemyError as error:
+                logger.error(
+                    "could not release %d job(s) (%s); they return to pending when "
+                    "their leases lapse",
+                    len(left),
+                    _brief(error),
+                )
+            else:
+                for job in left:
+                    JobLog(logger, {"job": job}).warning(
+                        "still running after the shutdown grace period; released to pending"
+                    )
+                logger.info("released %d job(s) back to pending", released)
+        self._heartbeat.stopped.set()
+        self.pool.close()
+        self.waker.close()
+
+    def _install_signal_handlers(self) -> Callable[[], None] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            name = signal.Signals(signum).name
+            if self._stop.is_set():
+                logger.warning("second %s: exiting at once", name)
+                _flush_logs()
+                os._exit(128 + signum)
+            logger.info(
+                "%s received: no new jobs; running ones get %g s to finish",
+                name,
+                self.options.shutdown_grace.total_seconds(),
+            )
+            self.stop()
+
+        for sig in previous:
+            signal.signal(sig, on_signal)
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+    def _warn_if_pool_too_small(self) -> None:
+        pool: Any = self.store.engine.pool
+        size = getattr(pool, "size", None)
+        overflow = getattr(pool, "_max_overflow", 0)
+        if not callable(size) or overflow < 0:
+            return  # not a QueuePool, or unbounded overflow
+        # Each handler thread acknowledges on its own connection; the loop, the
+        # heartbeat and the maintenance lock need one each.
+        needed = self.options.concurrency + 3
+        if size() + overflow < needed:
+            logger.warning(
+                "the engine's pool allows %d connections but this worker may need %d; "
+                "raise pool_size/max_overflow (SQLALCHEMY_ENGINE_OPTIONS)",
+                size() + overflow,
+                needed,
+            )
+
+
+def make_worker(
+    store: JobStore,
+    executor: Executor,
+    config: DeferConfig,
+    *,
+    concurrency: int | None = None,
+    queues: Collection[str] | None = None,
+    burst: bool = False,
+    clock: Clock | None = None,
+    **overrides: Any,
+) -> Worker:
+    """A :class:`Worker` configured from *config*; *overrides* replace option fields."""
+    options = WorkerOptions.from_config(config, concurrency=concurrency, queues=queues, burst=burst)
+    if overrides:
+        options = replace(options, **overrides)
+    return Worker(store, executor, options, clock=clock or utcnow)
+
+
+def _brief(error: BaseException) -> str:
+    """The first line of a database error, without SQLAlchemy's background link."""
+    text = str(getattr(error, "orig", None) or error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _summary_text(summary: RunSummary) -> str:
+    parts = [f"{name} {n}" for name, n in summary.counts.items() if n]
+    return f"ran {summary.ran} job(s)" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _flush_logs() -> None:
+    for handler in logging.getLogger().handlers + logging.getLogger("flask_defer").handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+    sys.stderr.flush()

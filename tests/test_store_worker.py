@@ -1,0 +1,163 @@
+"""The store's worker-side additions, on a bare engine: the indexed poll, the lock-free
+idle claim, the maintenance lock, unknown-handler counting and NOTIFY on reschedule."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import Engine, text
+
+from flask_defer.schema import define_jobs_table
+from flask_defer.store import UNKNOWN_HANDLER_NOTE, JobStore, NewJob
+
+MakeJob = Callable[..., NewJob]
+
+
+def insert(store: JobStore, job: NewJob, now: datetime) -> int:
+    with store.begin() as conn:
+        return store.insert(conn, job, now=now, replace=False).id
+
+
+def plan(store: JobStore, stmt: object) -> str:
+    compiled = stmt.compile(store.engine, compile_kwargs={"render_postcompile": True})  # type: ignore[attr-defined]
+    with store.engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "EXPLAIN QUERY PLAN " + str(compiled), tuple(compiled.params.values())
+        ).all()
+    return " / ".join(row[3] for row in rows)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_sqlite_poll_and_claim_read_the_partial_run_at_index(
+    store: JobStore, now: datetime
+) -> None:
+    poll = plan(store, store._sqlite_next_pending(["default"]))
+    claim = plan(store, store._sqlite_due_ids(now, 10, None))
+    assert "ix_defer_jobs_pending_run_at" in poll and "TEMP B-TREE FOR ORDER BY" not in poll
+    assert "ix_defer_jobs_pending_run_at" in claim
+
+
+def test_next_run_at_and_claim_respect_queues(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    insert(store, new_job(queue="mail", run_at=now + timedelta(seconds=5)), now)
+    insert(store, new_job(queue="reports", run_at=now + timedelta(seconds=1)), now)
+    assert store.next_run_at() == now + timedelta(seconds=1)
+    assert store.next_run_at(queues=["mail"]) == now + timedelta(seconds=5)
+    later = now + timedelta(seconds=10)
+    token = uuid.uuid4().hex
+    claimed = store.claim(now=later, limit=5, token=token, lease_until=later, queues=["mail"])
+    assert [job.queue for job in claimed] == ["mail"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_idle_claim_on_sqlite_does_not_wait_for_the_write_lock(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    # A web request holds the write lock; a worker finding nothing due must not queue
+    # behind it (nor make the request queue behind the worker).
+    insert(store, new_job(run_at=now + timedelta(hours=1)), now)
+    with store.engine.connect() as writer:
+        writer.exec_driver_sql("BEGIN IMMEDIATE")
+        started = time.monotonic()
+        assert store.claim(now=now, limit=5, token="t", lease_until=now) == []
+        assert time.monotonic() - started < 1.0
+        writer.rollback()
+
+
+def test_claim_still_takes_only_due_jobs_in_order_with_a_fresh_table(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    ids = [insert(store, new_job(run_at=now - timedelta(seconds=n)), now) for n in range(5)]
+    insert(store, new_job(run_at=now + timedelta(seconds=1)), now)
+    claimed = store.claim(now=now, limit=3, token="t", lease_until=now)
+    assert [job.id for job in claimed] == list(reversed(ids))[:3]
+    assert all(job.attempts == 1 and job.claim_token == "t" for job in claimed)
+
+
+def test_missing_pending_index_falls_back_to_a_plain_query(
+    engine: Engine, new_job: MakeJob, now: datetime, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A database migrated by hand without the partial index keeps working.
+    from sqlalchemy import MetaData
+
+    store = JobStore(engine, define_jobs_table(MetaData()))
+    store.create_table()
+    with store.begin() as conn:
+        conn.execute(text("DROP INDEX ix_defer_jobs_pending_run_at"))
+    insert(store, new_job(run_at=now), now)
+    with caplog.at_level(logging.WARNING, logger="flask_defer"):
+        assert store.next_run_at() == now
+        assert len(store.claim(now=now, limit=5, token="t", lease_until=now)) == 1
+    if store.is_sqlite:
+        assert "falling back to an unindexed poll" in caplog.text
+
+
+def test_maintenance_lock_admits_one_worker_at_a_time(store: JobStore, backend: str) -> None:
+    entered = threading.Event()
+    leave = threading.Event()
+    results: list[bool] = []
+
+    def hold() -> None:
+        with store.maintenance_lock() as mine:
+            results.append(mine)
+            entered.set()
+            leave.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert entered.wait(10)
+    with store.maintenance_lock() as second:
+        pass
+    leave.set()
+    holder.join(10)
+    with store.maintenance_lock() as after:
+        pass
+    assert results == [True]
+    # SQLite has a single writer anyway: every worker may do maintenance.
+    assert second is (backend == "sqlite")
+    assert after is True
+
+
+def test_count_unknown_includes_jobs_a_worker_could_not_run(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    known = insert(store, new_job(name="send_email"), now)  # known here ...
+    insert(store, new_job(name="old_name", run_at=now + timedelta(seconds=1)), now)
+    [claimed] = store.claim(now=now, limit=1, token="t", lease_until=now)
+    assert claimed.id == known
+    # ... but not to the worker, which left this note.
+    store.ack_snooze(
+        claimed,
+        now=now,
+        run_at=now + timedelta(seconds=30),
+        note=f"{UNKNOWN_HANDLER_NOTE} for 'send_email' in the worker",
+        still_owed=True,
+    )
+    with store.begin() as conn:
+        assert store.count_unknown(conn, {"send_email"}) == 2
+        assert store.count_unknown(conn, {"send_email", "old_name"}) == 1
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_reschedule_notifies_listeners(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    # "Run now" from the dashboard must not wait for a worker's timed wake.
+    from flask_defer.wake import Wake, Waker
+
+    job_id = insert(store, new_job(run_at=now + timedelta(hours=1)), now)
+    waker = Waker(store.open_listener)
+    waker.start()
+    try:
+        with store.begin() as conn:
+            assert store.reschedule(conn, now, now=now, job_id=job_id) is not None
+        assert waker.wait(5) is Wake.NOTIFY
+    finally:
+        waker.close()
