@@ -3,11 +3,14 @@
 Python code, the web blueprint and the CLI all call these methods, so a cancel from
 the UI, from ``flask defer cancel`` and from a view is one code path with one set of
 race rules. This module is the only place where Flask meets the store.
+
+It is long because it is the whole public API in one class: every public method is
+a thin, documented entry point; the work lives in the store, the executor, the worker
+and the helper modules (``undo``, ``soft_delete``, ``batching``, ``http_jobs``).
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -16,10 +19,10 @@ from datetime import datetime
 from typing import Any, TypeVar, overload
 
 from flask import Flask, current_app, has_app_context
-from sqlalchemy import Connection, Engine, MetaData, create_engine, event
+from sqlalchemy import Connection, Engine, MetaData, create_engine
 from sqlalchemy.orm import Session, scoped_session
 
-from . import batching, http_jobs, signals, undo_hooks
+from . import batching, database, http_jobs, signals, undo_hooks
 from . import soft_delete as _soft_delete
 from .config import DeferConfig, apply_defaults, load_config
 from .errors import InvalidArgument, JobNotFound, JobNotPending, NotConfigured, UnknownJob
@@ -30,17 +33,15 @@ from .maintenance import prune as prune_settled
 from .owner import OwnerLoader, resolve_owner
 from .registry import Handler, HandlerSpec, Registry, validate_spec
 from .schema import DEFAULT_TABLE_NAME, define_jobs_table
-from .session_events import listen_once
 from .store import JobFilter, JobStore, NewJob
 from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
 from .undo import MAX_JOB_ID, Toast, UndoOutcome
 from .undo_hooks import UndoHook
+from .validation import checked_limit, checked_payload, checked_text, identity, statuses
 from .worker import Worker, WorkerOptions, make_worker
 
 F = TypeVar("F", bound=Handler)
 
-#: Marks a session whose transaction holds scheduled jobs not yet committed.
-_UNCOMMITTED = "flask_defer.uncommitted"
 
 
 @dataclass(frozen=True)
@@ -117,17 +118,17 @@ class Defer:
                 engine: Engine = db.engine
             session: scoped_session[Session] | None = db.session
         else:
-            uri = config.database_uri or _default_sqlite_uri(app)
+            uri = config.database_uri or database.default_sqlite_uri(app)
             engine = create_engine(uri)
             table = define_jobs_table(MetaData(), self.table_name)
             session = None
         if engine.dialect.name == "sqlite":
-            _tune_sqlite(engine, config)
+            database.tune_sqlite(engine, config)
         store = JobStore(engine, table)
         if db is None:
             store.create_table()
         else:
-            _track_uncommitted(db.session)
+            database.track_uncommitted(db.session)
             # helpers: hide soft-deleted rows from the app's ORM queries.
             _soft_delete.install_query_filter(db.session)
         executor = Executor(
@@ -269,13 +270,13 @@ class Defer:
         now = utcnow()
         new = NewJob(
             name=name,
-            payload=_checked_payload(payload),
+            payload=checked_payload(payload),
             run_at=resolve_run_at(run_at, delay, now),
             max_attempts=spec.max_attempts or state.config.max_attempts,
             queue=spec.queue,
-            key=_checked_text(key, "key"),
-            owner=_checked_text(owner, "owner"),
-            label=_checked_text(label, "label"),
+            key=checked_text(key, "key"),
+            owner=checked_text(owner, "owner"),
+            label=checked_text(label, "label"),
             undo_until=as_utc(undo_until, "undo_until") if undo_until is not None else None,
         )
         if not isinstance(replace, bool):
@@ -387,8 +388,8 @@ class Defer:
         transaction of its own on ``db.session``, like :meth:`cancel`.
         """
         state = self._state()
-        job_id, key = _identity(id, key)
-        checked_owner = _checked_text(owner, "owner")
+        job_id, key = identity(id, key)
+        checked_owner = checked_text(owner, "owner")
         if job_id is not None and not 1 <= job_id <= MAX_JOB_ID:
             raise JobNotFound(job_id)
         self._refuse_uncommitted(state, "undo")
@@ -425,11 +426,11 @@ class Defer:
         ``limit`` defaults to ``DEFER_TOAST_LIMIT``.
         """
         state = self._state()
-        owner = _checked_text(owner, "owner") if owner is not None else self.current_owner()
+        owner = checked_text(owner, "owner") if owner is not None else self.current_owner()
         if owner is None:
             return []
         at = as_utc(now, "now") if now is not None else utcnow()
-        count = state.config.toast_limit if limit is None else _checked_limit(limit)
+        count = state.config.toast_limit if limit is None else checked_limit(limit)
         with self._joined(state) as conn:
             jobs = state.store.undoable_for(conn, owner, now=at, limit=count)
         return [Toast.from_job(job, at) for job in jobs]
@@ -440,11 +441,11 @@ class Defer:
         ``owner`` defaults to the current owner; with none, the list is empty.
         """
         state = self._state()
-        owner = _checked_text(owner, "owner") if owner is not None else self.current_owner()
+        owner = checked_text(owner, "owner") if owner is not None else self.current_owner()
         if owner is None:
             return []
         with self._joined(state) as conn:
-            return state.store.pending_for(conn, owner, limit=_checked_limit(limit))
+            return state.store.pending_for(conn, owner, limit=checked_limit(limit))
 
     # -- control ------------------------------------------------------------------
 
@@ -459,7 +460,7 @@ class Defer:
         of another owner counts as not found.
         """
         state = self._state()
-        job_id, key = _identity(id, key)
+        job_id, key = identity(id, key)
         self._refuse_uncommitted(state, "cancel")
         with state.store.begin() as conn:
             cancelled = state.store.cancel(conn, now=utcnow(), job_id=job_id, key=key, owner=owner)
@@ -488,9 +489,9 @@ class Defer:
                 "key_prefix", "give key_prefix, name or owner; refusing to cancel every job"
             )
         where = JobFilter(
-            key_prefix=_checked_text(key_prefix, "key_prefix", allow_empty=False),
-            name=_checked_text(name, "name"),
-            owner=_checked_text(owner, "owner"),
+            key_prefix=checked_text(key_prefix, "key_prefix", allow_empty=False),
+            name=checked_text(name, "name"),
+            owner=checked_text(owner, "owner"),
         )
         state = self._state()
         self._refuse_uncommitted(state, "cancel_many")
@@ -514,7 +515,7 @@ class Defer:
         if run_at is None and delay is None:
             raise InvalidArgument("run_at", "give run_at or delay to reschedule to")
         state = self._state()
-        job_id, key = _identity(id, key)
+        job_id, key = identity(id, key)
         now = utcnow()
         when = resolve_run_at(run_at, delay, now)
         self._refuse_uncommitted(state, "reschedule")
@@ -530,7 +531,7 @@ class Defer:
     def retry(self, id: int) -> Job:
         """Put a failed job back to pending, due now, with its attempts reset."""
         state = self._state()
-        job_id, _ = _identity(id, None)
+        job_id, _ = identity(id, None)
         assert job_id is not None
         with state.store.begin() as conn:
             job = state.store.retry_failed(conn, job_id, now=utcnow())
@@ -546,7 +547,7 @@ class Defer:
     def get(self, id: int | None = None, *, key: str | None = None) -> Job | None:
         """The job with this id; for a key, its live job, else the newest settled one."""
         state = self._state()
-        job_id, key = _identity(id, key)
+        job_id, key = identity(id, key)
         with self._joined(state) as conn:
             return state.store.get(conn, job_id=job_id, key=key)
 
@@ -566,10 +567,10 @@ class Defer:
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise InvalidArgument("offset", f"expected an integer ≥ 0, got {offset!r}")
         where = JobFilter(
-            statuses=_statuses(status),
-            name=_checked_text(name, "name"),
-            key_prefix=_checked_text(key_prefix, "key_prefix"),
-            owner=_checked_text(owner, "owner"),
+            statuses=statuses(status),
+            name=checked_text(name, "name"),
+            key_prefix=checked_text(key_prefix, "key_prefix"),
+            owner=checked_text(owner, "owner"),
         )
         state = self._state()
         with self._joined(state) as conn:
@@ -652,7 +653,7 @@ class Defer:
         if queues is not None:
             if isinstance(queues, str):
                 raise InvalidArgument("queues", "expected a list of queue names, not one string")
-            names = [_checked_text(q, "queues") or "" for q in queues] or None
+            names = [checked_text(q, "queues") or "" for q in queues] or None
         return make_worker(
             state.store,
             state.executor,
@@ -686,7 +687,7 @@ class Defer:
             return
         conn = state.session.connection(bind_arguments={"clause": state.store.table})
         if writes:
-            state.session.info[_UNCOMMITTED] = True
+            state.session.info[database.UNCOMMITTED] = True
         yield conn
 
     @contextmanager
@@ -709,7 +710,7 @@ class Defer:
     def _refuse_uncommitted(state: DeferState, operation: str) -> None:
         # On SQLite the session's open write transaction would make this call wait for
         # the lock and then fail with "database is locked"; say what is wrong instead.
-        if state.session is not None and state.session.info.get(_UNCOMMITTED):
+        if state.session is not None and state.session.info.get(database.UNCOMMITTED):
             raise NotConfigured(
                 f"{operation}() runs in its own transaction, but db.session holds jobs "
                 "scheduled and not committed yet: call db.session.commit() first"
@@ -807,91 +808,3 @@ class Defer:
             owner=owner,
             label=label,
         )
-
-
-def _default_sqlite_uri(app: Flask) -> str:
-    import os
-
-    os.makedirs(app.instance_path, exist_ok=True)
-    return "sqlite:///" + os.path.join(app.instance_path, "defer.sqlite3")
-
-
-def _tune_sqlite(engine: Engine, config: DeferConfig) -> None:
-    """WAL lets the web read while the worker writes; the busy timeout makes writers wait."""
-    busy_ms = int(config.sqlite_busy_timeout.total_seconds() * 1000)
-
-    def on_connect(dbapi_connection: Any, _record: Any) -> None:
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
-            if engine.url.database not in (None, "", ":memory:"):
-                cursor.execute("PRAGMA journal_mode = WAL")
-        finally:
-            cursor.close()
-
-    event.listen(engine, "connect", on_connect)
-    # Connections opened before init_app (if any) are replaced so all get the pragmas.
-    engine.pool.dispose()
-
-
-def _clear_uncommitted(session: Session, transaction: Any) -> None:
-    # Commit, rollback and close all end the root transaction.
-    if transaction.parent is None:
-        session.info.pop(_UNCOMMITTED, None)
-
-
-def _track_uncommitted(session: scoped_session[Session]) -> None:
-    # Not event.contains(): it can alias a collected Session class (see session_events).
-    listen_once(session, "after_transaction_end", _clear_uncommitted)
-
-
-def _identity(job_id: Any, key: Any) -> tuple[int | None, str | None]:
-    """Validate the "id or key" pair that several facade methods take."""
-    if (job_id is None) == (key is None):
-        raise InvalidArgument("id", "give exactly one of id or key=")
-    if job_id is not None and (isinstance(job_id, bool) or not isinstance(job_id, int)):
-        raise InvalidArgument("id", f"expected an integer job id, got {job_id!r}")
-    return job_id, _checked_text(key, "key")
-
-
-def _checked_text(value: Any, argument: str, *, allow_empty: bool = False) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise InvalidArgument(argument, f"expected a string, got {type(value).__name__} {value!r}")
-    if not value and not allow_empty:
-        raise InvalidArgument(argument, "must not be empty")
-    if len(value) > 255:
-        raise InvalidArgument(argument, f"at most 255 characters, got {len(value)}")
-    return value
-
-
-def _checked_limit(limit: Any) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
-        raise InvalidArgument("limit", f"expected an integer from 1 to 10000, got {limit!r}")
-    return limit
-
-
-def _checked_payload(payload: Any) -> Any:
-    """Refuse what JSON cannot carry before anything is written; return the stored form."""
-    if payload is None:
-        return {}
-    try:
-        text = json.dumps(payload, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise InvalidArgument("payload", f"must be JSON-serialisable: {error}") from None
-    # Round-trip so the caller's Job shows exactly what the handler will receive.
-    return json.loads(text)
-
-
-def _statuses(
-    status: JobStatus | str | Iterable[JobStatus | str] | None,
-) -> tuple[JobStatus, ...] | None:
-    if status is None:
-        return None
-    items = [status] if isinstance(status, str) else list(status)
-    try:
-        return tuple(JobStatus(item) for item in items)
-    except ValueError:
-        allowed = ", ".join(s.value for s in JobStatus)
-        raise InvalidArgument("status", f"expected one of {allowed}, got {status!r}") from None

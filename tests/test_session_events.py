@@ -10,7 +10,7 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.orm import DeclarativeBase
 
 from flask_defer import Defer
-from flask_defer.extension import _clear_uncommitted
+from flask_defer.database import clear_uncommitted as _clear_uncommitted
 from flask_defer.soft_delete import _hide_deleted
 
 

@@ -1,0 +1,43 @@
+"""Every SQL statement of flask_defer, for SQLite and PostgreSQL, and nothing of Flask.
+
+The store is driven with a bare SQLAlchemy engine, so it can be tested and benchmarked
+without an app. Statements that must be atomic are single guarded statements
+(``UPDATE ... WHERE status = 'pending'``), never a read followed by a write: that is
+what makes "the user's cancel wins or the worker's claim wins, never both" true.
+
+Methods that take a ``conn`` run inside the caller's transaction (so scheduling can
+join the application's ``db.session``); the others open a short transaction of their
+own. All times are passed in (``now=``) so tests can drive the clock.
+"""
+
+from __future__ import annotations
+
+from .claims import ClaimStatements
+from .reads import ReadStatements
+from .records import (
+    NOTIFY_CHANNEL,
+    UNKNOWN_HANDLER_NOTE,
+    BatchAppend,
+    JobFilter,
+    NewJob,
+    StatusCounts,
+)
+from .scheduling import SchedulingStatements
+
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "UNKNOWN_HANDLER_NOTE",
+    "BatchAppend",
+    "JobFilter",
+    "JobStore",
+    "NewJob",
+    "StatusCounts",
+]
+
+
+class JobStore(SchedulingStatements, ReadStatements, ClaimStatements):
+    """All reads and writes of the jobs table, over one engine.
+
+    Split by who calls it (callers' writes, reads, the worker's statements) only to
+    keep each file readable; it is one object and one owner of all SQL.
+    """

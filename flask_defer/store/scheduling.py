@@ -1,0 +1,312 @@
+"""Writes on behalf of callers: schedule, cancel, reschedule, retry, batch.
+
+Each change of state is one guarded statement in the caller's transaction, so a
+cancel that races the worker's claim either wins or cleanly loses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    String,
+    Text,
+    case,
+    cast,
+    func,
+    insert,
+    literal,
+    literal_column,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+
+from ..errors import JobExists
+from ..jobs import Job, JobStatus
+from ..schema import LIVE_STATUSES, UTCDateTime
+from .base import StoreBase
+from .records import (
+    BatchAppend,
+    JobFilter,
+    NewJob,
+)
+
+
+class SchedulingStatements(StoreBase):
+    """Writes on behalf of callers: schedule, cancel, reschedule, retry, batch."""
+
+    def insert(self, conn: Connection, new: NewJob, *, now: datetime, replace: bool) -> Job:
+        """Insert one job in the caller's transaction and return it.
+
+        With a key, ``ON CONFLICT DO NOTHING`` against the live-key index turns a taken
+        key into :class:`JobExists` without an integrity error, which on PostgreSQL
+        would abort the caller's whole transaction. ``replace`` first cancels the
+        pending holder of the key (a running one cannot be replaced).
+        """
+        t = self.table
+        values = self._row_values(new, now)
+        if new.key is None:
+            row = conn.execute(insert(t).values(values).returning(*t.c)).mappings().one()
+        else:
+            if replace:
+                conn.execute(
+                    update(t)
+                    .where(t.c.key == new.key, t.c.status == JobStatus.PENDING.value)
+                    .values(self._settle_values(JobStatus.CANCELLED, now))
+                )
+            dialect_insert = postgresql.insert if self.is_postgres else sqlite.insert
+            stmt = (
+                dialect_insert(t)
+                .values(values)
+                .on_conflict_do_nothing(
+                    index_elements=[t.c.key],
+                    # Literal values, not bound parameters: once psycopg prepares the
+                    # statement (from its 6th run on a connection), PostgreSQL cannot
+                    # match "status IN ($1, $2)" to the partial index and refuses it.
+                    index_where=t.c.status.in_(
+                        [literal_column(f"'{status}'") for status in LIVE_STATUSES]
+                    ),
+                )
+                .returning(*t.c)
+            )
+            found = conn.execute(stmt).mappings().first()
+            if found is None:
+                holder = conn.execute(
+                    select(t.c.id).where(t.c.key == new.key, t.c.status.in_(LIVE_STATUSES))
+                ).scalar()
+                raise JobExists(new.key, holder)
+            row = found
+        self.notify(conn, new.queue)
+        return Job.from_row(row)
+
+    def insert_many(self, conn: Connection, jobs: Sequence[NewJob], *, now: datetime) -> int:
+        """Insert many keyless jobs in one statement batch (the bulk enqueue path)."""
+        if not jobs:
+            return 0
+        conn.execute(insert(self.table), [self._row_values(job, now) for job in jobs])
+        for queue in {job.queue for job in jobs}:
+            self.notify(conn, queue)
+        return len(jobs)
+
+    @staticmethod
+    def _row_values(new: NewJob, now: datetime) -> dict[str, Any]:
+        return {
+            "name": new.name,
+            "queue": new.queue,
+            "key": new.key,
+            "payload": new.payload,
+            "status": JobStatus.PENDING.value,
+            "run_at": new.run_at,
+            "due_at": new.run_at,
+            "attempts": 0,
+            "max_attempts": new.max_attempts,
+            "owner": new.owner,
+            "label": new.label,
+            "undo_until": new.undo_until,
+            "created_at": now,
+            "updated_at": now,
+        }
+
+    def cancel(
+        self,
+        conn: Connection,
+        *,
+        now: datetime,
+        job_id: int | None = None,
+        key: str | None = None,
+        owner: str | None = None,
+    ) -> Job | None:
+        """Cancel the pending job with this id or key; ``None`` if none was pending.
+
+        ``owner`` narrows the guard so a user can only ever cancel their own job, even
+        if they guess another id.
+        """
+        t = self.table
+        stmt = (
+            update(t)
+            .where(self._identity(job_id, key), t.c.status == JobStatus.PENDING.value)
+            .values(self._settle_values(JobStatus.CANCELLED, now))
+            .returning(*t.c)
+        )
+        if owner is not None:
+            stmt = stmt.where(t.c.owner == owner)
+        row = conn.execute(stmt).mappings().first()
+        return Job.from_row(row) if row is not None else None
+
+    def cancel_many(self, conn: Connection, where: JobFilter, *, now: datetime) -> tuple[int, int]:
+        """Cancel every pending job matching *where*; return (cancelled, still running)."""
+        t = self.table
+        condition = self._filter(where)
+        cancelled = conn.execute(
+            update(t)
+            .where(condition, t.c.status == JobStatus.PENDING.value)
+            .values(self._settle_values(JobStatus.CANCELLED, now))
+        ).rowcount
+        in_flight = conn.execute(
+            select(func.count())
+            .select_from(t)
+            .where(condition, t.c.status == JobStatus.RUNNING.value)
+        ).scalar_one()
+        return int(cancelled), int(in_flight)
+
+    def reschedule(
+        self,
+        conn: Connection,
+        run_at: datetime,
+        *,
+        now: datetime,
+        job_id: int | None = None,
+        key: str | None = None,
+    ) -> Job | None:
+        """Move a pending job to *run_at*; ``None`` if no job with this id/key is pending."""
+        t = self.table
+        row = (
+            conn.execute(
+                update(t)
+                .where(self._identity(job_id, key), t.c.status == JobStatus.PENDING.value)
+                .values(run_at=run_at, due_at=run_at, updated_at=now)
+                .returning(*t.c)
+            )
+            .mappings()
+            .first()
+        )
+        if row is not None:
+            # Moved earlier ("run now"), it must not wait for a worker's timed wake.
+            self.notify(conn, row["queue"])
+        return Job.from_row(row) if row is not None else None
+
+    def retry_failed(self, conn: Connection, job_id: int, *, now: datetime) -> Job | None:
+        """Put a failed job back to pending, due now, with its attempts reset."""
+        t = self.table
+        row = (
+            conn.execute(
+                update(t)
+                .where(t.c.id == job_id, t.c.status == JobStatus.FAILED.value)
+                .values(
+                    status=JobStatus.PENDING.value,
+                    attempts=0,
+                    run_at=now,
+                    due_at=now,
+                    finished_at=None,
+                    updated_at=now,
+                )
+                .returning(*t.c)
+            )
+            .mappings()
+            .first()
+        )
+        if row is not None:
+            self.notify(conn, row["queue"])
+        return Job.from_row(row) if row is not None else None
+
+    def batch_append(
+        self,
+        conn: Connection,
+        *,
+        name: str,
+        key: str,
+        item_json: str,
+        now: datetime,
+        max_items: int | None,
+        debounce_until: datetime | None,
+    ) -> BatchAppend | None:
+        """Append one item to the pending batch job *name* holding *key*, in one statement.
+
+        The guard (``status = 'pending'`` and, with *max_items*, "not full yet") makes
+        the append and the worker's claim exclusive: an item lands in a batch before it
+        is claimed, or the update touches nothing and the caller starts a new batch.
+        *item_json* is the item as JSON text. ``debounce_until`` moves ``run_at`` there,
+        but never past the batch's ``flush_by`` (its ``max_wait`` deadline); a batch
+        that reaches *max_items* is made due at once and its key becomes
+        ``<key>#full-<id>``. ``None`` when no such row accepts the item.
+        """
+        t = self.table
+        if self.is_postgres:
+            items = t.c.payload.op("->")(literal_column("'items'"))
+            count_before = func.jsonb_array_length(items)
+            # A one-element array concatenated to the list appends the item, even
+            # when the item is itself an array.
+            appended = func.jsonb_set(
+                t.c.payload,
+                literal_column("'{items}'"),
+                items.op("||")(cast(literal("[" + item_json + "]", Text()), postgresql.JSONB)),
+            )
+            count_after: ColumnElement[Any] = literal_column(
+                "jsonb_array_length(payload -> 'items')"
+            )
+            flush_by: ColumnElement[Any] = cast(
+                t.c.payload.op("->>")(literal_column("'flush_by'")),
+                postgresql.TIMESTAMP(timezone=True),
+            )
+            earliest: Any = func.least
+        else:
+            count_before = func.json_array_length(t.c.payload, literal_column("'$.items'"))
+            appended = func.json_insert(
+                t.c.payload, literal_column("'$.items[#]'"), func.json(literal(item_json, Text()))
+            )
+            count_after = literal_column("json_array_length(payload, '$.items')")
+            # flush_by is ISO 8601 UTC; SQLite stores times as "YYYY-MM-DD HH:MM:SS.ffffff",
+            # which compares correctly as text once the "T" and the offset are cut.
+            iso = func.json_extract(t.c.payload, literal_column("'$.flush_by'"))
+            flush_by = func.substr(iso, 1, 10).op("||")(" ").op("||")(func.substr(iso, 12, 15))
+            earliest = func.min
+        run_at: ColumnElement[Any] = t.c.run_at
+        if debounce_until is not None:
+            candidate = literal(debounce_until, UTCDateTime())
+            run_at = earliest(candidate, func.coalesce(flush_by, candidate))
+        conditions = [
+            t.c.key == key,
+            t.c.name == name,
+            t.c.status == JobStatus.PENDING.value,
+        ]
+        values: dict[str, Any] = {"payload": appended, "updated_at": now}
+        if max_items is not None:
+            conditions.append(count_before < max_items)
+            full = count_before + 1 >= max_items
+            run_at = case((full, literal(now, UTCDateTime())), else_=run_at)
+            # A full batch gives its key up (renamed after its id), so the next item
+            # can open a new batch in the same slot while this one waits for a worker.
+            values["key"] = case(
+                (full, t.c.key + literal_column("'#full-'") + cast(t.c.id, String())),
+                else_=t.c.key,
+            )
+        values["run_at"] = run_at
+        stmt = (
+            update(t)
+            .where(*conditions)
+            .values(values)
+            .returning(t.c.id, t.c.run_at, t.c.queue, count_after)
+        )
+        row = conn.execute(stmt).first()
+        if row is None:
+            return None
+        result = BatchAppend(job_id=int(row[0]), run_at=row[1], items=int(row[3]))
+        if result.run_at <= now:
+            # Full: wake a sleeping worker now rather than at its next poll.
+            self.notify(conn, row[2])
+        return result
+
+    def hold_claim(self, conn: Connection, job: Job) -> bool:
+        """Lock a claimed job's row in the caller's transaction; False if the claim is lost.
+
+        An ``atomic=True`` handler calls this first, so its transaction takes the job
+        row before the rows it works on, in the same order as an undo (cancel, then the
+        app's row): the two can wait for each other but never deadlock. SQLite has one
+        writer at a time and needs no row lock; there it is only the ownership check.
+        """
+        t = self.table
+        stmt = (
+            select(t.c.id)
+            .where(
+                t.c.id == job.id,
+                t.c.status == JobStatus.RUNNING.value,
+                t.c.claim_token == job.claim_token,
+            )
+            .with_for_update()
+        )
+        return conn.execute(stmt).first() is not None
