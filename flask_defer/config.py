@@ -76,6 +76,17 @@ DEFAULTS: dict[str, Any] = {
     # Development: run a worker thread inside the web process (``flask run``), once,
     # in the process that serves requests (the reloader's child).
     "DEFER_EMBEDDED_WORKER": False,
+    # -- the operator dashboard and metrics ------------------------------------------
+    # Jobs per page of the dashboard's list.
+    "DEFER_DASHBOARD_PAGE_SIZE": 50,
+    # How often an open dashboard refreshes its figures and list (0: never by itself).
+    "DEFER_DASHBOARD_REFRESH": timedelta(seconds=5),
+    # Serve Prometheus metrics at DEFER_URL_PREFIX + "/metrics" (needs the
+    # ``flask-defer[metrics]`` extra, i.e. prometheus_client).
+    "DEFER_METRICS": False,
+    # Serve the metrics without the dashboard's authorisation hook (for a scraper on
+    # a private network that cannot log in).
+    "DEFER_METRICS_PUBLIC": False,
 }
 
 _DURATIONS = {name for name, value in DEFAULTS.items() if isinstance(value, timedelta)}
@@ -118,6 +129,11 @@ class DeferConfig:
     reclaim_interval: timedelta
     prune_interval: timedelta
     embedded_worker: bool
+    # -- the operator dashboard and metrics --
+    dashboard_page_size: int
+    dashboard_refresh: timedelta
+    metrics: bool
+    metrics_public: bool
 
 
 def load_config(config: Mapping[str, Any]) -> DeferConfig:
@@ -165,6 +181,15 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
     embedded = config["DEFER_EMBEDDED_WORKER"]
     if not isinstance(embedded, bool):
         raise InvalidArgument("DEFER_EMBEDDED_WORKER", f"expected True or False, got {embedded!r}")
+    # -- the operator dashboard and metrics --
+    page_size = config["DEFER_DASHBOARD_PAGE_SIZE"]
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1000:
+        raise InvalidArgument(
+            "DEFER_DASHBOARD_PAGE_SIZE", f"expected an integer from 1 to 1000, got {page_size!r}"
+        )
+    for name in ("DEFER_METRICS", "DEFER_METRICS_PUBLIC"):
+        if not isinstance(config[name], bool):
+            raise InvalidArgument(name, f"expected True or False, got {config[name]!r}")
     return DeferConfig(**values)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from flask import Flask, current_app, has_app_context
 from sqlalchemy import Connection, Engine, MetaData, create_engine
@@ -40,7 +40,12 @@ from .undo_hooks import UndoHook
 from .validation import checked_limit, checked_payload, checked_text, identity, statuses
 from .worker import Worker, WorkerOptions, make_worker
 
+if TYPE_CHECKING:
+    from .metrics import Metrics
+
 F = TypeVar("F", bound=Handler)
+#: The dashboard's authorisation hook: no arguments, True to let the request in.
+DashboardAuth = Callable[[], Any]
 
 
 
@@ -54,6 +59,8 @@ class DeferState:
     executor: Executor
     #: The app's Flask-SQLAlchemy session, or None when Defer owns its engine.
     session: scoped_session[Session] | None
+    #: The app's Prometheus metrics (``DEFER_METRICS``), or None.
+    metrics: Metrics | None = None
 
 
 class Defer:
@@ -87,6 +94,8 @@ class Defer:
         self.table_name = table_name
         # -- Undo UI --
         self._owner_loader: OwnerLoader | None = None
+        # -- the operator dashboard --
+        self._dashboard_auth: DashboardAuth | None = None
         if db is not None:
             # Defining the table now puts it in the metadata before create_all or
             # Alembic look, whatever order the app sets things up in.
@@ -141,7 +150,13 @@ class Defer:
             atomic_scope=lambda: self._atomic_scope(),
             sender=app,
         )
-        app.extensions["defer"] = DeferState(self, config, store, executor, session)
+        # -- metrics: observe runs from the signals, per app (DEFER_METRICS) --
+        metrics = None
+        if config.metrics:
+            from .metrics import Metrics
+
+            metrics = Metrics(app, health=self._health_in_context(app))
+        app.extensions["defer"] = DeferState(self, config, store, executor, session, metrics)
         # -- the worker: an embedded one for development ---------------------------
         if config.embedded_worker:
             from .embedded import EMBEDDED_SHUTDOWN_GRACE, install
@@ -478,17 +493,21 @@ class Defer:
         key_prefix: str | None = None,
         name: str | None = None,
         owner: str | None = None,
+        status: JobStatus | str | Iterable[JobStatus | str] | None = None,
     ) -> dict[str, int]:
         """Cancel every pending job matching the filters; report what was still running.
 
         Returns ``{"cancelled": n, "in_flight": m}``: *m* jobs matched but were already
-        running, so they could not be stopped. At least one filter is required.
+        running, so they could not be stopped. At least one of ``key_prefix``, ``name``
+        or ``owner`` is required; ``status`` narrows further (the dashboard passes its
+        status filter, so a bulk cancel never reaches rows the operator did not see).
         """
         if key_prefix is None and name is None and owner is None:
             raise InvalidArgument(
                 "key_prefix", "give key_prefix, name or owner; refusing to cancel every job"
             )
         where = JobFilter(
+            statuses=statuses(status),
             key_prefix=checked_text(key_prefix, "key_prefix", allow_empty=False),
             name=checked_text(name, "name"),
             owner=checked_text(owner, "owner"),
@@ -575,6 +594,96 @@ class Defer:
         state = self._state()
         with self._joined(state) as conn:
             return state.store.find(conn, where, limit=limit, offset=offset)
+
+    # -- the operator dashboard: access, run now, counts, bulk retry ----------------
+
+    def dashboard_auth(self, hook: DashboardAuth) -> DashboardAuth:
+        """Register who may use the dashboard (and the metrics endpoint); a decorator.
+
+        The hook takes no arguments and runs inside the request; the dashboard answers
+        403 unless it returns a true value. It may also raise an HTTP exception itself, say
+        ``abort(401)`` or a redirect to the login page. Without a hook the dashboard
+        is closed, except while ``app.debug`` is on::
+
+            @defer.dashboard_auth
+            def operators_only():
+                return current_user.is_authenticated and current_user.is_admin
+        """
+        if not callable(hook):
+            raise InvalidArgument("hook", f"expected a function, got {hook!r}")
+        self._dashboard_auth = hook
+        return hook
+
+    def dashboard_allowed(self) -> bool:
+        """True when the current request may use the dashboard (debug mode, or the hook)."""
+        if current_app.debug:
+            return True
+        return self._dashboard_auth is not None and bool(self._dashboard_auth())
+
+    def run_now(self, id: int) -> Job:
+        """Make a pending job due now and return it (the dashboard's "Run now").
+
+        One guarded statement, like :meth:`reschedule`: pending → due now. A running or
+        settled job raises :class:`JobNotPending`; an unknown id :class:`JobNotFound`.
+        """
+        return self.reschedule(id, run_at=utcnow())
+
+    def count(
+        self,
+        *,
+        status: JobStatus | str | Iterable[JobStatus | str] | None = None,
+        name: str | None = None,
+        key_prefix: str | None = None,
+        owner: str | None = None,
+    ) -> int:
+        """How many jobs match every given filter (the filters of :meth:`list`)."""
+        where = self._job_filter(status, name, key_prefix, owner)
+        state = self._state()
+        with self._joined(state) as conn:
+            return state.store.count(conn, where)
+
+    def retry_many(
+        self,
+        *,
+        status: JobStatus | str | Iterable[JobStatus | str] | None = None,
+        name: str | None = None,
+        key_prefix: str | None = None,
+        owner: str | None = None,
+    ) -> int:
+        """Put every failed job matching the filters back to pending, due now; how many.
+
+        Attempts are reset, as with :meth:`retry`. Jobs in any other state are left
+        alone (one guarded statement), so a ``status`` filter without ``failed`` in it
+        retries nothing. Without filters, every failed job is retried.
+        """
+        where = self._job_filter(status, name, key_prefix, owner)
+        state = self._state()
+        self._refuse_uncommitted(state, "retry_many")
+        with state.store.begin() as conn:
+            return state.store.retry_failed_many(conn, where, now=utcnow())
+
+    @staticmethod
+    def _job_filter(
+        status: JobStatus | str | Iterable[JobStatus | str] | None,
+        name: str | None,
+        key_prefix: str | None,
+        owner: str | None,
+    ) -> JobFilter:
+        return JobFilter(
+            statuses=statuses(status),
+            name=checked_text(name, "name"),
+            key_prefix=checked_text(key_prefix, "key_prefix"),
+            owner=checked_text(owner, "owner"),
+        )
+
+    def _health_in_context(self, app: Flask) -> Callable[[], Health]:
+        """:meth:`health` of *app* from anywhere (a metrics scrape in a worker's thread)."""
+
+        def health() -> Health:
+            with app.app_context():
+                return self.health()
+
+        return health
 
     def health(self, now: datetime | None = None) -> Health:
         """Scheduled vs owed work, the oldest owed job's age, dead letters, lapsed leases."""

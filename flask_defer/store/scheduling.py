@@ -204,6 +204,32 @@ class SchedulingStatements(StoreBase):
             self.notify(conn, row["queue"])
         return Job.from_row(row) if row is not None else None
 
+    # -- dashboard: bulk retry -------------------------------------------------------
+
+    def retry_failed_many(self, conn: Connection, where: JobFilter, *, now: datetime) -> int:
+        """Put every failed job matching *where* back to pending, due now; return how many.
+
+        One guarded statement (``... AND status = 'failed'``), like the single retry:
+        a row that is not failed at the moment of the update is left alone.
+        """
+        t = self.table
+        queues = conn.execute(
+            update(t)
+            .where(self._filter(where), t.c.status == JobStatus.FAILED.value)
+            .values(
+                status=JobStatus.PENDING.value,
+                attempts=0,
+                run_at=now,
+                due_at=now,
+                finished_at=None,
+                updated_at=now,
+            )
+            .returning(t.c.queue)
+        ).scalars().all()
+        for queue in set(queues):
+            self.notify(conn, queue)
+        return len(queues)
+
     def batch_append(
         self,
         conn: Connection,

@@ -1,4 +1,4 @@
-"""The ``defer`` blueprint: the Undo toasts, the Undo endpoint and the pending page.
+"""The ``defer`` blueprint: the Undo toasts and pending page, the operator dashboard.
 
 The web layer holds no SQL: every view calls the :class:`~flask_defer.Defer` facade
 and maps its errors (:class:`~flask_defer.JobNotFound` → 404). Templates live under
@@ -16,7 +16,7 @@ from .. import signals
 from ..config import DeferConfig
 from ..jobs import Job
 from ..resources import static_dir, templates_dir
-from . import undo_views
+from . import dashboard, undo_views
 from .csrf import csrf_token
 from .toasts import defer_toasts
 
@@ -35,6 +35,8 @@ def create_blueprint() -> Blueprint:
         static_url_path="/static",
     )
     undo_views.register(blueprint)
+    # -- the operator dashboard and metrics --
+    dashboard.register(blueprint)
     return blueprint
 
 

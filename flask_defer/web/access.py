@@ -1,0 +1,49 @@
+"""Who may use the dashboard and the metrics: closed unless the app says otherwise.
+
+The dashboard shows every user's jobs and can cancel them, so it answers 403 unless
+the app's ``@defer.dashboard_auth`` hook lets the request in, or the app runs in
+debug mode. The metrics endpoint follows the same rule unless
+``DEFER_METRICS_PUBLIC`` is set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import TypeVar
+
+from flask import abort, current_app
+from flask.typing import ResponseReturnValue
+
+from ..extension import Defer, DeferState
+
+V = TypeVar("V", bound=Callable[..., ResponseReturnValue])
+
+
+def current_state() -> DeferState:
+    """The current app's flask_defer state."""
+    state = current_app.extensions["defer"]
+    assert isinstance(state, DeferState)
+    return state
+
+
+def current_defer() -> Defer:
+    """The facade of the current app."""
+    return current_state().extension
+
+
+def require_operator() -> None:
+    """Abort with 403 unless this request may use the dashboard."""
+    if not current_defer().dashboard_allowed():
+        abort(403, description="The jobs dashboard is not open to this request.")
+
+
+def operators_only(view: V) -> V:
+    """Decorate a dashboard view: 403 before anything else unless authorised."""
+
+    @wraps(view)
+    def guarded(*args: object, **kwargs: object) -> ResponseReturnValue:
+        require_operator()
+        return view(*args, **kwargs)
+
+    return guarded  # type: ignore[return-value]

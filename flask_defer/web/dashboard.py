@@ -1,0 +1,197 @@
+"""The operator dashboard's pages: health figures, the filtered job list, one job.
+
+A browser's navigation gets full pages. With ``HX-Request`` the list answers only its
+own fragment, with the health figures swapped in out of band: that is what the
+page's periodic refresh and its filter form ask for, so the page updates without a
+reload. Like every view of the blueprint, these call the facade (``list``,
+``count``, ``get``, ``health``) and hold no SQL.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, cast
+
+from flask import (
+    Blueprint,
+    abort,
+    current_app,
+    get_flashed_messages,
+    render_template,
+    request,
+    url_for,
+)
+from flask.typing import ResponseReturnValue
+from werkzeug.exceptions import BadRequest
+
+from ..health import Health
+from ..jobs import JobStatus
+from ..timeutil import utcnow
+from ..undo import MAX_JOB_ID
+from . import dashboard_actions, formatting, metrics_view
+from .access import current_defer, current_state, operators_only
+from .csrf import csrf_token, field_name
+from .dashboard_actions import ActionOutcome
+from .job_query import JobQuery
+from .redirects import path_of
+
+#: Flash categories of the no-JavaScript actions' outcomes.
+FLASH_OK = "defer-dashboard-ok"
+FLASH_REFUSED = "defer-dashboard-refused"
+
+
+def register(blueprint: Blueprint) -> None:
+    """Add the dashboard's pages, actions, filters and the metrics endpoint."""
+    blueprint.add_url_rule("/", "dashboard", dashboard, methods=["GET"])
+    blueprint.add_url_rule("/jobs/<int:job_id>", "dashboard_job", job_page, methods=["GET"])
+    dashboard_actions.register(blueprint)
+    metrics_view.register(blueprint)
+    formatting.register(blueprint)
+    blueprint.register_error_handler(400, _bad_request)
+
+
+def _bad_request(error: BadRequest) -> ResponseReturnValue:
+    """For htmx on the dashboard, a 400 says why in the page's outcome region."""
+    endpoint = request.endpoint or ""
+    if not endpoint.startswith("defer.dashboard") or not is_htmx():
+        return error
+    outcome = ActionOutcome(False, error.description or "The request was refused.")
+    response = current_app.make_response(
+        (render_template("defer/_dashboard_outcome.html", outcome=outcome), 400)
+    )
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def is_htmx() -> bool:
+    """True for a request htmx made."""
+    return request.headers.get("HX-Request") == "true"
+
+
+def wants_fragment() -> bool:
+    """True when htmx asks for a part of the page (not a history restore of all of it)."""
+    return is_htmx() and request.headers.get("HX-History-Restore-Request") != "true"
+
+
+def no_store(body: str) -> ResponseReturnValue:
+    """A response that no cache keeps: the figures are only true when rendered."""
+    response = current_app.make_response(body)
+    response.headers["Cache-Control"] = "no-store"
+    # The list's URL serves both the page and its fragment.
+    response.headers["Vary"] = "HX-Request"
+    return response
+
+
+@operators_only
+def dashboard() -> ResponseReturnValue:
+    """The health figures and the job list (or, for htmx, the list's fragment)."""
+    query = JobQuery.from_args(request.args)
+    context = list_context(query)
+    if wants_fragment():
+        return no_store(render_template("defer/_dashboard_jobs.html", oob=True, **context))
+    return no_store(render_template("defer/dashboard.html", **context, **page_context()))
+
+
+@operators_only
+def job_page(job_id: int) -> ResponseReturnValue:
+    """One job: its timestamps, attempts, payload, result and last error, with actions."""
+    if not 1 <= job_id <= MAX_JOB_ID:
+        abort(404)
+    job = current_defer().get(job_id)
+    if job is None:
+        abort(404)
+    context: dict[str, Any] = {
+        "job": job,
+        "now": utcnow(),
+        "here": url_for("defer.dashboard_job", job_id=job.id),
+        "refresh_seconds": refresh_seconds(),
+        **form_context(),
+    }
+    if wants_fragment():
+        return no_store(render_template("defer/_dashboard_job.html", **context))
+    return no_store(
+        render_template(
+            "defer/dashboard_job.html", back_url=_back_to_list(), **context, **page_context()
+        )
+    )
+
+
+def list_context(query: JobQuery) -> dict[str, Any]:
+    """What the list fragment and the health figures need."""
+    state = current_state()
+    defer = state.extension
+    size = state.config.dashboard_page_size
+    now = utcnow()
+    health = defer.health(now=now)
+    total = defer.count(**query.filters)
+    offset = (query.page - 1) * size
+    jobs = defer.list(**query.filters, limit=size, offset=offset)
+    names = sorted({item.name for item in health.by_name} | set(defer.registry.names()))
+    return {
+        "query": query,
+        "jobs": jobs,
+        "total": total,
+        "first": offset + 1,
+        "last": offset + len(jobs),
+        "pages": max(math.ceil(total / size), 1),
+        "health": health,
+        "now": now,
+        "names": names,
+        "statuses": list(JobStatus),
+        "bulk": bulk_counts(query, health),
+        "here": url_for("defer.dashboard", **query.args()),
+        "refresh_seconds": refresh_seconds(),
+        **form_context(),
+    }
+
+
+def bulk_counts(query: JobQuery, health: Health) -> dict[str, int | None]:
+    """How many failed and pending jobs a bulk action would touch, when health knows.
+
+    Known without another query when the list is filtered by status and name only;
+    ``None`` (unknown) under a key prefix or owner filter.
+    """
+    counts: dict[str, int] | None = None
+    if query.key_prefix is None and query.owner is None:
+        if query.name is None:
+            counts = health.counts
+        else:
+            item = next((h for h in health.by_name if h.name == query.name), None)
+            counts = item.counts if item is not None else {}
+    result: dict[str, int | None] = {}
+    for status in (JobStatus.FAILED, JobStatus.PENDING):
+        if query.status is not None and query.status is not status:
+            result[status.value] = 0
+        else:
+            result[status.value] = None if counts is None else counts.get(status.value, 0)
+    return result
+
+
+def form_context() -> dict[str, Any]:
+    """The CSRF token and field every action form carries."""
+    return {"csrf_token": csrf_token(), "csrf_field": field_name()}
+
+
+def page_context() -> dict[str, Any]:
+    """What only full pages need: the outcomes of no-JavaScript actions."""
+    flashed = cast(
+        "list[tuple[str, str]]",
+        get_flashed_messages(with_categories=True, category_filter=[FLASH_OK, FLASH_REFUSED]),
+    )
+    return {
+        "flashed": [(category == FLASH_OK, str(text)) for category, text in flashed],
+    }
+
+
+def refresh_seconds() -> float:
+    """How often an open page refreshes itself (0: never)."""
+    return current_state().config.dashboard_refresh.total_seconds()
+
+
+def _back_to_list() -> str:
+    """The list the operator came from (with its filters), else the unfiltered list."""
+    home = url_for("defer.dashboard")
+    came_from = path_of(request.referrer, request.host_url)
+    if came_from and came_from.split("?", 1)[0] == home:
+        return came_from
+    return home

@@ -1,0 +1,191 @@
+"""The operator dashboard in real headless Chromium, against a real server on 127.0.0.1.
+
+The ops app (``tests/dashboard_app``) runs in a werkzeug server thread on SQLite; the
+HTTP tests cover both backends. The operator signs in through Flask-Login, exactly as
+the documented ``@defer.dashboard_auth`` example expects.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, expect
+from werkzeug.serving import WSGIRequestHandler, make_server
+
+from flask_defer import JobStatus
+
+from .dashboard_app import OpsApp, Seeded, create_app, seed
+
+pytestmark = pytest.mark.browser
+
+
+class QuietHandler(WSGIRequestHandler):
+    def log_request(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+@dataclass
+class Live:
+    """The running ops app, its seeded jobs and its base URL."""
+
+    ops: OpsApp
+    jobs: Seeded
+    url: str
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[Live]:
+    ops = create_app(f"sqlite:///{tmp_path / 'ops.sqlite3'}", DEFER_DASHBOARD_REFRESH=1)
+    jobs = seed(ops)
+    server = make_server("127.0.0.1", 0, ops.app, threaded=True, request_handler=QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="ops-app", daemon=True)
+    thread.start()
+    try:
+        yield Live(ops, jobs, f"http://127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+        ops.dispose()
+
+
+@pytest.fixture
+def operator_page(browser: Browser, live: Live) -> Iterator[Callable[..., Page]]:
+    """Factory: a signed-in operator's page on the dashboard."""
+    contexts: list[BrowserContext] = []
+
+    def open_page(**context_args: Any) -> Page:
+        context_args.setdefault("viewport", {"width": 1280, "height": 900})
+        context = browser.new_context(**context_args)
+        contexts.append(context)
+        page = context.new_page()
+        page.goto(live.url + "/login/admin")  # redirects to the dashboard
+        expect(page.locator("#defer-jobs")).to_be_visible()
+        return page
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture
+def artifacts(request: pytest.FixtureRequest) -> Path:
+    """Where screenshots are saved (``test-results/``, ignored by git)."""
+    folder = Path(request.config.rootpath) / "test-results"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def rows(page: Page) -> Any:
+    return page.locator("#defer-jobs tbody tr")
+
+
+def test_filter_open_a_failed_job_and_retry_it(
+    live: Live, operator_page: Callable[..., Page]
+) -> None:
+    page = operator_page()
+    (failed_id,) = live.jobs.failed
+    total = sum(len(ids) for ids in vars(live.jobs).values())
+    expect(rows(page)).to_have_count(total)
+    page.evaluate("window.__notReloaded = true")
+
+    # Filter: the list is swapped in place and the address bar follows.
+    page.get_by_label("Status").select_option("failed")
+    expect(rows(page)).to_have_count(1)
+    expect(page).to_have_url(live.url + "/defer/?status=failed")
+    row = page.locator(f"#defer-row-{failed_id}")
+    expect(row).to_contain_text("sync_invoices")
+    expect(row).to_contain_text("BillingUnavailable: billing API refused the connection")
+    assert page.evaluate("window.__notReloaded === true")
+
+    # Open the failed job: its traceback, attempts and payload.
+    row.get_by_role("link", name="sync_invoices").click()
+    expect(page).to_have_url(live.url + f"/defer/jobs/{failed_id}")
+    error = page.locator("pre.defer-traceback")
+    expect(error).to_contain_text("Traceback (most recent call last)")
+    expect(error).to_contain_text("in _post_invoices")
+    expect(page.locator(".defer-dl")).to_contain_text("3 of 3")
+    expect(page.locator("pre.defer-code").first).to_contain_text('"account": 4711')
+
+    # Retry it: the answer arrives in place and the page refreshes its own state.
+    page.evaluate("window.__notReloaded = true")
+    page.get_by_role("button", name="Retry").click()
+    expect(page.locator("#defer-outcome")).to_have_text(
+        f"Job {failed_id} is pending again, due now, attempts reset."
+    )
+    expect(page.locator("#defer-job")).to_have_attribute("data-defer-status", "pending")
+    expect(page.locator(".defer-dl")).to_contain_text("0 of 3")
+    expect(page.get_by_role("button", name="Run now")).to_be_visible()
+    assert page.evaluate("window.__notReloaded === true")
+    job = live.ops.job(failed_id)
+    assert job.status is JobStatus.PENDING and job.attempts == 0
+
+    # Back to the filtered list: the job has left the failed filter.
+    page.get_by_role("link", name="← Jobs").click()
+    expect(page).to_have_url(live.url + "/defer/?status=failed")
+    expect(page.locator(".defer-empty")).to_have_text("No jobs match these filters.")
+
+
+def test_the_list_refreshes_itself_without_a_reload(
+    live: Live, operator_page: Callable[..., Page]
+) -> None:
+    page = operator_page()
+    page.evaluate("window.__notReloaded = true")
+    (running_id,) = live.jobs.running
+    expect(page.locator(f"#defer-row-{running_id}")).to_have_attribute(
+        "data-defer-status", "running"
+    )
+    # Another operator (the CLI here) cancels a scheduled job behind the page's back.
+    scheduled_id = live.jobs.scheduled[0]
+    with live.ops.context():
+        assert live.ops.defer.cancel(scheduled_id)
+    expect(page.locator(f"#defer-row-{scheduled_id}")).to_have_attribute(
+        "data-defer-status", "cancelled", timeout=5000
+    )
+    assert page.evaluate("window.__notReloaded === true")
+
+
+def test_a_refused_action_says_what_really_happened(
+    live: Live, operator_page: Callable[..., Page]
+) -> None:
+    page = operator_page()
+    due_id = live.jobs.due[0]
+    row = page.locator(f"#defer-row-{due_id}")
+    # A worker claims the job between the page's render and the click.
+    with live.ops.context():
+        live.ops.defer.store.claim(
+            now=live.ops.job(due_id).run_at,
+            limit=10,
+            token="worker-1",
+            lease_until=live.ops.job(due_id).run_at.replace(year=2100),
+        )
+    row.get_by_role("button", name="Cancel").click()
+    expect(page.locator("#defer-outcome [data-defer-result]")).to_have_attribute(
+        "data-defer-result", "refused"
+    )
+    expect(page.locator("#defer-outcome")).to_have_text(f"Job {due_id} is running; not cancelled.")
+    assert live.ops.job(due_id).status is JobStatus.RUNNING
+
+
+# -- the screenshot ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_screenshot_of_the_dashboard(
+    live: Live, operator_page: Callable[..., Page], artifacts: Path, scheme: str
+) -> None:
+    page = operator_page(
+        color_scheme=scheme, device_scale_factor=2, viewport={"width": 1280, "height": 1040}
+    )
+    expect(rows(page)).to_have_count(sum(len(ids) for ids in vars(live.jobs).values()))
+    suffix = "" if scheme == "light" else "-dark"
+    page.screenshot(path=str(artifacts / f"dashboard{suffix}.png"), full_page=True)
+    assert (artifacts / f"dashboard{suffix}.png").stat().st_size > 50_000
+    page.goto(f"{live.url}/defer/jobs/{live.jobs.failed[0]}")
+    expect(page.locator("pre.defer-traceback")).to_be_visible()
+    page.screenshot(path=str(artifacts / f"dashboard-job{suffix}.png"), full_page=True)
