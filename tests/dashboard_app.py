@@ -169,9 +169,7 @@ def seed(ops: OpsApp) -> Seeded:
             )
             for n, who, hours in ((101, "maria", 3), (102, "jonas", 2), (103, "li", 1))
         ]
-        done.append(
-            insert("publish_post", {"post_id": 88}, ago(minutes=40), key="post:88:publish")
-        )
+        done.append(insert("publish_post", {"post_id": 88}, ago(minutes=40), key="post:88:publish"))
         for job_id in done:
             defer.run_due(now=ops.job(job_id).run_at + timedelta(seconds=0.2))
         # Failed after all three attempts: a dead letter with its traceback.
@@ -226,7 +224,9 @@ def seed(ops: OpsApp) -> Seeded:
         ]
         # Scheduled: due later, from minutes to days ahead.
         scheduled = [
-            insert("publish_post", {"post_id": 93}, now + timedelta(hours=2), key="post:93:publish"),
+            insert(
+                "publish_post", {"post_id": 93}, now + timedelta(hours=2), key="post:93:publish"
+            ),
             insert(
                 "close_booking", {"booking_id": 57}, now + timedelta(days=3), key="booking:57:close"
             ),

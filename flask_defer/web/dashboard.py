@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from flask import (
     Blueprint,
+    Response,
     abort,
     current_app,
     get_flashed_messages,
@@ -38,6 +39,8 @@ from .redirects import path_of
 #: Flash categories of the no-JavaScript actions' outcomes.
 FLASH_OK = "defer-dashboard-ok"
 FLASH_REFUSED = "defer-dashboard-refused"
+#: The id of the list's element; htmx names it in ``HX-Trigger`` when it refreshes.
+LIST_ID = "defer-jobs"
 
 
 def register(blueprint: Blueprint) -> None:
@@ -73,7 +76,7 @@ def wants_fragment() -> bool:
     return is_htmx() and request.headers.get("HX-History-Restore-Request") != "true"
 
 
-def no_store(body: str) -> ResponseReturnValue:
+def no_store(body: str) -> Response:
     """A response that no cache keeps: the figures are only true when rendered."""
     response = current_app.make_response(body)
     response.headers["Cache-Control"] = "no-store"
@@ -88,7 +91,12 @@ def dashboard() -> ResponseReturnValue:
     query = JobQuery.from_args(request.args)
     context = list_context(query)
     if wants_fragment():
-        return no_store(render_template("defer/_dashboard_jobs.html", oob=True, **context))
+        response = no_store(render_template("defer/_dashboard_jobs.html", oob=True, **context))
+        if request.headers.get("HX-Trigger") != LIST_ID:
+            # The filter form or a page link: the address bar follows, so a reload or
+            # a shared link shows the same list. The list's own refresh pushes nothing.
+            response.headers["HX-Push-Url"] = context["here"]
+        return response
     return no_store(render_template("defer/dashboard.html", **context, **page_context()))
 
 
