@@ -229,6 +229,19 @@ def _job_dict(job: Job) -> dict[str, Any]:
     show_default=True,
     help="json: one object per line with job_id, job_name and job_key fields.",
 )
+# -- metrics: the worker serves the figures of the jobs it runs --
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve this worker's Prometheus metrics on this port (needs DEFER_METRICS = True).",
+)
+@click.option(
+    "--metrics-addr",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the metrics server listens on (0.0.0.0 for every interface).",
+)
 @with_appcontext
 @_errors_to_exit_codes
 def worker_command(
@@ -237,6 +250,8 @@ def worker_command(
     burst: bool,
     log_level: str,
     log_format: str,
+    metrics_port: int | None,
+    metrics_addr: str,
 ) -> None:
     """Run due jobs until stopped (SIGTERM/SIGINT finish or release running jobs).
 
@@ -245,7 +260,20 @@ def worker_command(
     from .logs import configure
 
     configure(log_level, log_format)
-    _defer().worker(concurrency=concurrency, queues=queues or None, burst=burst).run()
+    worker = _defer().worker(concurrency=concurrency, queues=queues or None, burst=burst)
+    if metrics_port is None:
+        worker.run()
+        return
+    metrics = current_app.extensions["defer"].metrics
+    if metrics is None:
+        raise click.UsageError("--metrics-port needs DEFER_METRICS = True in the app's config")
+    server = metrics.serve(metrics_port, metrics_addr)
+    click.echo(f"metrics on http://{metrics_addr}:{server.server_port}/metrics", err=True)
+    try:
+        worker.run()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @defer_cli.command("prune")

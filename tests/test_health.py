@@ -93,3 +93,35 @@ def test_oldest_owed_age_counts_from_when_the_job_became_due_not_from_its_retry(
     assert health.owed == 1
     assert health.oldest_owed_age is not None
     assert health.oldest_owed_age >= (retry_at - job.due_at).total_seconds() + 600 - 1
+
+
+def test_per_name_figures_of_a_days_mix_worst_backlog_first(database_url: str) -> None:
+    from .dashboard_app import create_app, seed
+
+    ops = create_app(database_url, TESTING=True)
+    try:
+        seed(ops)
+        with ops.context():
+            health = ops.defer.health()
+    finally:
+        ops.dispose()
+    assert health.counts == {"pending": 5, "running": 1, "done": 4, "failed": 1, "cancelled": 2}
+    assert (health.scheduled, health.owed, health.failed) == (3, 3, 1)
+    assert health.oldest_owed_age is not None and 240 <= health.oldest_owed_age < 300
+    by_name = {item.name: item for item in health.by_name}
+    assert [item.name for item in health.by_name] == [
+        "send_email",  # 2 owed, the oldest 4 min
+        "publish_post",  # 1 owed (running)
+        "close_booking",
+        "sync_invoices",
+    ]
+    email = by_name["send_email"]
+    assert (email.owed, email.scheduled, email.counts["done"], email.counts["cancelled"]) == (
+        2,
+        1,
+        3,
+        1,
+    )
+    assert by_name["sync_invoices"].failed == 1 and by_name["sync_invoices"].owed == 0
+    assert by_name["close_booking"].owed == 0 and by_name["close_booking"].oldest_owed_age is None
+    assert not any(item.unknown for item in health.by_name)
