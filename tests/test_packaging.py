@@ -90,6 +90,11 @@ def test_the_wheel_contains_templates_and_static_files(wheel: Path) -> None:
         "flask_defer/static/defer/defer.js",
         "flask_defer/static/defer/htmx-2.0.11.min.js",
         "flask_defer/static/defer/htmx.LICENSE",
+        # the operator dashboard
+        "flask_defer/templates/defer/dashboard.html",
+        "flask_defer/templates/defer/_dashboard_jobs.html",
+        "flask_defer/static/defer/dashboard.css",
+        "flask_defer/static/defer/dashboard.js",
         "flask_defer/py.typed",
     ):
         assert expected in names, expected

@@ -605,3 +605,24 @@ def test_a_bulk_action_with_a_bad_filter_answers_400(ops: OpsApp, jobs: Seeded) 
         response = act(client, path, htmx=True, name="x", status="exploded")
         assert response.status_code == 400
     assert ops.job(jobs.failed[0]).status is JobStatus.FAILED
+
+
+def test_the_hook_may_answer_itself_with_a_redirect_to_the_login_page(
+    make_ops: Callable[..., OpsApp],
+) -> None:
+    from flask import abort, redirect, request
+    from flask_login import current_user
+
+    ops = make_ops(auth=False)
+
+    @ops.defer.dashboard_auth
+    def operators_only() -> bool:
+        if not current_user.is_authenticated:
+            abort(redirect(f"/login/admin?next={request.full_path}"))
+        return bool(current_user.id == "admin")
+
+    response = ops.app.test_client().get("/defer/?status=failed")
+    assert response.status_code == 302
+    assert response.headers["Location"] == "/login/admin?next=/defer/?status=failed"
+    assert signed_in(ops, "alice").get("/defer/").status_code == 403
+    assert signed_in(ops, "admin").get("/defer/").status_code == 200
