@@ -626,3 +626,13 @@ def test_the_hook_may_answer_itself_with_a_redirect_to_the_login_page(
     assert response.headers["Location"] == "/login/admin?next=/defer/?status=failed"
     assert signed_in(ops, "alice").get("/defer/").status_code == 403
     assert signed_in(ops, "admin").get("/defer/").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "target", ["https://evil.example/", "//evil.example/x", "/\\evil.example", "javascript:x"]
+)
+def test_an_action_never_redirects_off_the_site(ops: OpsApp, jobs: Seeded, target: str) -> None:
+    client = signed_in(ops)
+    response = act(client, f"/defer/jobs/{jobs.scheduled[0]}/run-now", htmx=False, next=target)
+    assert response.status_code == 303
+    assert response.headers["Location"] == "/defer/"

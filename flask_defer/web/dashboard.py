@@ -32,13 +32,10 @@ from ..undo import MAX_JOB_ID
 from . import dashboard_actions, formatting, metrics_view
 from .access import current_defer, current_state, operators_only
 from .csrf import csrf_token, field_name
-from .dashboard_actions import ActionOutcome
+from .dashboard_actions import FLASH_OK, FLASH_REFUSED, ActionOutcome
 from .job_query import JobQuery
 from .redirects import path_of
 
-#: Flash categories of the no-JavaScript actions' outcomes.
-FLASH_OK = "defer-dashboard-ok"
-FLASH_REFUSED = "defer-dashboard-refused"
 #: The id of the list's element; htmx names it in ``HX-Trigger`` when it refreshes.
 LIST_ID = "defer-jobs"
 

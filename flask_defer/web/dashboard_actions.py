@@ -38,6 +38,9 @@ from .redirects import safe_local_target
 #: The event an action's htmx answer fires on ``body``; the list and the job page
 #: listen for it and refresh themselves.
 JOBS_CHANGED = "defer-jobs-changed"
+#: Flash categories of the no-JavaScript actions' outcomes (the pages show them).
+FLASH_OK = "defer-dashboard-ok"
+FLASH_REFUSED = "defer-dashboard-refused"
 #: The longest delay a reschedule accepts (about ten years), in seconds.
 MAX_DELAY = 10 * 366 * 24 * 3600
 
@@ -167,8 +170,6 @@ def answer(outcome: ActionOutcome, *, status: int = 200) -> ResponseReturnValue:
         return response
     if status >= 400:
         abort(status, description=outcome.text)
-    from .dashboard import FLASH_OK, FLASH_REFUSED
-
     flash(outcome.text, FLASH_OK if outcome.ok else FLASH_REFUSED)
     target = safe_local_target(request.form.get("next")) or url_for("defer.dashboard")
     return redirect(target, code=303)
