@@ -7,7 +7,9 @@ database instead and expects a separate ``flask --app demo_app defer worker``.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import time
 from collections.abc import Mapping
 from datetime import timedelta
@@ -112,8 +114,23 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     def not_found(error: Any) -> Any:
         return render_template("error.html", title="Not found", error=error), 404
 
+    _show_handler_logs()
     _create_tables(app)
     return app
+
+
+def _show_handler_logs() -> None:
+    """Let the handlers' lines ("delivered message 7 ...") reach the terminal.
+
+    ``python -m demo_app`` configures logging itself; under ``flask run`` or
+    ``flask defer worker`` nobody does, so the demo's logger gets a handler of its own.
+    """
+    logger = logging.getLogger("demo_app")
+    logger.setLevel(logging.INFO)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s %(message)s"))
+        logger.addHandler(handler)
 
 
 def _create_tables(app: Flask) -> None:
