@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from flask import Flask, current_app, redirect, render_template, session, url_for
+from flask import Flask, current_app, redirect, render_template, url_for
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
@@ -169,7 +169,6 @@ def _layout_context() -> dict[str, Any]:
         "unread": unread,
         "dashboard_url": _dashboard_url(),
         "embedded_worker": current_app.config["DEFER_EMBEDDED_WORKER"],
-        "signed_in_as": session.get("user"),
     }
 
 

@@ -6,13 +6,15 @@ from datetime import timedelta
 
 from sqlalchemy import func, select
 
+from flask_defer import INCLUDE_DELETED
+
 from .models import Post, Project, Task, db, utcnow
 
 
 def seed() -> None:
     """Fill an empty database; a database that has any project or post is left alone."""
     has_data = db.session.scalar(select(func.count()).select_from(Post)) or db.session.scalar(
-        select(func.count()).select_from(Project).execution_options(include_deleted=True)
+        select(func.count()).select_from(Project).execution_options(**{INCLUDE_DELETED: True})
     )
     if has_data:
         return
