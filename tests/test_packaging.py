@@ -99,6 +99,7 @@ def test_the_wheel_contains_templates_and_static_files(wheel: Path) -> None:
     ):
         assert expected in names, expected
     assert not any(name.startswith("tests/") for name in names)
+    assert not any(name.startswith("demo_app/") for name in names)
 
 
 def test_an_installed_wheel_renders_the_toasts_from_its_own_files(

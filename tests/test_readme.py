@@ -7,7 +7,10 @@ import re
 import subprocess
 import sys
 import textwrap
+from datetime import timedelta
 from pathlib import Path
+
+from flask_defer.config import DEFAULTS
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -51,3 +54,54 @@ def test_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "sending message 8" in result.stdout
     assert "quickstart ok 1" in result.stdout
+
+
+def configuration_table() -> dict[str, str]:
+    """The README's configuration table: key → its default as written."""
+    text = README.read_text(encoding="utf-8")
+    assert "\n## Configuration\n" in text, "README.md lost its Configuration section"
+    section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(DEFER_[A-Z0-9_]+)` \| ([^|]+) \|", section, re.M)
+    return {key: default.strip() for key, default in rows}
+
+
+def written_default(value: object) -> str:
+    """How the table writes a default: `2 s`, `10 min`, `1 h`, `7 days`, `None` ..."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+        if seconds and seconds % 86400 == 0:
+            text = f"{seconds / 86400:g} days"
+        elif seconds and seconds % 3600 == 0:
+            text = f"{seconds / 3600:g} h"
+        elif seconds >= 60 and seconds % 60 == 0:
+            text = f"{seconds / 60:g} min"
+        else:
+            text = f"{seconds:g} s"
+    elif isinstance(value, str):
+        text = f'"{value}"'
+    else:
+        text = repr(value)
+    return f"`{text}`"
+
+
+def test_readme_documents_every_setting() -> None:
+    documented = configuration_table()
+    missing = sorted(set(DEFAULTS) - set(documented))
+    assert not missing, f"the README's configuration table lacks {missing}"
+    unknown = sorted(set(documented) - set(DEFAULTS))
+    assert not unknown, f"the README documents settings that do not exist: {unknown}"
+    wrong = {
+        key: (documented[key], written_default(value))
+        for key, value in DEFAULTS.items()
+        if documented[key] != written_default(value)
+    }
+    assert not wrong, f"defaults in the README differ from config.DEFAULTS: {wrong}"
+
+
+def test_readme_links_and_images_point_at_files_that_exist() -> None:
+    text = README.read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(((?!https?://|#)[^)\s]+)\)", text)
+    assert "docs/screenshots/toast.png" in targets and "docs/screenshots/demo.png" in targets
+    # docs/dashboard.md arrives with the dashboard.
+    missing = [t for t in targets if not (README.parent / t).exists() and t != "docs/dashboard.md"]
+    assert not missing, f"README links to missing files: {missing}"
