@@ -207,10 +207,13 @@ def soft_delete(
 
     Both writes join ``db.session``: commit to make them real. The job carries
     ``undo_until = now + grace - DEFER_UNDO_MARGIN`` and *owner*/*label*, so the Undo
-    toast offers it. Soft-deleting a row that already waits for its purge returns that
-    job unchanged.
+    toast offers it. *owner* defaults to the current owner (as for ``undoable``), so
+    inside a request the person who deleted the row gets the toast. Soft-deleting a
+    row that already waits for its purge returns that job unchanged.
     """
     session = _session(defer)
+    if owner is None:
+        owner = defer.current_owner(create=True)
     grace = as_duration(grace, "grace")
     mapper, pk = _mapper_and_pk(session, obj)
     key = purge_key(mapper, pk)

@@ -267,6 +267,22 @@ def test_undo_restores_the_row_and_cancels_the_purge(sk: SoftKit) -> None:
     assert sk.defer.undo(job.id, owner="u1") is UndoOutcome.ALREADY_UNDONE
 
 
+def test_soft_delete_in_a_request_belongs_to_the_current_owner(sk: SoftKit) -> None:
+    sk.defer.owner_loader(lambda: "carol")
+    project = sk.new_project()
+    with sk.app.test_request_context("/projects/1/delete", method="POST"):
+        job = sk.defer.soft_delete(project, label="Project deleted")
+        sk.db.session.commit()
+        assert job.owner == "carol"
+        assert [toast.job.id for toast in sk.defer.toasts()] == [job.id]
+
+
+def test_soft_delete_outside_a_request_has_no_owner_and_no_toast(sk: SoftKit) -> None:
+    job = sk.defer.soft_delete(sk.new_project())
+    sk.db.session.commit()
+    assert job.owner is None
+
+
 def test_undo_of_another_owners_purge_is_not_found(sk: SoftKit) -> None:
     project = sk.new_project()
     job = sk.defer.soft_delete(project, owner="u1")
