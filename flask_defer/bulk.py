@@ -1,0 +1,107 @@
+"""Bulk scheduling: many keyless jobs of one handler in one statement batch.
+
+Scheduling ten thousand reminders one ``schedule()`` at a time costs a round trip and
+a ``RETURNING`` row per job; the bulk path validates every item first (so a bad item
+writes nothing) and hands the store one ``executemany``. Bulk jobs carry no key: a key
+is a claim on "the one live job for this intent", which needs the per-row conflict
+handling of ``schedule()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .errors import InvalidArgument
+from .store import NewJob
+from .timeutil import Duration, resolve_run_at
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One job of :meth:`Defer.schedule_many` whose timing, owner or label is its own.
+
+    Fields left ``None`` fall back to the values given to ``schedule_many`` itself.
+    """
+
+    payload: Any = None
+    run_at: datetime | None = None
+    delay: Duration | None = None
+    owner: str | None = None
+    label: str | None = None
+
+
+def build_new_jobs(
+    items: Iterable[Any],
+    *,
+    name: str,
+    queue: str,
+    max_attempts: int,
+    now: datetime,
+    run_at: datetime | None,
+    delay: Duration | None,
+    owner: str | None,
+    label: str | None,
+    check_payload: Callable[[Any], Any],
+    check_text: Callable[[Any, str], str | None],
+) -> list[NewJob]:
+    """Validate every item and return the rows to insert; raise before anything is written.
+
+    An item is a payload, or a :class:`JobSpec`. Errors name the item's position
+    (``payloads[3]: ...``, ``payloads[3].run_at: ...``) so the caller can find it in a
+    long list. *check_payload* and *check_text* are the facade's own validators, so a
+    bulk job is held to exactly the rules of ``schedule()``.
+    """
+    if isinstance(items, str | bytes | bytearray | Mapping) or not isinstance(items, Iterable):
+        raise InvalidArgument(
+            "payloads", f"expected a list of payloads or JobSpec items, got {type(items).__name__}"
+        )
+    # The call-level defaults are checked once, even for an empty list.
+    default_run_at = resolve_run_at(run_at, delay, now)
+    default_owner = check_text(owner, "owner")
+    default_label = check_text(label, "label")
+    jobs: list[NewJob] = []
+    for index, item in enumerate(items):
+        where = f"payloads[{index}]"
+        try:
+            if isinstance(item, JobSpec):
+                timed = item.run_at is not None or item.delay is not None
+                jobs.append(
+                    NewJob(
+                        name=name,
+                        payload=check_payload(item.payload),
+                        run_at=(
+                            resolve_run_at(item.run_at, item.delay, now)
+                            if timed
+                            else default_run_at
+                        ),
+                        max_attempts=max_attempts,
+                        queue=queue,
+                        owner=check_text(item.owner, "owner") or default_owner,
+                        label=check_text(item.label, "label") or default_label,
+                    )
+                )
+            else:
+                jobs.append(
+                    NewJob(
+                        name=name,
+                        payload=check_payload(item),
+                        run_at=default_run_at,
+                        max_attempts=max_attempts,
+                        queue=queue,
+                        owner=default_owner,
+                        label=default_label,
+                    )
+                )
+        except InvalidArgument as error:
+            argument = f"{where}.{error.argument}" if isinstance(item, JobSpec) else where
+            raise InvalidArgument(argument, _problem(error)) from None
+    return jobs
+
+
+def _problem(error: InvalidArgument) -> str:
+    text = str(error)
+    prefix = f"{error.argument}: "
+    return text[len(prefix) :] if text.startswith(prefix) else text
