@@ -92,3 +92,32 @@ def _run_due_child(url: str, barrier: Any, results: Any) -> None:
         results.put((start, end, ran))
     except Exception as error:  # noqa: BLE001 - reported by the parent
         results.put(f"run_due child failed: {type(error).__name__}: {error}")
+
+
+def schedule_spread(
+    fd: FlaskDeferApp, count: int, spread: tuple[float, float], seed: int
+) -> None:
+    """Schedule *count* start-recording jobs due in uniform(*spread*) seconds, one commit each."""
+    import random
+
+    from .app import RECORD_START
+
+    rng = random.Random(seed)
+    with fd.app.app_context():
+        for n in range(count):
+            defer.schedule(RECORD_START, {"n": n}, delay=rng.uniform(*spread))
+            db.session.commit()
+
+
+def start_latencies(fd: FlaskDeferApp) -> tuple[list[float], int]:
+    """Seconds from each finished start-recording job's ``run_at`` to its handler's start."""
+    from .app import RECORD_START
+
+    with fd.app.app_context():
+        jobs = defer.list(name=RECORD_START, limit=10_000)
+    late = [
+        job.result["started"] - job.run_at.timestamp()
+        for job in jobs
+        if job.status.value == "done" and isinstance(job.result, dict)
+    ]
+    return late, len(jobs)

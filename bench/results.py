@@ -140,6 +140,8 @@ class Row:
     value: float | None = None
     ratio: float | None = None
     tag: str = ""
+    #: Further figures the targets need (errors, the poll interval ...).
+    data: dict[str, float] = field(default_factory=dict)
 
 
 def rate_rows(

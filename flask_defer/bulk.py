@@ -9,6 +9,7 @@ handling of ``schedule()``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -44,15 +45,14 @@ def build_new_jobs(
     delay: Duration | None,
     owner: str | None,
     label: str | None,
-    check_payload: Callable[[Any], Any],
     check_text: Callable[[Any, str], str | None],
 ) -> list[NewJob]:
     """Validate every item and return the rows to insert; raise before anything is written.
 
     An item is a payload, or a :class:`JobSpec`. Errors name the item's position
     (``payloads[3]: ...``, ``payloads[3].run_at: ...``) so the caller can find it in a
-    long list. *check_payload* and *check_text* are the facade's own validators, so a
-    bulk job is held to exactly the rules of ``schedule()``.
+    long list. *check_text* is the facade's own validator, so a bulk job is held to the
+    rules of ``schedule()``.
     """
     if isinstance(items, str | bytes | bytearray | Mapping) or not isinstance(items, Iterable):
         raise InvalidArgument(
@@ -71,7 +71,7 @@ def build_new_jobs(
                 jobs.append(
                     NewJob(
                         name=name,
-                        payload=check_payload(item.payload),
+                        payload=_validated_payload(item.payload),
                         run_at=(
                             resolve_run_at(item.run_at, item.delay, now)
                             if timed
@@ -87,7 +87,7 @@ def build_new_jobs(
                 jobs.append(
                     NewJob(
                         name=name,
-                        payload=check_payload(item),
+                        payload=_validated_payload(item),
                         run_at=default_run_at,
                         max_attempts=max_attempts,
                         queue=queue,
@@ -99,6 +99,22 @@ def build_new_jobs(
             argument = f"{where}.{error.argument}" if isinstance(item, JobSpec) else where
             raise InvalidArgument(argument, _problem(error)) from None
     return jobs
+
+
+def _validated_payload(payload: Any) -> Any:
+    """The stored form of *payload* if JSON can carry it (the rule of ``schedule()``).
+
+    ``schedule()`` returns the Job, so it round-trips the payload through JSON to show
+    what the handler will get; nothing is returned here, so checking that it serialises
+    (same check, same stored text) is enough, and saves a ``json.loads`` per job.
+    """
+    if payload is None:
+        return {}
+    try:
+        json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise InvalidArgument("payload", f"must be JSON-serialisable: {error}") from None
+    return payload
 
 
 def _problem(error: InvalidArgument) -> str:

@@ -298,7 +298,6 @@ class Defer:
             delay=delay,
             owner=owner,
             label=label,
-            check_payload=_checked_payload,
             check_text=_checked_text,
         )
         if not jobs:

@@ -22,8 +22,10 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
+    Integer,
     Table,
     and_,
+    bindparam,
     case,
     delete,
     func,
@@ -35,6 +37,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.elements import ClauseElement
 
 from .errors import JobExists
 from .jobs import Job, JobStatus
@@ -93,6 +96,8 @@ class JobStore:
             raise ValueError(
                 f"flask_defer supports SQLite and PostgreSQL, not {engine.dialect.name!r}"
             )
+        #: Hot-path statements built once per shape (see "prepared statements" below).
+        self._prepared: dict[tuple[Any, ...], Any] = {}
 
     # -- transactions -------------------------------------------------------------
 
@@ -377,37 +382,18 @@ class JobStore:
         without ever taking the same row. SQLite: one ``UPDATE ... RETURNING`` inside
         ``BEGIN IMMEDIATE``, serialised by the database's single write lock.
         """
-        t = self.table
-        due = (
-            select(t.c.id)
-            .where(t.c.status == JobStatus.PENDING.value, t.c.run_at <= now)
-            .order_by(t.c.run_at, t.c.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-        if queues:
-            due = due.where(t.c.queue.in_(list(queues)))
-        values = {
-            "status": JobStatus.RUNNING.value,
-            "attempts": t.c.attempts + 1,
+        stmt = self._claim_statement(with_queues=bool(queues))
+        params: dict[str, Any] = {
+            "claim_now": now,
+            "claim_limit": limit,
             "claim_token": token,
-            "lease_expires_at": lease_until,
-            "updated_at": now,
+            "claim_lease_until": lease_until,
+            "claim_updated_at": now,
         }
-        if self.is_postgres:
-            # A materialised CTE runs the locking SELECT exactly once. As an IN (...)
-            # subquery PostgreSQL may re-run it per row, claiming more than *limit*.
-            due_cte = due.cte("due").prefix_with("MATERIALIZED")
-            stmt = update(t).where(t.c.id == due_cte.c.id).values(values).returning(*t.c)
-        else:
-            stmt = (
-                update(t)
-                .where(t.c.id.in_(due.scalar_subquery()), t.c.status == JobStatus.PENDING.value)
-                .values(values)
-                .returning(*t.c)
-            )
+        if queues:
+            params["claim_queues"] = list(queues)
         with self.begin_immediate() as conn:
-            rows = conn.execute(stmt).mappings().all()
+            rows = conn.execute(stmt, params).mappings().all()
         jobs = [Job.from_row(row) for row in rows]
         jobs.sort(key=lambda job: (job.run_at, job.id))
         return jobs
@@ -586,13 +572,12 @@ class JobStore:
     ) -> bool:
         # Compare-and-set on the claim token: a worker whose lease lapsed (and whose
         # job was reclaimed and perhaps finished elsewhere) changes nothing.
-        stmt = self._guarded_ack(job).values(
-            {**values, "claim_token": None, "lease_expires_at": None, "updated_at": now}
-        )
+        values = {**values, "claim_token": None, "lease_expires_at": None, "updated_at": now}
+        stmt, params = self._ack_statement(job, values)
         if conn is not None:
-            return conn.execute(stmt).rowcount == 1
+            return conn.execute(stmt, params).rowcount == 1
         with self.begin() as own:
-            return own.execute(stmt).rowcount == 1
+            return own.execute(stmt, params).rowcount == 1
 
     def _guarded_ack(self, job: Job) -> Any:
         t = self.table
@@ -601,6 +586,84 @@ class JobStore:
             t.c.status == JobStatus.RUNNING.value,
             t.c.claim_token == job.claim_token,
         )
+
+    # -- prepared statements (hot paths) --------------------------------------------
+    #
+    # The claim and the acknowledgements run for every job. Building a Core statement
+    # and its cache key each time costs more than the database round trip on a local
+    # server, so these are built once per shape, with bind parameters, and reused:
+    # the SQL sent is exactly what building them per call produced (the tests compare
+    # the compiled forms).
+
+    def _claim_statement(self, *, with_queues: bool) -> Any:
+        """``UPDATE ... RETURNING`` moving due pending jobs to running (see :meth:`claim`)."""
+        key = ("claim", with_queues)
+        stmt = self._prepared.get(key)
+        if stmt is not None:
+            return stmt
+        t = self.table
+        now = bindparam("claim_now", type_=t.c.run_at.type)
+        due = (
+            select(t.c.id)
+            .where(t.c.status == JobStatus.PENDING.value, t.c.run_at <= now)
+            .order_by(t.c.run_at, t.c.id)
+            .limit(bindparam("claim_limit", type_=Integer()))
+            .with_for_update(skip_locked=True)
+        )
+        if with_queues:
+            due = due.where(t.c.queue.in_(bindparam("claim_queues", expanding=True)))
+        values = {
+            "status": JobStatus.RUNNING.value,
+            "attempts": t.c.attempts + 1,
+            "claim_token": bindparam("claim_token", type_=t.c.claim_token.type),
+            "lease_expires_at": bindparam(
+                "claim_lease_until", type_=t.c.lease_expires_at.type
+            ),
+            "updated_at": bindparam("claim_updated_at", type_=t.c.updated_at.type),
+        }
+        if self.is_postgres:
+            # A materialised CTE runs the locking SELECT exactly once. As an IN (...)
+            # subquery PostgreSQL may re-run it per row, claiming more than *limit*.
+            due_cte = due.cte("due").prefix_with("MATERIALIZED")
+            stmt = update(t).where(t.c.id == due_cte.c.id).values(values).returning(*t.c)
+        else:
+            stmt = (
+                update(t)
+                .where(t.c.id.in_(due.scalar_subquery()), t.c.status == JobStatus.PENDING.value)
+                .values(values)
+                .returning(*t.c)
+            )
+        self._prepared[key] = stmt
+        return stmt
+
+    def _ack_statement(self, job: Job, values: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The guarded acknowledgement of *job* setting *values*, and its parameters.
+
+        Values that are SQL expressions (``attempts - 1``), or a job without a claim
+        token (``claim_token IS NULL`` rather than ``= :token``), take the statement
+        built per call; everything else reuses one statement per set of columns.
+        """
+        if job.claim_token is None or any(isinstance(v, ClauseElement) for v in values.values()):
+            return self._guarded_ack(job).values(values), {}
+        names = tuple(sorted(values))
+        key = ("ack", *names)
+        stmt = self._prepared.get(key)
+        if stmt is None:
+            t = self.table
+            sets = {name: bindparam(f"ack_set_{name}", type_=t.c[name].type) for name in names}
+            stmt = (
+                update(t)
+                .where(
+                    t.c.id == bindparam("ack_id", type_=t.c.id.type),
+                    t.c.status == JobStatus.RUNNING.value,
+                    t.c.claim_token == bindparam("ack_token", type_=t.c.claim_token.type),
+                )
+                .values(sets)
+            )
+            self._prepared[key] = stmt
+        params = {f"ack_set_{name}": value for name, value in values.items()}
+        params.update(ack_id=job.id, ack_token=job.claim_token)
+        return stmt, params
 
     @staticmethod
     def _settle_values(status: JobStatus, now: datetime) -> dict[str, Any]:
