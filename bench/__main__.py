@@ -1,9 +1,9 @@
 """``python -m bench``: run the measurements and write ``docs/benchmarks.md``.
 
-    python -m bench                      # everything, default sizes (make bench)
-    python -m bench --quick              # smoke run: every path, tiny sizes, seconds
-    python -m bench --only drain --only enqueue
-    python -m bench --output /tmp/b.md   # write elsewhere
+python -m bench                      # everything, default sizes (make bench)
+python -m bench --quick              # smoke run: every path, tiny sizes, seconds
+python -m bench --only drain --only enqueue
+python -m bench --output /tmp/b.md   # write elsewhere
 """
 
 from __future__ import annotations
@@ -25,16 +25,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument(
-        "--only", action="append", choices=SUITES, metavar="NAME",
+        "--only",
+        action="append",
+        choices=SUITES,
+        metavar="NAME",
         help=f"run only this measurement (repeatable): {', '.join(SUITES)}",
     )
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per measurement")
     parser.add_argument(
-        "--backend", action="append", choices=("postgresql", "sqlite"),
+        "--rounds", type=int, default=None, help="interleaved rounds per measurement"
+    )
+    parser.add_argument(
+        "--backend",
+        action="append",
+        choices=("postgresql", "sqlite"),
         help="only this backend (repeatable; default both)",
     )
     parser.add_argument(
-        "--output", type=Path, default=ROOT / "docs" / "benchmarks.md",
+        "--output",
+        type=Path,
+        default=ROOT / "docs" / "benchmarks.md",
         help="where to write the Markdown (default docs/benchmarks.md)",
     )
     args = parser.parse_args(argv)
@@ -48,9 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds is not None:
         sizes = replace(sizes, rounds=max(1, args.rounds))
     selected = [name for name in SUITES if not args.only or name in args.only]
-    command = "python -m bench" + ("" if argv is None and len(sys.argv) <= 1 else " " + shlex.join(
-        sys.argv[1:] if argv is None else argv
-    ))
+    command = "python -m bench" + (
+        ""
+        if argv is None and len(sys.argv) <= 1
+        else " " + shlex.join(sys.argv[1:] if argv is None else argv)
+    )
     started = time.monotonic()
     with BenchEnv() as env:
         ctx = Context(env, sizes, tuple(args.backend) if args.backend else BACKENDS)
@@ -68,8 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         facts["wall time of this run"] = f"{time.monotonic() - started:,.0f} s"
         results = targets.evaluate(sections, profile_summary)
         text = report.render(
-            command=command, facts=facts, sections=sections, targets=results,
-            rounds=sizes.rounds, quick=args.quick,
+            command=command,
+            facts=facts,
+            sections=sections,
+            targets=results,
+            rounds=sizes.rounds,
+            quick=args.quick,
         )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)

@@ -12,6 +12,7 @@ hand-written SQL on the same table and session, as the "raw" baseline over HTTP.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from datetime import UTC, datetime, timedelta
@@ -84,7 +85,7 @@ def raw_undoable() -> ResponseReturnValue:
     run_at = now + UNDO_DELAY
     params: dict[str, Any] = {
         "name": NOOP,
-        "payload": '{"message": "%s"}' % request.args.get("n", "0").replace('"', ""),
+        "payload": json.dumps({"message": request.args.get("n", "0")}),
         "run_at": _param_time(run_at),
         "owner": _owner(),
         "label": "Message sent",

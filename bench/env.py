@@ -84,7 +84,7 @@ def versions() -> dict[str, str]:
     """Versions of everything that shapes the figures."""
     found = {
         "Python": f"{platform.python_version()} ({platform.python_implementation()})",
-        "SQLite": f"{sqlite3.sqlite_version} (WAL, synchronous=FULL: the defaults flask_defer uses)",
+        "SQLite": f"{sqlite3.sqlite_version} (WAL, synchronous=FULL: flask_defer's defaults)",
     }
     for package in (
         "flask-defer",

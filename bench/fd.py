@@ -94,9 +94,7 @@ def _run_due_child(url: str, barrier: Any, results: Any) -> None:
         results.put(f"run_due child failed: {type(error).__name__}: {error}")
 
 
-def schedule_spread(
-    fd: FlaskDeferApp, count: int, spread: tuple[float, float], seed: int
-) -> None:
+def schedule_spread(fd: FlaskDeferApp, count: int, spread: tuple[float, float], seed: int) -> None:
     """Schedule *count* start-recording jobs due in uniform(*spread*) seconds, one commit each."""
     import random
 

@@ -122,11 +122,15 @@ def count_by_status(db: Database) -> dict[str, int]:
     if db.backend == "postgresql":
         assert db.dsn is not None
         with psycopg.connect(db.dsn) as conn:
-            rows = conn.execute("SELECT status, count(*) FROM defer_jobs GROUP BY status").fetchall()
+            rows = conn.execute(
+                "SELECT status, count(*) FROM defer_jobs GROUP BY status"
+            ).fetchall()
     else:
         conn = sqlite_connect(db)
         try:
-            rows = conn.execute("SELECT status, count(*) FROM defer_jobs GROUP BY status").fetchall()
+            rows = conn.execute(
+                "SELECT status, count(*) FROM defer_jobs GROUP BY status"
+            ).fetchall()
         finally:
             conn.close()
     return {str(status): int(n) for status, n in rows}

@@ -67,8 +67,11 @@ def _drain(rows: Sequence[Row], profile: dict[str, str]) -> list[TargetResult]:
         out.append(TargetResult(target, f"{ours.contender}: {ours.vs_raw}", met, why))
         if backend == "postgresql":
             peers = [row for row in _find(rows, backend, "peer-drain") if row.value is not None]
-            beaten = [row for row in peers if ours.value is not None and row.value is not None
-                      and row.value >= ours.value]
+            beaten = [
+                row
+                for row in peers
+                if ours.value is not None and row.value is not None and row.value >= ours.value
+            ]
             missing = [row for row in _find(rows, backend, "peer-drain") if row.value is None]
             measured = ", ".join(f"{row.contender} {row.figure}" for row in peers) or "no peer ran"
             target2 = "Drain, postgresql, one process: ahead of every peer"
@@ -78,24 +81,28 @@ def _drain(rows: Sequence[Row], profile: dict[str, str]) -> list[TargetResult]:
             why2 = ""
             if beaten:
                 why2 = (
-                    "Behind " + ", ".join(row.contender for row in beaten) + ". "
+                    "Behind "
+                    + ", ".join(row.contender for row in beaten)
+                    + ". "
                     + _drain_why(backend, ours, profile)
                 )
             if missing:
                 why2 += " Not measured: " + ", ".join(
                     f"{row.contender} ({row.note})" for row in missing
                 )
-            out.append(TargetResult(
-                target2, f"flask_defer {ours.figure}; {measured}", not beaten, why2.strip()
-            ))
+            out.append(
+                TargetResult(
+                    target2, f"flask_defer {ours.figure}; {measured}", not beaten, why2.strip()
+                )
+            )
     return out
 
 
 def _drain_why(backend: str, ours: Row, profile: dict[str, str]) -> str:
     where = profile.get(f"drain-{backend}")
     text = (
-        f"flask_defer acknowledges every job in its own transaction and pushes an app "
-        f"context, sends signals and builds a `Job` per claimed row; "
+        "flask_defer acknowledges every job in its own transaction and pushes an app "
+        "context, sends signals and builds a `Job` per claimed row; "
     )
     if where:
         text += f"the profile of the {backend} drain (below) shows {where}."
@@ -124,12 +131,16 @@ def _lateness(rows: Sequence[Row]) -> list[TargetResult]:
         poll = row.ratio if row.ratio is not None else 0.0  # the poll interval rides here
         bound: Callable[[float], float] = limit
         met = row.value <= bound(poll)
-        out.append(TargetResult(
-            target,
-            row.figure,
-            met,
-            "" if met else "Late starts beyond the bound; see the lateness rows for the spread.",
-        ))
+        out.append(
+            TargetResult(
+                target,
+                row.figure,
+                met,
+                ""
+                if met
+                else "Late starts beyond the bound; see the lateness rows for the spread.",
+            )
+        )
     return out
 
 
@@ -149,9 +160,13 @@ def _future(rows: Sequence[Row]) -> list[TargetResult]:
             continue
         assert row.value is not None
         met = row.value <= 1.2
-        why = "" if met else (
-            "Draining slows down as the table grows; see the future-rows rows for the raw "
-            "loop's ratio on the same tables (what the database itself costs)."
+        why = (
+            ""
+            if met
+            else (
+                "Draining slows down as the table grows; see the future-rows rows for the raw "
+                "loop's ratio on the same tables (what the database itself costs)."
+            )
         )
         out.append(TargetResult(target, row.figure, met, why))
     return out
@@ -167,10 +182,14 @@ def _bulk(rows: Sequence[Row], profile: dict[str, str]) -> list[TargetResult]:
             continue
         met = row.ratio >= 0.5
         where = profile.get(f"bulk-{backend}")
-        why = "" if met else (
-            "schedule_many validates and JSON-round-trips every payload and binds every "
-            "datetime through the UTC type"
-            + (f"; the profile shows {where}." if where else ".")
+        why = (
+            ""
+            if met
+            else (
+                "schedule_many validates and JSON-round-trips every payload and binds every "
+                "datetime through the UTC type"
+                + (f"; the profile shows {where}." if where else ".")
+            )
         )
         out.append(TargetResult(target, f"{row.figure} ({row.vs_raw} of raw)", met, why))
     return out
@@ -182,10 +201,14 @@ def _undo(rows: Sequence[Row]) -> list[TargetResult]:
         row = next((r for r in rows if r.backend == backend and r.tag == "undo"), None)
         target = f"Undo under load, {backend}: p99 ≤ 20 ms, 0 errors"
         if row is None or row.value is None:
-            out.append(TargetResult(
-                target, row.note if row is not None else "not measured", None,
-                "The measurement did not run.",
-            ))
+            out.append(
+                TargetResult(
+                    target,
+                    row.note if row is not None else "not measured",
+                    None,
+                    "The measurement did not run.",
+                )
+            )
             continue
         errors = int(row.data.get("errors", 0))
         met = row.value <= 20.0 and errors == 0

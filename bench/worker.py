@@ -58,6 +58,14 @@ def worker_argv(*, concurrency: int, burst: bool) -> list[str]:
     return argv
 
 
+def describe(concurrency: int) -> str:
+    """How a drain with *concurrency* is run, for the table."""
+    options = worker_options()
+    if options is not None and "concurrency" in options:
+        return f"flask_defer worker --concurrency {concurrency}"
+    return f"flask_defer worker, {concurrency} process{'es' if concurrency > 1 else ''}"
+
+
 def processes_for(concurrency: int) -> int:
     """How many worker processes give *concurrency*: 1 if it has --concurrency, else N."""
     options = worker_options() or set()

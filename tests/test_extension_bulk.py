@@ -30,9 +30,7 @@ def ran(kit: AppKit) -> list[Job]:
     return seen
 
 
-def test_schedule_many_writes_every_payload_with_shared_timing(
-    kit: AppKit, ran: list[Job]
-) -> None:
+def test_schedule_many_writes_every_payload_with_shared_timing(kit: AppKit, ran: list[Job]) -> None:
     before = datetime.now(UTC)
     count = kit.defer.schedule_many(
         "remind", [{"n": n} for n in range(25)], delay=3600, owner="alice", label="Reminder"
@@ -52,9 +50,7 @@ def test_schedule_many_writes_every_payload_with_shared_timing(
         assert in_an_hour <= job.run_at <= in_an_hour + timedelta(minutes=1)
 
 
-def test_schedule_many_rolls_back_with_the_callers_transaction(
-    kit: AppKit, ran: list[Job]
-) -> None:
+def test_schedule_many_rolls_back_with_the_callers_transaction(kit: AppKit, ran: list[Job]) -> None:
     kit.defer.schedule_many("remind", [{"n": 1}, {"n": 2}])
     kit.db.session.rollback()
 
@@ -71,9 +67,7 @@ def test_schedule_many_jobs_run_like_scheduled_ones(kit: AppKit, ran: list[Job])
     assert sorted(job.payload["n"] for job in ran) == [0, 1, 2]
 
 
-def test_job_spec_items_carry_their_own_timing_owner_and_label(
-    kit: AppKit, ran: list[Job]
-) -> None:
+def test_job_spec_items_carry_their_own_timing_owner_and_label(kit: AppKit, ran: list[Job]) -> None:
     when = datetime(2031, 6, 1, 9, 0, tzinfo=UTC)
     kit.defer.schedule_many(
         "remind",
@@ -168,9 +162,7 @@ def test_schedule_many_sends_no_per_job_signal(kit: AppKit, ran: list[Job]) -> N
     assert heard == []
 
 
-def test_control_ops_refuse_while_bulk_jobs_are_uncommitted(
-    kit: AppKit, ran: list[Job]
-) -> None:
+def test_control_ops_refuse_while_bulk_jobs_are_uncommitted(kit: AppKit, ran: list[Job]) -> None:
     kit.defer.schedule_many("remind", [{"n": 1}])
     with pytest.raises(NotConfigured, match="commit"):
         kit.defer.run_due()

@@ -58,7 +58,9 @@ class HueyPeer:
         self.ran = 0
         self.target = expected
         self.finished.clear()
-        saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        saved = {
+            sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        }
         consumer = self.huey.create_consumer(
             workers=1, worker_type="thread", periodic=False, check_worker_health=False
         )

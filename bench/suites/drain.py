@@ -13,7 +13,7 @@ from typing import Any
 from .. import raw
 from ..fd import drain_in_processes
 from ..results import Contender, NotAvailable, Sample, interleave, log, rate_rows, timed
-from ..worker import WorkerProcesses, worker_available
+from ..worker import WorkerProcesses, describe, worker_available
 from . import Context, Section, peer_classes
 from .lazy import Lazy
 
@@ -90,9 +90,9 @@ def _contenders(ctx: Context, backend: str) -> list[Contender]:
     if backend == "postgresql":
         out.append(raw_contender(RAW_PG_1, lambda d: raw.pg_drain(d, batch=1)))
         out.append(raw_contender(RAW_PG_100, lambda d: raw.pg_drain(d, batch=100)))
-        out.append(raw_contender(
-            RAW_PG_100_BATCH, lambda d: raw.pg_drain(d, batch=100, batch_ack=True)
-        ))
+        out.append(
+            raw_contender(RAW_PG_100_BATCH, lambda d: raw.pg_drain(d, batch=100, batch_ack=True))
+        )
     else:
         out.append(raw_contender(RAW_SQLITE, lambda d: raw.sqlite_drain(d)))
 
@@ -105,20 +105,24 @@ def _contenders(ctx: Context, backend: str) -> list[Contender]:
             _checked(sample.count, n, who)
             return sample
 
-        out.append(Contender(
-            name, setup=lambda d=database: refill(d), run=run_due, tag=f"fd-drain-{processes}"
-        ))
+        out.append(
+            Contender(
+                name, setup=lambda d=database: refill(d), run=run_due, tag=f"fd-drain-{processes}"
+            )
+        )
 
     # -- the worker plugs in here (issue 3) --------------------------------------------
     for processes in (1, 2):
         database = table(f"worker {processes}")
-        name = f"flask_defer worker, {processes} process{'es' if processes > 1 else ''}"
-        out.append(Contender(
-            name,
-            setup=lambda d=database: refill(d),
-            run=lambda d=database, p=processes: _worker_drain(ctx, d, p, n),
-            tag=f"fd-drain-worker-{processes}",
-        ))
+        name = describe(processes)
+        out.append(
+            Contender(
+                name,
+                setup=lambda d=database: refill(d),
+                run=lambda d=database, p=processes: _worker_drain(ctx, d, p, n),
+                tag=f"fd-drain-worker-{processes}",
+            )
+        )
 
     for peer_class in peer_classes(backend):
         database = ctx.env.database(backend, f"drain {peer_class.__name__} {backend}")
@@ -128,13 +132,15 @@ def _contenders(ctx: Context, backend: str) -> list[Contender]:
             p.get().clear()
             p.get().fill_due(n)
 
-        out.append(Contender(
-            f"{peer_class.label} {_DRAIN_API.get(peer_class.label, '')}".strip(),
-            setup=setup,
-            run=lambda p=peer, who=peer_class.label: _checked_sample(p.get().drain(n), n, who),
-            teardown=lambda p=peer: p.close(lambda v: v.close()),
-            tag="peer-drain",
-        ))
+        out.append(
+            Contender(
+                f"{peer_class.label} {_DRAIN_API.get(peer_class.label, '')}".strip(),
+                setup=setup,
+                run=lambda p=peer, who=peer_class.label: _checked_sample(p.get().drain(n), n, who),
+                teardown=lambda p=peer: p.close(lambda v: v.close()),
+                tag="peer-drain",
+            )
+        )
     return out
 
 

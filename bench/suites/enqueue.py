@@ -141,5 +141,3 @@ _EACH_API = {
     "pgqueuer": "enqueue()",
     "huey (SqliteHuey)": "task.schedule()",
 }
-
-

@@ -45,7 +45,8 @@ def _backend(ctx: Context, backend: str) -> list[Row]:
     apps = {db.url: FlaskDeferApp(db) for db in (with_rows, without)}
     started = time.monotonic()
     raw.fill(with_rows, sizes.future_rows, run_at=datetime.now(UTC) + timedelta(days=365))
-    log(f"  [future/{backend}] {sizes.future_rows:,} future rows in {time.monotonic() - started:.1f}s")
+    took = time.monotonic() - started
+    log(f"  [future/{backend}] {sizes.future_rows:,} future rows inserted in {took:.1f}s")
 
     def add_due(db: Database) -> None:
         raw.fill(db, n, run_at=datetime.now(UTC) - timedelta(seconds=5))
@@ -64,17 +65,21 @@ def _backend(ctx: Context, backend: str) -> list[Row]:
     contenders = []
     for db, which in ((with_rows, label), (without, "no future rows")):
         app = apps[db.url]
-        contenders.append(Contender(
-            f"flask_defer run_due(), {which}",
-            setup=lambda d=db: add_due(d),
-            run=lambda a=app: timed(lambda: checked(a.run_due(), "run_due")),
-            teardown=app.close,
-        ))
-        contenders.append(Contender(
-            f"raw loop, {which}",
-            setup=lambda d=db: add_due(d),
-            run=lambda d=db: timed(lambda: checked(raw_drain(d), "raw loop")),
-        ))
+        contenders.append(
+            Contender(
+                f"flask_defer run_due(), {which}",
+                setup=lambda d=db: add_due(d),
+                run=lambda a=app: timed(lambda: checked(a.run_due(), "run_due")),
+                teardown=app.close,
+            )
+        )
+        contenders.append(
+            Contender(
+                f"raw loop, {which}",
+                setup=lambda d=db: add_due(d),
+                run=lambda d=db: timed(lambda: checked(raw_drain(d), "raw loop")),
+            )
+        )
     outcomes = interleave(f"future/{backend}", contenders, sizes.rounds)
     by_name = {o.contender.name: o for o in outcomes}
     rows = []
@@ -87,17 +92,31 @@ def _backend(ctx: Context, backend: str) -> list[Row]:
         if a.samples and b.samples:
             ratios = [x.seconds / y.seconds for x, y in zip(a.samples, b.samples, strict=False)]
             ratio = statistics.median(ratios)
-            rows.append(Row(
-                "future rows", backend, f"{who}: with ÷ without", f"{n:,}",
-                f"{ratio:.2f}", spread=f"{min(ratios):.2f}–{max(ratios):.2f}",
-                note="drain time with the future rows over drain time without, per round",
-                value=ratio, tag=tag,
-            ))
+            rows.append(
+                Row(
+                    "future rows",
+                    backend,
+                    f"{who}: with ÷ without",
+                    f"{n:,}",
+                    f"{ratio:.2f}",
+                    spread=f"{min(ratios):.2f}–{max(ratios):.2f}",
+                    note="drain time with the future rows over drain time without, per round",
+                    value=ratio,
+                    tag=tag,
+                )
+            )
         else:
-            rows.append(Row(
-                "future rows", backend, f"{who}: with ÷ without", f"{n:,}", "—",
-                note=a.missing or b.missing or "", tag=tag,
-            ))
+            rows.append(
+                Row(
+                    "future rows",
+                    backend,
+                    f"{who}: with ÷ without",
+                    f"{n:,}",
+                    "—",
+                    note=a.missing or b.missing or "",
+                    tag=tag,
+                )
+            )
     return rows
 
 
@@ -117,7 +136,13 @@ def _time_row(backend: str, outcome: Outcome, raw_outcome: Outcome | None, n: in
         times = [s.seconds * 1000 for s in outcome.samples]
         spread = f"{min(times):,.0f}–{max(times):,.0f} ms"
     return Row(
-        "future rows", backend, name, f"{n:,}",
-        f"{seconds * 1000:,.0f} ms ({rate:,.0f} jobs/s)", vs_raw=vs_raw, spread=spread,
-        value=seconds, ratio=ratio,
+        "future rows",
+        backend,
+        name,
+        f"{n:,}",
+        f"{seconds * 1000:,.0f} ms ({rate:,.0f} jobs/s)",
+        vs_raw=vs_raw,
+        spread=spread,
+        value=seconds,
+        ratio=ratio,
     )

@@ -34,11 +34,17 @@ def run(ctx: Context) -> Section:
     )
     if not worker_available():
         for backend in ctx.backends:
-            section.rows.append(Row(
-                "lateness", backend, "flask_defer worker", str(sizes.lateness), "—",
-                note="not measured: worker not available (flask defer worker is issue 3)",
-                tag="lateness",
-            ))
+            section.rows.append(
+                Row(
+                    "lateness",
+                    backend,
+                    "flask_defer worker",
+                    str(sizes.lateness),
+                    "—",
+                    note="not measured: worker not available (flask defer worker is issue 3)",
+                    tag="lateness",
+                )
+            )
         return section
     pooled: dict[str, list[float]] = {backend: [] for backend in ctx.backends}
     problems: dict[str, str] = {}
@@ -61,10 +67,17 @@ def run(ctx: Context) -> Section:
     for backend in ctx.backends:
         late = pooled[backend]
         if not late:
-            section.rows.append(Row(
-                "lateness", backend, "flask_defer worker", str(sizes.lateness), "—",
-                note=problems.get(backend, "no jobs finished"), tag="lateness",
-            ))
+            section.rows.append(
+                Row(
+                    "lateness",
+                    backend,
+                    "flask_defer worker",
+                    str(sizes.lateness),
+                    "—",
+                    note=problems.get(backend, "no jobs finished"),
+                    tag="lateness",
+                )
+            )
             continue
         ms = [value * 1000 for value in late]
         figure = (
@@ -74,14 +87,23 @@ def run(ctx: Context) -> Section:
         note = f"{len(ms)} jobs over {sizes.rounds} rounds"
         if backend == "sqlite":
             note += (
-                f"; poll interval {poll * 1000:.0f} ms" if poll is not None
+                f"; poll interval {poll * 1000:.0f} ms"
+                if poll is not None
                 else "; no poll-interval setting found"
             )
-        section.rows.append(Row(
-            "lateness", backend, "flask_defer worker", str(sizes.lateness), figure,
-            note=note, value=percentile(ms, 0.99), tag="lateness",
-            data={"poll_ms": (poll or 0.0) * 1000},
-        ))
+        section.rows.append(
+            Row(
+                "lateness",
+                backend,
+                "flask_defer worker",
+                str(sizes.lateness),
+                figure,
+                note=note,
+                value=percentile(ms, 0.99),
+                tag="lateness",
+                data={"poll_ms": (poll or 0.0) * 1000},
+            )
+        )
     return section
 
 

@@ -24,10 +24,16 @@ SUMMARY: dict[str, str] = {}
 
 # Self time in these SQLAlchemy functions is time inside the DB-API driver's C code
 # (sqlite3's execute and commit, including fsync), so it counts as "database".
-_DRIVER_CALLS = {"do_execute", "do_executemany", "do_commit", "do_rollback", "do_begin",
-                 "do_execute_no_params", "_exec_insertmany_context"}
-_GROUPS = ("database", "SQLAlchemy", "flask_defer", "Flask", "blinker", "logging", "json",
-           "other")
+_DRIVER_CALLS = {
+    "do_execute",
+    "do_executemany",
+    "do_commit",
+    "do_rollback",
+    "do_begin",
+    "do_execute_no_params",
+    "_exec_insertmany_context",
+}
+_GROUPS = ("database", "SQLAlchemy", "flask_defer", "Flask", "blinker", "logging", "json", "other")
 
 
 def run(ctx: Context) -> Section:
@@ -48,23 +54,39 @@ def run(ctx: Context) -> Section:
         section.extra = "Not profiled: pyinstrument is not installed (`pip install -e .[bench]`)."
         return section
     n = ctx.sizes.profile_jobs
-    scenarios: list[tuple[str, str, str, Callable[[FlaskDeferApp], Any], Callable[[Any], None]]] = []
+    scenarios: list[
+        tuple[str, str, str, Callable[[FlaskDeferApp], Any], Callable[[Any], None]]
+    ] = []
     for backend in ctx.backends:
-        scenarios.append((
-            f"drain-{backend}", backend, f"run_due() drain, {backend}",
-            lambda fd: fd.run_due(),
-            lambda db: raw.fill(db, n, run_at=datetime.now(UTC) - timedelta(seconds=5)),
-        ))
+        scenarios.append(
+            (
+                f"drain-{backend}",
+                backend,
+                f"run_due() drain, {backend}",
+                lambda fd: fd.run_due(),
+                lambda db: raw.fill(db, n, run_at=datetime.now(UTC) - timedelta(seconds=5)),
+            )
+        )
     if "postgresql" in ctx.backends:
-        scenarios.append((
-            "each-postgresql", "postgresql", "schedule() + commit, postgresql",
-            lambda fd: fd.enqueue_each(n, 3600), lambda db: None,
-        ))
+        scenarios.append(
+            (
+                "each-postgresql",
+                "postgresql",
+                "schedule() + commit, postgresql",
+                lambda fd: fd.enqueue_each(n, 3600),
+                lambda db: None,
+            )
+        )
     for backend in ctx.backends:
-        scenarios.append((
-            f"bulk-{backend}", backend, f"schedule_many() × 10, {backend}",
-            lambda fd: [fd.enqueue_bulk(n, 3600) for _ in range(10)], lambda db: None,
-        ))
+        scenarios.append(
+            (
+                f"bulk-{backend}",
+                backend,
+                f"schedule_many() × 10, {backend}",
+                lambda fd: [fd.enqueue_bulk(n, 3600) for _ in range(10)],
+                lambda db: None,
+            )
+        )
     table = [
         "| scenario | wall | " + " | ".join(_GROUPS) + " | top functions by self time |",
         "| --- | ---: | " + " | ".join("---:" for _ in _GROUPS) + " | --- |",

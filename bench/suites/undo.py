@@ -105,15 +105,25 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
     try:
         server = _Server(database, ctx.env.tmp)
     except Exception as error:  # noqa: BLE001
-        return [Row("undo under load", backend, routes.label, "", "—", note=f"failed: {error}",
-                    tag="undo")]
+        return [
+            Row(
+                "undo under load",
+                backend,
+                routes.label,
+                "",
+                "—",
+                note=f"failed: {error}",
+                tag="undo",
+            )
+        ]
 
     def contender(r: Routes) -> Contender:
         def go() -> Sample:
             tally = tallies[r.label]
             start = time.perf_counter()
-            pairs = asyncio.run(_load(server.port, r, sizes.undo_clients,
-                                      sizes.undo_pairs_per_client, tally))
+            pairs = asyncio.run(
+                _load(server.port, r, sizes.undo_clients, sizes.undo_pairs_per_client, tally)
+            )
             return Sample(pairs, time.perf_counter() - start)
 
         return Contender(r.label, run=go)
@@ -131,9 +141,17 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
         tally = tallies[label]
         everything = tally.schedule_ms + tally.undo_ms
         if not everything:
-            rows.append(Row("undo under load", backend, label, "", "—",
-                            note=outcome.missing or "no request completed",
-                            tag="undo" if label == routes.label else ""))
+            rows.append(
+                Row(
+                    "undo under load",
+                    backend,
+                    label,
+                    "",
+                    "—",
+                    note=outcome.missing or "no request completed",
+                    tag="undo" if label == routes.label else "",
+                )
+            )
             continue
         p99 = percentile(everything, 0.99)
         vs_raw, ratio = "", None
@@ -151,12 +169,21 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
         note = f"{len(everything):,} requests"
         if tally.first_error:
             note += f"; first error: {tally.first_error}"
-        rows.append(Row(
-            "undo under load", backend, label,
-            f"{sizes.undo_clients} clients", figure, vs_raw=vs_raw, note=note,
-            value=p99, ratio=ratio, tag="undo" if label == routes.label else "undo-raw",
-            data={"errors": float(tally.errors)},
-        ))
+        rows.append(
+            Row(
+                "undo under load",
+                backend,
+                label,
+                f"{sizes.undo_clients} clients",
+                figure,
+                vs_raw=vs_raw,
+                note=note,
+                value=p99,
+                ratio=ratio,
+                tag="undo" if label == routes.label else "undo-raw",
+                data={"errors": float(tally.errors)},
+            )
+        )
     return rows
 
 
@@ -223,7 +250,10 @@ class _Server:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.serve", "--port", str(self.port)],
-            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60
         while True:
@@ -233,7 +263,9 @@ class _Server:
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise NotAvailable(f"the waitress server did not start; see {self.log_path}")
+                    raise NotAvailable(
+                        f"the waitress server did not start; see {self.log_path}"
+                    ) from None
                 time.sleep(0.1)
         log(f"  waitress serving the bench app on port {self.port}")
 
