@@ -47,7 +47,6 @@ class BenchEnv:
     _numbers: itertools.count[int] = field(default_factory=itertools.count)
 
     def __enter__(self) -> BenchEnv:
-        self.cluster.start()
         return self
 
     def __exit__(
@@ -56,7 +55,8 @@ class BenchEnv:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.cluster.stop()
+        if self.cluster.running:
+            self.cluster.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def database(self, backend: str, label: str) -> Database:
@@ -67,11 +67,15 @@ class BenchEnv:
             path = self.tmp / f"{number:03d}_{safe}.sqlite3"
             return Database("sqlite", f"sqlite:///{path}", path=path)
         name = f"bench_{number:03d}_{safe}"
+        # Started on first use, so a SQLite-only run needs no PostgreSQL at all.
+        self.cluster.start()
         url = self.cluster.create_database(name)
         dsn = f"host=127.0.0.1 port={self.cluster.port} user=postgres dbname={name}"
         return Database("postgresql", url, dsn=dsn)
 
     def postgres_version(self) -> str:
+        if not self.cluster.running:
+            return "not used in this run"
         dsn = f"host=127.0.0.1 port={self.cluster.port} user=postgres dbname=postgres"
         with psycopg.connect(dsn) as conn:
             row = conn.execute("SHOW server_version").fetchone()

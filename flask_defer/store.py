@@ -23,6 +23,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Integer,
+    String,
     Table,
     and_,
     bindparam,
@@ -45,6 +46,10 @@ from .schema import LIVE_STATUSES, UTCDateTime
 
 #: PostgreSQL channel a scheduling transaction notifies; workers LISTEN on it.
 NOTIFY_CHANNEL = "flask_defer"
+
+# Read once: an enum member's ``.value`` is a descriptor call, and the bulk path makes
+# one per row.
+_PENDING = JobStatus.PENDING.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +149,10 @@ class JobStore:
         """
         t = self.table
         values = self._row_values(new, now)
+        params = {f"new_{name}": value for name, value in values.items()}
         if new.key is None:
-            row = conn.execute(insert(t).values(values).returning(*t.c)).mappings().one()
+            stmt = self._insert_statement(tuple(values), keyed=False)
+            row = conn.execute(stmt, params).mappings().one()
         else:
             if replace:
                 conn.execute(
@@ -153,16 +160,8 @@ class JobStore:
                     .where(t.c.key == new.key, t.c.status == JobStatus.PENDING.value)
                     .values(self._settle_values(JobStatus.CANCELLED, now))
                 )
-            dialect_insert = postgresql.insert if self.is_postgres else sqlite.insert
-            stmt = (
-                dialect_insert(t)
-                .values(values)
-                .on_conflict_do_nothing(
-                    index_elements=[t.c.key], index_where=t.c.status.in_(LIVE_STATUSES)
-                )
-                .returning(*t.c)
-            )
-            found = conn.execute(stmt).mappings().first()
+            stmt = self._insert_statement(tuple(values), keyed=True)
+            found = conn.execute(stmt, params).mappings().first()
             if found is None:
                 holder = conn.execute(
                     select(t.c.id).where(t.c.key == new.key, t.c.status.in_(LIVE_STATUSES))
@@ -184,7 +183,8 @@ class JobStore:
     def notify(self, conn: Connection, queue: str) -> None:
         """Wake PostgreSQL workers when the caller's transaction commits (no-op on SQLite)."""
         if self.is_postgres:
-            conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, queue)))
+            params = {"notify_channel": NOTIFY_CHANNEL, "notify_queue": queue}
+            conn.execute(self._notify_statement(), params)
 
     @staticmethod
     def _row_values(new: NewJob, now: datetime) -> dict[str, Any]:
@@ -193,7 +193,7 @@ class JobStore:
             "queue": new.queue,
             "key": new.key,
             "payload": new.payload,
-            "status": JobStatus.PENDING.value,
+            "status": _PENDING,
             "run_at": new.run_at,
             "due_at": new.run_at,
             "attempts": 0,
@@ -634,6 +634,42 @@ class JobStore:
                 .returning(*t.c)
             )
         self._prepared[key] = stmt
+        return stmt
+
+    def _insert_statement(self, names: tuple[str, ...], *, keyed: bool) -> Any:
+        """``INSERT ... RETURNING`` of one job; keyed: ``ON CONFLICT DO NOTHING`` on the key."""
+        key = ("insert", keyed, *names)
+        stmt = self._prepared.get(key)
+        if stmt is not None:
+            return stmt
+        t = self.table
+        values = {name: bindparam(f"new_{name}", type_=t.c[name].type) for name in names}
+        if not keyed:
+            stmt = insert(t).values(values).returning(*t.c)
+        else:
+            dialect_insert = postgresql.insert if self.is_postgres else sqlite.insert
+            stmt = (
+                dialect_insert(t)
+                .values(values)
+                .on_conflict_do_nothing(
+                    index_elements=[t.c.key], index_where=t.c.status.in_(LIVE_STATUSES)
+                )
+                .returning(*t.c)
+            )
+        self._prepared[key] = stmt
+        return stmt
+
+    def _notify_statement(self) -> Any:
+        """``SELECT pg_notify(:channel, :queue)``."""
+        stmt = self._prepared.get(("notify",))
+        if stmt is None:
+            stmt = select(
+                func.pg_notify(
+                    bindparam("notify_channel", type_=String()),
+                    bindparam("notify_queue", type_=String()),
+                )
+            )
+            self._prepared[("notify",)] = stmt
         return stmt
 
     def _ack_statement(self, job: Job, values: dict[str, Any]) -> tuple[Any, dict[str, Any]]:

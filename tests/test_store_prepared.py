@@ -242,3 +242,60 @@ def test_utc_datetime_binding_is_unchanged_by_remembering(backend: str) -> None:
     assert remembering(twin) == expected(twin)
     with pytest.raises(ValueError, match="aware"):
         remembering(datetime(2030, 1, 1, 12, 0))
+
+
+# -- scheduling: insert and NOTIFY ----------------------------------------------------
+
+
+def _insert_built_per_call(store: JobStore, values: dict[str, Any], keyed: bool) -> Any:
+    """The insert as ``insert()`` built it on every call before."""
+    from sqlalchemy import insert
+
+    from flask_defer.schema import LIVE_STATUSES
+
+    t = store.table
+    if not keyed:
+        return insert(t).values(values).returning(*t.c)
+    dialect_insert = postgresql.insert if store.is_postgres else sqlite.insert
+    return (
+        dialect_insert(t)
+        .values(values)
+        .on_conflict_do_nothing(index_elements=[t.c.key], index_where=t.c.status.in_(LIVE_STATUSES))
+        .returning(*t.c)
+    )
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_prepared_insert_sends_the_same_sql_and_values(backend: str, keyed: bool) -> None:
+    store = _store(backend)
+    new = NewJob(
+        name="send_email",
+        payload={"message_id": 7, "to": ["a@example.com"]},
+        run_at=NOW + timedelta(hours=1),
+        max_attempts=3,
+        key="message:7:send" if keyed else None,
+        owner="alice",
+        undo_until=NOW + timedelta(seconds=59),
+    )
+    values = store._row_values(new, NOW)
+    params = {f"new_{name}": value for name, value in values.items()}
+
+    prepared = store._insert_statement(tuple(values), keyed=keyed)
+    text, bound = _sent(prepared, backend, params)
+    expected_text, expected_bound = _sent(_insert_built_per_call(store, values, keyed), backend)
+
+    assert text == expected_text
+    assert bound == expected_bound
+
+
+def test_prepared_notify_sends_the_same_sql_and_values() -> None:
+    from sqlalchemy import func
+
+    from flask_defer.store import NOTIFY_CHANNEL
+
+    store = _store("postgresql")
+    params = {"notify_channel": NOTIFY_CHANNEL, "notify_queue": "mail"}
+    text, bound = _sent(store._notify_statement(), "postgresql", params)
+    expected = _sent(select(func.pg_notify(NOTIFY_CHANNEL, "mail")), "postgresql")
+    assert (text, bound) == expected
