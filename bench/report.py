@@ -38,7 +38,8 @@ def render(
         lines.append("")
     for section in sections:
         lines += [f"## {section.title}", "", section.method, ""]
-        lines += _table(section.rows)
+        if section.rows or not section.extra:
+            lines += _table(section.rows)
         if section.extra:
             lines += ["", section.extra.rstrip()]
         lines.append("")

@@ -16,6 +16,8 @@ class Sizes:
     lateness_spread: tuple[float, float]
     future_rows: int
     future_due: int
+    #: Draining 1,000 jobs takes well under a second, so noise needs more rounds.
+    future_rounds: int
     undo_clients: int
     undo_pairs_per_client: int
     profile_jobs: int
@@ -32,6 +34,7 @@ DEFAULT = Sizes(
     lateness_spread=(1.0, 5.0),
     future_rows=1_000_000,
     future_due=1_000,
+    future_rounds=7,
     undo_clients=50,
     undo_pairs_per_client=40,
     profile_jobs=3_000,
@@ -47,6 +50,7 @@ QUICK = Sizes(
     lateness_spread=(0.5, 1.5),
     future_rows=20_000,
     future_due=100,
+    future_rounds=2,
     undo_clients=5,
     undo_pairs_per_client=5,
     profile_jobs=200,

@@ -101,6 +101,10 @@ def build_new_jobs(
     return jobs
 
 
+#: ``json.dumps(payload, allow_nan=False)`` without building an encoder per call.
+_STRICT_JSON = json.JSONEncoder(allow_nan=False)
+
+
 def _validated_payload(payload: Any) -> Any:
     """The stored form of *payload* if JSON can carry it (the rule of ``schedule()``).
 
@@ -111,7 +115,7 @@ def _validated_payload(payload: Any) -> Any:
     if payload is None:
         return {}
     try:
-        json.dumps(payload, allow_nan=False)
+        _STRICT_JSON.encode(payload)
     except (TypeError, ValueError) as error:
         raise InvalidArgument("payload", f"must be JSON-serialisable: {error}") from None
     return payload

@@ -12,10 +12,11 @@ own. All times are passed in (``now=``) so tests can drive the clock.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import (
@@ -175,7 +176,18 @@ class JobStore:
         """Insert many keyless jobs in one statement batch (the bulk enqueue path)."""
         if not jobs:
             return 0
-        conn.execute(insert(self.table), [self._row_values(job, now) for job in jobs])
+        rows = [self._row_values(job, now) for job in jobs]
+        if self.is_sqlite:
+            sql, pick, converters = self._sqlite_insert_many(conn, tuple(rows[0]))
+            params = []
+            for row in rows:
+                values = list(pick(row))
+                for index, convert in converters:
+                    values[index] = convert(values[index])
+                params.append(tuple(values))
+            conn.exec_driver_sql(sql, params)
+        else:
+            conn.execute(insert(self.table), rows)
         for queue in {job.queue for job in jobs}:
             self.notify(conn, queue)
         return len(jobs)
@@ -658,6 +670,34 @@ class JobStore:
             )
         self._prepared[key] = stmt
         return stmt
+
+    def _sqlite_insert_many(
+        self, conn: Connection, names: tuple[str, ...]
+    ) -> tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]], list[tuple[int, Any]]]:
+        """The SQLite bulk insert compiled once: its SQL, how to pick a row's values in
+        parameter order, and the conversion of the positions whose type has one.
+
+        SQLAlchemy's executemany builds and converts a parameter dict per row; on
+        SQLite, where the insert itself is cheap, that was most of a bulk enqueue. This
+        is the same compiled ``INSERT`` with the same conversions (each column type's
+        own bind processor), handed to the driver as tuples.
+        """
+        key = ("sqlite_insert_many", *names)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            t = self.table
+            compiled = insert(t).compile(dialect=conn.dialect, column_keys=list(names))
+            order = list(compiled.positiontup or ())
+            converters = []
+            for index, bind_name in enumerate(order):
+                column_type = t.c[bind_name].type.dialect_impl(conn.dialect)
+                process = column_type.bind_processor(conn.dialect)
+                if process is not None:
+                    converters.append((index, process))
+            pick = itemgetter(*order) if len(order) > 1 else (lambda row: (row[order[0]],))
+            prepared = (compiled.string, pick, converters)
+            self._prepared[key] = prepared
+        return prepared  # type: ignore[no-any-return,unused-ignore]
 
     def _notify_statement(self) -> Any:
         """``SELECT pg_notify(:channel, :queue)``."""

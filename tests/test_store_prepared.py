@@ -299,3 +299,50 @@ def test_prepared_notify_sends_the_same_sql_and_values() -> None:
     text, bound = _sent(store._notify_statement(), "postgresql", params)
     expected = _sent(select(func.pg_notify(NOTIFY_CHANNEL, "mail")), "postgresql")
     assert (text, bound) == expected
+
+
+# -- the SQLite bulk insert hands the driver tuples ---------------------------------
+
+
+def test_sqlite_bulk_insert_stores_exactly_what_sqlalchemy_executemany_stores(
+    tmp_path: Any,
+) -> None:
+    import sqlite3
+    from contextlib import closing
+
+    from sqlalchemy import create_engine, insert
+
+    jobs = [
+        NewJob(
+            name="remind",
+            payload=payload,
+            run_at=NOW + timedelta(hours=1, microseconds=n % 3),
+            max_attempts=3,
+            queue="mail" if n % 2 else "default",
+            owner="alice" if n % 3 else None,
+            label=None if n % 4 else "Reminder",
+            undo_until=NOW + timedelta(seconds=5) if n % 5 == 0 else None,
+        )
+        for n, payload in enumerate(
+            [{}, {"n": 1}, [1, 2.5, "x"], {"nested": {"é": None}}, "text", 7, {"b": True}]
+        )
+    ]
+    paths = {}
+    for way in ("store", "sqlalchemy"):
+        paths[way] = tmp_path / f"{way}.sqlite3"
+        engine = create_engine(f"sqlite:///{paths[way]}")
+        store = JobStore(engine, define_jobs_table(MetaData()))
+        store.create_table()
+        with store.begin() as conn:
+            if way == "store":
+                assert store.insert_many(conn, jobs, now=NOW) == len(jobs)
+            else:
+                conn.execute(insert(store.table), [store._row_values(j, NOW) for j in jobs])
+        engine.dispose()
+
+    def stored(path: Any) -> list[tuple[Any, ...]]:
+        with closing(sqlite3.connect(path)) as conn:
+            return conn.execute("SELECT * FROM defer_jobs ORDER BY id").fetchall()
+
+    assert stored(paths["store"]) == stored(paths["sqlalchemy"])
+    assert len(stored(paths["store"])) == len(jobs)

@@ -27,7 +27,9 @@ def run(ctx: Context) -> Section:
         "Future rows: draining what is due next to a year of backlog",
         (
             f"{sizes.future_due:,} jobs due now, drained next to {sizes.future_rows:,} "
-            "pending rows due next year, and in a table with none. flask_defer drains "
+            f"pending rows due next year, and in a table with none ({sizes.future_rounds} "
+            "interleaved rounds). "
+            "flask_defer drains "
             "with `run_due()` in this process; the raw loop is the drain measurement's "
             "baseline (claim 100 on PostgreSQL, claim 1 on SQLite) on the same tables."
         ),
@@ -80,7 +82,7 @@ def _backend(ctx: Context, backend: str) -> list[Row]:
                 run=lambda d=db: timed(lambda: checked(raw_drain(d), "raw loop")),
             )
         )
-    outcomes = interleave(f"future/{backend}", contenders, sizes.rounds)
+    outcomes = interleave(f"future/{backend}", contenders, sizes.future_rounds)
     by_name = {o.contender.name: o for o in outcomes}
     rows = []
     for outcome in outcomes:
