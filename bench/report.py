@@ -39,10 +39,9 @@ def render(
     for section in sections:
         lines += [f"## {section.title}", "", section.method, ""]
         if section.rows or not section.extra:
-            lines += _table(section.rows)
+            lines += [*_table(section.rows), ""]
         if section.extra:
-            lines += ["", section.extra.rstrip()]
-        lines.append("")
+            lines += [section.extra.rstrip(), ""]
     remaining = [t for t in targets if t.met is not True]
     if targets:
         lines += ["## What remains and why", ""]

@@ -97,7 +97,7 @@ def run(ctx: Context) -> Section:
         try:
             fd.run_due()  # warm up: connections, statement caches
             prepare(database)
-            profiler = Profiler(interval=0.0005)
+            profiler = Profiler(interval=0.001)
             profiler.start()
             work(fd)
             session = profiler.stop()
@@ -144,6 +144,8 @@ def _summarise(root: Any) -> tuple[dict[str, float], dict[str, float], float]:
 
 def _group(path: str, function: str) -> str:
     parts = path.replace(os.sep, "/")
+    if "<built-in>" in parts and function.startswith(("Connection.", "Cursor.")):
+        return "database"  # sqlite3's C methods: the statement itself, commit and fsync
     if "/psycopg" in parts or "/sqlite3/" in parts:
         return "database"
     if "/sqlalchemy/" in parts:
