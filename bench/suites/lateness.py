@@ -29,7 +29,8 @@ def run(ctx: Context) -> Section:
             f"{sizes.lateness} jobs per round due at now + uniform({low:g}..{high:g}) s, "
             "scheduled one by one with a commit each while `flask defer worker` runs; the "
             "handler records its start. Lateness = handler start − `run_at`, pooled over "
-            "the rounds; the backends alternate round by round."
+            "the rounds; the backends alternate round by round. No “vs raw”: a raw loop's "
+            "lateness is whatever poll interval it is given."
         ),
     )
     if not worker_available():
