@@ -323,3 +323,31 @@ def finished_span(db: Database) -> tuple[float, float, int]:
         return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
     return epoch(row[0]), epoch(row[1]), int(row[2])
+
+
+def claim_plan(db: Database) -> str:
+    """How the database finds due jobs (the claim's inner query), in one line."""
+    now = datetime.now(UTC)
+    if db.backend == "postgresql":
+        assert db.dsn is not None
+        with psycopg.connect(db.dsn) as conn:
+            lines = [
+                row[0]
+                for row in conn.execute(
+                    "EXPLAIN SELECT id FROM defer_jobs WHERE status = 'pending'"
+                    " AND run_at <= %s ORDER BY run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED",
+                    (now,),
+                )
+            ]
+        scans = [line.strip().lstrip("-> ").split("  (")[0] for line in lines if "Scan" in line]
+        return "; ".join(scans)
+    conn = sqlite_connect(db)
+    try:
+        rows = conn.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM defer_jobs WHERE status = 'pending'"
+            " AND run_at <= ? ORDER BY run_at, id LIMIT 10",
+            (sqlite_time(now),),
+        ).fetchall()
+    finally:
+        conn.close()
+    return "; ".join(str(row[-1]) for row in rows)

@@ -82,6 +82,7 @@ def _backend(ctx: Context, backend: str) -> list[Row]:
                 run=lambda d=db: timed(lambda: checked(raw_drain(d), "raw loop")),
             )
         )
+    plan = raw.claim_plan(with_rows)
     outcomes = interleave(f"future/{backend}", contenders, sizes.future_rounds)
     by_name = {o.contender.name: o for o in outcomes}
     rows = []
@@ -100,9 +101,16 @@ def _backend(ctx: Context, backend: str) -> list[Row]:
                     backend,
                     f"{who}: with ÷ without",
                     f"{n:,}",
-                    f"{ratio:.2f}",
+                    f"{ratio:.3f}",
                     spread=f"{min(ratios):.2f}–{max(ratios):.2f}",
-                    note="drain time with the future rows over drain time without, per round",
+                    note=(
+                        "drain time with the future rows over drain time without, per round"
+                        + (
+                            f"; claim plan with the future rows: {plan}"
+                            if tag == "future-ratio"
+                            else ""
+                        )
+                    ),
                     value=ratio,
                     tag=tag,
                 )
