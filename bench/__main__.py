@@ -56,7 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else DEFAULT
     if args.rounds is not None:
         rounds = max(1, args.rounds)
-        sizes = replace(sizes, rounds=rounds, future_rounds=max(rounds, sizes.future_rounds))
+        sizes = replace(
+            sizes,
+            rounds=rounds,
+            enqueue_rounds=rounds,
+            future_rounds=max(rounds, sizes.future_rounds),
+        )
     selected = [name for name in SUITES if not args.only or name in args.only]
     command = "python -m bench" + (
         ""

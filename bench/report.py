@@ -29,7 +29,7 @@ def render(
     lines += ["", "| | |", "| --- | --- |", f"| command | `{command}` |"]
     for key, value in facts.items():
         lines.append(f"| {key} | {_cell(value)} |")
-    lines.append(f"| rounds | {rounds}, interleaved |")
+    lines.append(f"| rounds | {rounds}, interleaved (unless a section says otherwise) |")
     lines.append("")
     if targets:
         lines += ["## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]

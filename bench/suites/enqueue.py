@@ -25,13 +25,14 @@ def run(ctx: Context) -> Section:
             f"Bulk: {sizes.enqueue_bulk:,} jobs in one transaction. One by one: "
             f"{sizes.enqueue_each:,} jobs, one `schedule()` (or the library's equivalent) "
             "and one commit each. Every contender writes to its own fresh database, "
-            "emptied before each round. The raw rows insert into flask_defer's own table."
+            f"emptied before each round; {sizes.enqueue_rounds} interleaved rounds. The raw "
+            "rows insert into flask_defer's own table."
         ),
     )
     for backend in ctx.backends:
         log(f"enqueue on {backend}")
         bulk, each = _contenders(ctx, backend)
-        outcomes = interleave(f"enqueue/{backend}", bulk + each, sizes.rounds)
+        outcomes = interleave(f"enqueue/{backend}", bulk + each, sizes.enqueue_rounds)
         section.rows += rate_rows(
             "enqueue, bulk",
             backend,
