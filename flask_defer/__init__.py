@@ -7,6 +7,7 @@ Undo is a guarded update that wins or loses cleanly against the worker's claim.
 from __future__ import annotations
 
 from .batching import Batched
+from .bulk import JobSpec
 from .errors import (
     DeferError,
     InvalidArgument,
@@ -36,6 +37,7 @@ __all__ = [
     "JobExists",
     "JobNotFound",
     "JobNotPending",
+    "JobSpec",
     "JobStatus",
     "NotConfigured",
     "NotYet",

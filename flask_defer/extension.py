@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, scoped_session
 
 from . import batching, database, http_jobs, signals, undo_hooks
 from . import soft_delete as _soft_delete
+from .bulk import build_new_jobs
 from .config import DeferConfig, apply_defaults, load_config
 from .errors import InvalidArgument, JobNotFound, JobNotPending, NotConfigured, UnknownJob
 from .execution import Executor, RetryPolicy, RunSummary
@@ -461,6 +462,52 @@ class Defer:
             return []
         with self._joined(state) as conn:
             return state.store.pending_for(conn, owner, limit=checked_limit(limit))
+    # -- bulk scheduling ----------------------------------------------------------
+
+    def schedule_many(
+        self,
+        name: str,
+        payloads: Iterable[Any],
+        *,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
+        owner: str | None = None,
+        label: str | None = None,
+    ) -> int:
+        """Schedule many keyless jobs of handler *name* in one statement batch; return how many.
+
+        Each item of *payloads* is a job's payload, or a :class:`~flask_defer.JobSpec`
+        with its own ``run_at``/``delay``/``owner``/``label``; ``run_at``, ``delay``,
+        ``owner`` and ``label`` given here apply to the items that do not set their own.
+        Every item is validated with the rules of :meth:`schedule` before anything is
+        written, so one bad item writes nothing. Like ``schedule()`` the rows join
+        ``db.session``'s transaction and the caller commits.
+
+        Bulk jobs have no key (use ``schedule()`` for keyed intents), and no
+        ``job_scheduled`` signal is sent per job: there is no per-row ``Job`` to send.
+        """
+        state = self._state()
+        spec = self.registry.get(name) if isinstance(name, str) else None
+        if spec is None:
+            if not isinstance(name, str):
+                raise InvalidArgument("name", f"expected a job name string, got {name!r}")
+            raise UnknownJob(name)
+        now = utcnow()
+        jobs = build_new_jobs(
+            payloads,
+            name=name,
+            queue=spec.queue,
+            max_attempts=spec.max_attempts or state.config.max_attempts,
+            now=now,
+            run_at=run_at,
+            delay=delay,
+            owner=owner,
+            label=label,
+        )
+        if not jobs:
+            return 0
+        with self._joined(state, writes=True) as conn:
+            return state.store.insert_many(conn, jobs, now=now)
 
     # -- control ------------------------------------------------------------------
 

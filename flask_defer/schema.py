@@ -33,6 +33,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
 
 DEFAULT_TABLE_NAME = "defer_jobs"
+_NOTHING = object()
 LIVE_STATUSES = ("pending", "running")
 
 
@@ -53,6 +54,30 @@ class UTCDateTime(TypeDecorator[datetime]):
             raise ValueError(f"flask_defer stores aware datetimes only, got {value!r}")
         utc: datetime = value.astimezone(UTC)
         return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+
+    def bind_processor(self, dialect: Dialect) -> Any:
+        """The usual processing (``process_bind_param``, then the dialect's), remembering
+        the last value.
+
+        A bulk insert binds the same ``now`` and ``run_at`` objects into every row, and an
+        acknowledgement binds one ``now`` twice; converting them once instead of per row
+        is most of what a bulk enqueue spends in Python. Datetimes are immutable and the
+        remembered value is held, so an identity match always means the same result.
+        """
+        process = super().bind_processor(dialect)
+        if process is None:
+            return None
+        last: list[tuple[Any, Any]] = [(_NOTHING, None)]
+
+        def remembering(value: Any) -> Any:
+            seen, result = last[0]  # one tuple: consistent even across threads
+            if value is seen:
+                return result
+            result = process(value)
+            last[0] = (value, result)
+            return result
+
+        return remembering
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:

@@ -1,0 +1,102 @@
+"""``python -m bench``: run the measurements and write ``docs/benchmarks.md``.
+
+python -m bench                      # everything, default sizes (make bench)
+python -m bench --quick              # smoke run: every path, tiny sizes, seconds
+python -m bench --only drain --only enqueue
+python -m bench --output /tmp/b.md   # write elsewhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from .env import ROOT, BenchEnv, git_revision, machine, versions
+from .results import log
+from .sizes import DEFAULT, QUICK
+
+SUITES = ("enqueue", "drain", "lateness", "future", "undo", "profile")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=SUITES,
+        metavar="NAME",
+        help=f"run only this measurement (repeatable): {', '.join(SUITES)}",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="interleaved rounds per measurement"
+    )
+    parser.add_argument(
+        "--backend",
+        action="append",
+        choices=("postgresql", "sqlite"),
+        help="only this backend (repeatable; default both)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=ROOT / "docs" / "benchmarks.md",
+        help="where to write the Markdown (default docs/benchmarks.md)",
+    )
+    args = parser.parse_args(argv)
+
+    from dataclasses import replace
+
+    from . import report, targets
+    from .suites import BACKENDS, Context
+
+    sizes = QUICK if args.quick else DEFAULT
+    if args.rounds is not None:
+        rounds = max(1, args.rounds)
+        sizes = replace(
+            sizes,
+            rounds=rounds,
+            enqueue_rounds=rounds,
+            future_rounds=max(rounds, sizes.future_rounds),
+        )
+    selected = [name for name in SUITES if not args.only or name in args.only]
+    command = "python -m bench" + (
+        ""
+        if argv is None and len(sys.argv) <= 1
+        else " " + shlex.join(sys.argv[1:] if argv is None else argv)
+    )
+    started = time.monotonic()
+    with BenchEnv() as env:
+        ctx = Context(env, sizes, tuple(args.backend) if args.backend else BACKENDS)
+        sections = []
+        profile_summary: dict[str, str] = {}
+        for name in selected:
+            log(f"== {name}")
+            module = __import__(f"bench.suites.{name}", fromlist=["run"])
+            section = module.run(ctx)
+            sections.append(section)
+            if name == "profile":
+                profile_summary = getattr(module, "SUMMARY", {})
+        facts = {**machine(), "PostgreSQL": env.postgres_version(), **versions()}
+        facts["flask-defer"] += f" (git {git_revision()})"
+        facts["wall time of this run"] = f"{time.monotonic() - started:,.0f} s"
+        results = targets.evaluate(sections, profile_summary)
+        text = report.render(
+            command=command,
+            facts=facts,
+            sections=sections,
+            targets=results,
+            rounds=sizes.rounds,
+            quick=args.quick,
+        )
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+    log(f"wrote {args.output} in {time.monotonic() - started:,.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

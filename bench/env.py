@@ -1,0 +1,135 @@
+"""The benchmark's environment: a throwaway PostgreSQL, SQLite files, versions.
+
+PostgreSQL comes from the test suite's ``tests.pg_cluster`` (a private cluster in a
+temp directory, so a benchmark never touches a developer's own databases). Every
+contender gets its own fresh database or SQLite file, so no one measures on another's
+leftovers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import platform
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from types import TracebackType
+
+import psycopg
+
+from tests.pg_cluster import PostgresCluster
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Database:
+    """One fresh database: its SQLAlchemy URL and, for PostgreSQL, its libpq DSN."""
+
+    backend: str
+    url: str
+    dsn: str | None = None
+    path: Path | None = None
+
+
+@dataclass
+class BenchEnv:
+    """Owns the PostgreSQL cluster and the temp directory for one benchmark run."""
+
+    cluster: PostgresCluster = field(default_factory=PostgresCluster)
+    tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="flask-defer-bench-")))
+    _numbers: itertools.count[int] = field(default_factory=itertools.count)
+
+    def __enter__(self) -> BenchEnv:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.cluster.running:
+            self.cluster.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def database(self, backend: str, label: str) -> Database:
+        """A fresh, empty database for one contender."""
+        number = next(self._numbers)
+        safe = "".join(ch if ch.isalnum() else "_" for ch in label.lower())[:40]
+        if backend == "sqlite":
+            path = self.tmp / f"{number:03d}_{safe}.sqlite3"
+            return Database("sqlite", f"sqlite:///{path}", path=path)
+        name = f"bench_{number:03d}_{safe}"
+        # Started on first use, so a SQLite-only run needs no PostgreSQL at all.
+        self.cluster.start()
+        url = self.cluster.create_database(name)
+        dsn = f"host=127.0.0.1 port={self.cluster.port} user=postgres dbname={name}"
+        return Database("postgresql", url, dsn=dsn)
+
+    def postgres_version(self) -> str:
+        if not self.cluster.running:
+            return "not used in this run"
+        dsn = f"host=127.0.0.1 port={self.cluster.port} user=postgres dbname=postgres"
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+            fsync = conn.execute("SHOW fsync").fetchone()
+        assert row is not None and fsync is not None
+        return f"{row[0]} (throwaway local cluster, fsync={fsync[0]})"
+
+
+def versions() -> dict[str, str]:
+    """Versions of everything that shapes the figures."""
+    found = {
+        "Python": f"{platform.python_version()} ({platform.python_implementation()})",
+        "SQLite": f"{sqlite3.sqlite_version} (WAL, synchronous=FULL: flask_defer's defaults)",
+    }
+    for package in (
+        "flask-defer",
+        "SQLAlchemy",
+        "psycopg",
+        "Flask",
+        "deferjob",
+        "procrastinate",
+        "pgqueuer",
+        "huey",
+        "waitress",
+    ):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def git_revision() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out + ("+changes" if dirty else "")
+
+
+def machine() -> dict[str, str]:
+    return {
+        "cores (os.cpu_count())": str(os.cpu_count()),
+        "platform": platform.platform(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }

@@ -1,0 +1,62 @@
+"""How much work each measurement does: the issue's sizes, a modest default, a smoke run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Sizes:
+    rounds: int
+    #: Enqueue rounds are short (a bulk round is a fraction of a second), so more of
+    #: them buy a steadier median cheaply.
+    enqueue_rounds: int
+    #: Jobs per bulk enqueue (one transaction) and per one-commit-each enqueue.
+    enqueue_bulk: int
+    enqueue_each: int
+    drain: int
+    lateness: int
+    lateness_spread: tuple[float, float]
+    future_rows: int
+    future_due: int
+    #: Draining 1,000 jobs takes well under a second, so noise needs more rounds.
+    future_rounds: int
+    undo_clients: int
+    undo_pairs_per_client: int
+    profile_jobs: int
+
+
+#: The default run: the issue's sizes where a round takes seconds, fewer jobs where
+#: one commit per job would make a round take minutes (a rate does not need more).
+DEFAULT = Sizes(
+    rounds=3,
+    enqueue_rounds=5,
+    enqueue_bulk=10_000,
+    enqueue_each=3_000,
+    drain=10_000,
+    lateness=200,
+    lateness_spread=(1.0, 5.0),
+    future_rows=1_000_000,
+    future_due=1_000,
+    future_rounds=7,
+    undo_clients=50,
+    undo_pairs_per_client=40,
+    profile_jobs=3_000,
+)
+
+#: ``--quick``: a smoke run that exercises every path in seconds; figures mean little.
+QUICK = Sizes(
+    rounds=2,
+    enqueue_rounds=2,
+    enqueue_bulk=300,
+    enqueue_each=100,
+    drain=300,
+    lateness=20,
+    lateness_spread=(0.5, 1.5),
+    future_rows=20_000,
+    future_due=100,
+    future_rounds=2,
+    undo_clients=5,
+    undo_pairs_per_client=5,
+    profile_jobs=200,
+)

@@ -1,0 +1,173 @@
+"""Profile: where flask_defer's time goes on the paths the targets measure (pyinstrument).
+
+Profiles, in this process, a ``run_due()`` drain on each backend, ``schedule()`` +
+commit on PostgreSQL and ``schedule_many()`` on SQLite, and sums sampled self time by
+where it is spent: the database (driver calls and the server round trips they wait
+for), SQLAlchemy, flask_defer itself, Flask, blinker, logging, json, the rest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from .. import raw
+from ..fd import FlaskDeferApp
+from ..results import log
+from . import Context, Section
+
+#: Filled by :func:`run` for the targets' explanations: scenario → one-line summary.
+SUMMARY: dict[str, str] = {}
+
+# Self time in these SQLAlchemy functions is time inside the DB-API driver's C code
+# (sqlite3's execute and commit, including fsync), so it counts as "database".
+_DRIVER_CALLS = {
+    "do_execute",
+    "do_executemany",
+    "do_commit",
+    "do_rollback",
+    "do_begin",
+    "do_execute_no_params",
+    "_exec_insertmany_context",
+}
+_GROUPS = ("database", "SQLAlchemy", "flask_defer", "Flask", "blinker", "logging", "json", "other")
+
+
+def run(ctx: Context) -> Section:
+    SUMMARY.clear()
+    section = Section(
+        "profile",
+        "Profile: where flask_defer spends its time",
+        (
+            "pyinstrument, sampled in this process. *database* is time in the driver and "
+            "waiting for the server (for SQLite also its C code and fsync); the other "
+            "columns are Python time in each package. Scenario sizes: "
+            f"{ctx.sizes.profile_jobs:,} jobs."
+        ),
+    )
+    try:
+        from pyinstrument import Profiler
+    except ImportError:
+        section.extra = "Not profiled: pyinstrument is not installed (`pip install -e .[bench]`)."
+        return section
+    n = ctx.sizes.profile_jobs
+    scenarios: list[
+        tuple[str, str, str, Callable[[FlaskDeferApp], Any], Callable[[Any], None]]
+    ] = []
+    for backend in ctx.backends:
+        scenarios.append(
+            (
+                f"drain-{backend}",
+                backend,
+                f"run_due() drain, {backend}",
+                lambda fd: fd.run_due(),
+                lambda db: raw.fill(db, n, run_at=datetime.now(UTC) - timedelta(seconds=5)),
+            )
+        )
+    if "postgresql" in ctx.backends:
+        scenarios.append(
+            (
+                "each-postgresql",
+                "postgresql",
+                "schedule() + commit, postgresql",
+                lambda fd: fd.enqueue_each(n, 3600),
+                lambda db: None,
+            )
+        )
+    for backend in ctx.backends:
+        scenarios.append(
+            (
+                f"bulk-{backend}",
+                backend,
+                f"schedule_many() × 10, {backend}",
+                lambda fd: [fd.enqueue_bulk(n, 3600) for _ in range(10)],
+                lambda db: None,
+            )
+        )
+    table = [
+        "| scenario | wall | " + " | ".join(_GROUPS) + " | top functions by self time |",
+        "| --- | ---: | " + " | ".join("---:" for _ in _GROUPS) + " | --- |",
+    ]
+    for key, backend, title, work, prepare in scenarios:
+        database = ctx.env.database(backend, f"profile {key}")
+        fd = FlaskDeferApp(database)
+        try:
+            fd.run_due()  # warm up: connections, statement caches
+            prepare(database)
+            profiler = Profiler(interval=0.001)
+            profiler.start()
+            work(fd)
+            session = profiler.stop()
+        finally:
+            fd.close()
+        groups, functions, total = _summarise(session.root_frame())
+        if total <= 0:
+            continue
+        shares = {name: groups.get(name, 0.0) / total for name in _GROUPS}
+        top = sorted(functions.items(), key=lambda item: item[1], reverse=True)[:5]
+        table.append(
+            f"| {title} | {session.duration:.2f} s | "
+            + " | ".join(f"{shares[name]:.0%}" for name in _GROUPS)
+            + " | "
+            + "; ".join(f"`{name}` {seconds / total:.0%}" for name, seconds in top)
+            + " |"
+        )
+        ranked = sorted(((s, g) for g, s in shares.items() if g != "other"), reverse=True)
+        SUMMARY[key] = ", ".join(f"{share:.0%} in {group}" for share, group in ranked[:3])
+        log(f"  [profile] {title}: {SUMMARY[key]}")
+    section.extra = "\n".join(table)
+    return section
+
+
+def _summarise(root: Any) -> tuple[dict[str, float], dict[str, float], float]:
+    groups: dict[str, float] = defaultdict(float)
+    functions: dict[str, float] = defaultdict(float)
+    total = 0.0
+    stack = [root] if root is not None else []
+    while stack:
+        frame = stack.pop()
+        stack.extend(frame.children)
+        if frame.is_synthetic:
+            continue
+        own = frame.total_self_time
+        if own <= 0:
+            continue
+        total += own
+        path = frame.file_path or ""
+        groups[_group(path, frame.function)] += own
+        functions[f"{_module(path)}.{frame.function}"] += own
+    return groups, functions, total
+
+
+def _group(path: str, function: str) -> str:
+    parts = path.replace(os.sep, "/")
+    if "<built-in>" in parts and function.startswith(("Connection.", "Cursor.")):
+        return "database"  # sqlite3's C methods: the statement itself, commit and fsync
+    if "/psycopg" in parts or "/sqlite3/" in parts:
+        return "database"
+    if "/sqlalchemy/" in parts:
+        return "database" if function in _DRIVER_CALLS else "SQLAlchemy"
+    if "/flask_defer/" in parts:
+        return "flask_defer"
+    if "/flask/" in parts or "/werkzeug/" in parts or "/flask_sqlalchemy/" in parts:
+        return "Flask"
+    if "/blinker/" in parts:
+        return "blinker"
+    if "/logging/" in parts:
+        return "logging"
+    if "/json/" in parts:
+        return "json"
+    return "other"
+
+
+def _module(path: str) -> str:
+    parts = path.replace(os.sep, "/").split("/")
+    for anchor in ("site-packages", "wt-bench", "lib"):
+        if anchor in parts:
+            parts = parts[parts.index(anchor) + 1 :]
+            break
+    name = "/".join(parts[-2:])
+    return name.removesuffix(".py").replace("/", ".")

@@ -1,0 +1,314 @@
+"""(5) Undo under load: concurrent clients doing schedule-undoable → undo over HTTP.
+
+The bench app is served by waitress in its own process; the clients are asyncio tasks
+in this process, each with its own keep-alive connection, each doing "schedule" then
+"undo" in a closed loop with no think time. Latency is per request, measured by the
+client (so it includes queueing at the server).
+
+Which routes: the blueprint's Undo endpoint and ``defer.undoable()`` (issue 4) are built
+in a parallel branch. Until they exist, the flask_defer figure uses the bench app's
+``/bench/undoable`` + ``/bench/undo/<id>`` routes, which call ``defer.schedule`` (with an
+owner, a label and ``undo_until``) and ``defer.cancel(id, owner=...)``: the facade calls
+the real endpoint is built on, so the same code path. :func:`undo_routes` is where the
+real endpoints plug in. The raw baseline does the same insert and guarded cancel with
+hand-written SQL on the same server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from ..env import ROOT, Database
+from ..results import Contender, NotAvailable, Row, Sample, interleave, log, percentile
+from . import Context, Section
+
+CLIENT_HEADER = "X-Bench-Client"
+
+
+@dataclass(frozen=True)
+class Routes:
+    """How a client schedules an undoable job and undoes it."""
+
+    label: str
+    schedule: str
+    undo: str  # with "{id}"
+
+
+def undo_routes() -> tuple[Routes, str]:
+    """The flask_defer routes to load, and what they are (for the report).
+
+    The routes call ``defer.undoable`` and ``defer.undo``, as the blueprint's endpoint
+    does; the endpoint's CSRF check and template are left out so that the figure is the
+    library's, not Jinja's.
+    """
+    note = "bench routes over defer.undoable + defer.undo (the undo endpoint's calls)"
+    return Routes("flask_defer", "/bench/undoable", "/bench/undo/{id}"), note
+
+
+RAW = Routes("raw SQL", "/bench/raw/undoable", "/bench/raw/undo/{id}")
+
+
+@dataclass
+class Tally:
+    schedule_ms: list[float] = field(default_factory=list)
+    undo_ms: list[float] = field(default_factory=list)
+    errors: int = 0
+    first_error: str = ""
+
+    def error(self, text: str) -> None:
+        self.errors += 1
+        if not self.first_error:
+            self.first_error = text
+
+
+#: Pause of a paced client between its requests: a person reads the toast, then clicks.
+PACED_THINK_MS = 100
+
+
+def run(ctx: Context) -> Section:
+    sizes = ctx.sizes
+    routes, note = undo_routes()
+    section = Section(
+        "undo",
+        "Undo under load (HTTP, waitress)",
+        (
+            f"{sizes.undo_clients} concurrent clients, each with its own keep-alive "
+            f"connection, doing schedule → undo pairs ({sizes.undo_pairs_per_client} per "
+            "round closed loop, with no pause: the server is saturated and latency is "
+            f"mostly queueing; half as many paced, pausing {PACED_THINK_MS} ms before each "
+            "request, as people clicking would). waitress with 8 threads in its own "
+            "process; latency per request as the client sees it. "
+            f"flask_defer: {note}. “vs raw” divides the raw route's p99 by flask_defer's "
+            "(below 1: flask_defer is slower)."
+        ),
+    )
+    for backend in ctx.backends:
+        section.rows += _backend(ctx, backend, routes)
+    return section
+
+
+@dataclass(frozen=True)
+class _Mode:
+    label: str
+    think_ms: float
+    pairs: int
+    tag: str
+
+
+def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
+    sizes = ctx.sizes
+    database = ctx.env.database(backend, f"undo {backend}")
+    modes = [
+        _Mode("closed loop", 0.0, sizes.undo_pairs_per_client, "undo"),
+        _Mode(
+            f"{PACED_THINK_MS} ms pauses",
+            PACED_THINK_MS,
+            max(1, sizes.undo_pairs_per_client // 2),
+            "undo-paced",
+        ),
+    ]
+    try:
+        server = _Server(database, ctx.env.tmp)
+    except Exception as error:  # noqa: BLE001
+        return [
+            Row(
+                "undo under load",
+                backend,
+                routes.label,
+                "",
+                "—",
+                note=f"failed: {error}",
+                tag="undo",
+            )
+        ]
+    tallies: dict[str, Tally] = {}
+    contenders = []
+    for mode in modes:
+        for r in (routes, RAW):
+            name = f"{r.label}, {mode.label}"
+            tallies[name] = Tally()
+
+            def go(r: Routes = r, mode: _Mode = mode, tally: Tally = tallies[name]) -> Sample:
+                start = time.perf_counter()
+                pairs = asyncio.run(
+                    _load(server.port, r, sizes.undo_clients, mode.pairs, tally, mode.think_ms)
+                )
+                return Sample(pairs, time.perf_counter() - start)
+
+            contenders.append(
+                Contender(name, run=go, tag=mode.tag + ("" if r is routes else "-raw"))
+            )
+    try:
+        for r in (routes, RAW):  # warm-up, not counted: imports, pools, statement caches
+            asyncio.run(_load(server.port, r, min(4, sizes.undo_clients), 5, Tally(), 0.0))
+        outcomes = interleave(f"undo/{backend}", contenders, sizes.rounds)
+    finally:
+        server.stop()
+    rows = []
+    for outcome in outcomes:
+        name = outcome.contender.name
+        tally = tallies[name]
+        everything = tally.schedule_ms + tally.undo_ms
+        if not everything:
+            rows.append(
+                Row(
+                    "undo under load",
+                    backend,
+                    name,
+                    "",
+                    "—",
+                    note=outcome.missing or "no request completed",
+                    tag=outcome.contender.tag,
+                )
+            )
+            continue
+        p99 = percentile(everything, 0.99)
+        raw_name = RAW.label + name[len(routes.label) :] if name.startswith(routes.label) else name
+        raw_tally = tallies.get(raw_name)
+        raw_all = (raw_tally.schedule_ms + raw_tally.undo_ms) if raw_tally else []
+        ratio = percentile(raw_all, 0.99) / p99 if raw_all else None
+        figure = (
+            f"p50 {percentile(everything, 0.5):.1f} / p99 {p99:.1f} ms "
+            f"(schedule p99 {percentile(tally.schedule_ms, 0.99):.1f}, "
+            f"undo p99 {percentile(tally.undo_ms, 0.99):.1f}); "
+            f"{outcome.median_rate or 0:,.0f} pairs/s; errors {tally.errors}"
+        )
+        note = f"{len(everything):,} requests"
+        if tally.first_error:
+            note += f"; first error: {tally.first_error}"
+        rows.append(
+            Row(
+                "undo under load",
+                backend,
+                name,
+                f"{sizes.undo_clients} clients",
+                figure,
+                vs_raw=f"{ratio:.2f}×" if ratio is not None else "",
+                note=note,
+                value=p99,
+                ratio=ratio,
+                tag=outcome.contender.tag,
+                data={"errors": float(tally.errors)},
+            )
+        )
+    return rows
+
+
+async def _load(
+    port: int, routes: Routes, clients: int, pairs: int, tally: Tally, think_ms: float
+) -> int:
+    done = await asyncio.gather(
+        *(
+            _client(port, routes, f"client-{n}", pairs, tally, think_ms, offset=n / clients)
+            for n in range(clients)
+        )
+    )
+    return sum(done)
+
+
+async def _client(
+    port: int,
+    routes: Routes,
+    name: str,
+    pairs: int,
+    tally: Tally,
+    think_ms: float,
+    *,
+    offset: float,
+) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    completed = 0
+    pause = think_ms / 1000
+    if pause:
+        await asyncio.sleep(pause * offset)  # spread the paced clients' first requests
+    try:
+        for n in range(pairs):
+            if pause:
+                await asyncio.sleep(pause)
+            status, body, ms = await _post(reader, writer, f"{routes.schedule}?n={n}", name)
+            tally.schedule_ms.append(ms)
+            if status != 200 or b'"id"' not in body:
+                tally.error(f"schedule → {status} {body[:80]!r}")
+                continue
+            job_id = int(body.split(b'"id":', 1)[1].split(b"}", 1)[0].strip())
+            if pause:
+                await asyncio.sleep(pause)
+            status, body, ms = await _post(reader, writer, routes.undo.format(id=job_id), name)
+            tally.undo_ms.append(ms)
+            if status != 200 or b"true" not in body:
+                tally.error(f"undo → {status} {body[:80]!r}")
+                continue
+            completed += 1
+    except (OSError, asyncio.IncompleteReadError, ValueError) as error:
+        tally.error(f"{type(error).__name__}: {error}")
+    finally:
+        writer.close()
+    return completed
+
+
+async def _post(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str, client: str
+) -> tuple[int, bytes, float]:
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{CLIENT_HEADER}: {client}\r\n"
+        "Content-Length: 0\r\n\r\n"
+    ).encode()
+    start = time.perf_counter()
+    writer.write(request)
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    body = await reader.readexactly(length) if length else b""
+    return status, body, (time.perf_counter() - start) * 1000
+
+
+class _Server:
+    """``python -m bench.serve`` on a free port, until stopped."""
+
+    def __init__(self, database: Database, log_dir: os.PathLike[str]) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        env = dict(os.environ, BENCH_DATABASE_URL=database.url, PYTHONPATH=str(ROOT))
+        self.log_path = os.path.join(log_dir, f"serve-{self.port}.log")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.serve", "--port", str(self.port)],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise NotAvailable(
+                        f"the waitress server did not start; see {self.log_path}"
+                    ) from None
+                time.sleep(0.1)
+        log(f"  waitress serving the bench app on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()

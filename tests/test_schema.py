@@ -1,0 +1,49 @@
+"""The jobs table's column types: aware UTC timestamps on every backend."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from sqlalchemy import Dialect
+from sqlalchemy.dialects import postgresql, sqlite
+
+from flask_defer.schema import UTCDateTime
+
+NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _dialect(backend: str) -> Dialect:
+    if backend == "postgresql":
+        return postgresql.psycopg.dialect(paramstyle="format")  # type: ignore[no-any-return]
+    return sqlite.dialect()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_utc_datetime_binding_is_unchanged_by_remembering(backend: str) -> None:
+    dialect = _dialect(backend)
+    remembering = UTCDateTime().bind_processor(dialect)
+    plain = UTCDateTime().process_bind_param
+    impl = UTCDateTime().impl_instance.bind_processor(dialect)
+
+    def expected(value: datetime | None) -> Any:
+        converted = plain(value, dialect)
+        return impl(converted) if impl is not None and converted is not None else converted
+
+    paris = datetime(2030, 1, 1, 13, 0, tzinfo=UTC).astimezone(ZoneInfo("Europe/Paris"))
+    values = [NOW, NOW, None, NOW + timedelta(microseconds=1), NOW, paris, paris, None]
+    assert remembering is not None
+    assert [remembering(v) for v in values] == [expected(v) for v in values]
+    # Equal but distinct objects are converted, not matched by identity alone.
+    twin = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+    assert remembering(twin) == expected(twin)
+    with pytest.raises(ValueError, match="aware"):
+        remembering(datetime(2030, 1, 1, 12, 0))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_naive_datetimes_never_reach_the_database(backend: str) -> None:
+    with pytest.raises(ValueError, match="aware"):
+        UTCDateTime().process_bind_param(datetime(2030, 1, 1), _dialect(backend))
