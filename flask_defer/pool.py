@@ -32,7 +32,7 @@ class Task:
     job: Job
     timeout: float | None
     started_at: float = 0.0  # time.monotonic() when a thread began the handler
-    state: str = "queued"  # queued → running → finished | abandoned
+    state: str = "queued"  # queued → running → finished | abandoned; or queued → withdrawn
     thread: _PoolThread | None = field(default=None, repr=False)
 
     @property
@@ -60,15 +60,25 @@ class HandlerPool:
     """Runs claimed jobs on ``size`` threads, with per-job timeouts.
 
     *run* executes one job and acknowledges it (``Executor.execute``); *on_done* is
-    called after every job, so the worker can wake up and claim another.
+    called after every job, so the worker can wake up and claim another. Up to
+    *prefetch* claimed jobs may wait in the queue beside the running ones, so a thread
+    that finishes starts the next job without waiting for a claim's round trip.
     """
 
     def __init__(
-        self, size: int, run: Callable[[Job], Outcome], on_done: Callable[[Outcome], None]
+        self,
+        size: int,
+        run: Callable[[Job], Outcome],
+        on_done: Callable[[Outcome], None],
+        *,
+        prefetch: int = 0,
     ) -> None:
         if size < 1:
             raise ValueError("a handler pool needs at least one thread")
+        if prefetch < 0:
+            raise ValueError("prefetch cannot be negative")
         self.size = size
+        self.prefetch = prefetch
         self._execute = run
         self._on_done = on_done
         self._queue: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
@@ -86,9 +96,9 @@ class HandlerPool:
     # -- what the worker asks -------------------------------------------------------
 
     def free(self) -> int:
-        """How many more jobs could start right now."""
+        """How many more claimed jobs the pool takes now (threads plus prefetch slots)."""
         with self._lock:
-            return self.size - len(self._tasks)
+            return self.size + self.prefetch - len(self._tasks)
 
     def busy(self) -> bool:
         """True while any job is queued or running (abandoned ones do not count)."""
@@ -141,6 +151,20 @@ class HandlerPool:
                 task.timeout or 0.0,
             )
         return expired
+
+    def withdraw_queued(self) -> list[Job]:
+        """Take back the prefetched jobs no thread has started (a stopping worker's).
+
+        A withdrawn task is never run: a thread that dequeues it later skips it.
+        """
+        with self._lock:
+            queued = [task for task in self._tasks if task.state == "queued"]
+            for task in queued:
+                task.state = "withdrawn"
+                self._tasks.discard(task)
+            if not self._tasks:
+                self._idle.notify_all()
+        return [task.job for task in queued]
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait up to *timeout* seconds for every job to finish; True if they did."""

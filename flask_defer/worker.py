@@ -4,9 +4,9 @@ One loop, in the thread that calls :meth:`Worker.run`:
 
 1. record handlers that overran their timeout as failed attempts;
 2. reclaim lapsed leases and prune history when due (one worker at a time);
-3. claim as many due jobs as there are free threads (up to ``DEFER_CLAIM_BATCH``) and
-   hand them to the pool, which runs ``Executor.execute`` — the same code as
-   ``run_due`` — inside a fresh app context;
+3. claim as many due jobs as the pool has room for (free threads plus one prefetched
+   ``DEFER_CLAIM_BATCH``) and hand them to the pool, which runs ``Executor.execute`` —
+   the same code as ``run_due`` — inside a fresh app context;
 4. sleep until the next job's ``run_at``, a free thread, a handler's timeout, the next
    maintenance round or a NOTIFY, whichever comes first (bounded by ``max_sleep``;
    SQLite, which cannot notify, polls every ``poll_interval``).
@@ -40,6 +40,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .config import DeferConfig
 from .execution import Clock, Executor, JobLog, Outcome, RunSummary
+from .jobs import Job
 from .maintenance import Maintenance, MaintenancePolicy
 from .pool import HandlerPool
 from .store import JobStore
@@ -158,8 +159,14 @@ class Worker:
                 "this worker polls every %g s instead",
                 options.poll_interval.total_seconds(),
             )
+        # Prefetch one claim batch: with every thread busy, the next jobs are already
+        # claimed (their leases renewed by the heartbeat), so a finishing thread never
+        # waits for a round trip. Other workers still get the rest of the backlog.
         self.pool = HandlerPool(
-            options.concurrency, lambda job: executor.execute(job, self.clock), self._finished
+            options.concurrency,
+            lambda job: executor.execute(job, self.clock),
+            self._finished,
+            prefetch=options.claim_batch,
         )
         self.maintenance = Maintenance(store, options.maintenance, clock)
         self._heartbeat = _Heartbeat(self)
@@ -310,6 +317,8 @@ class Worker:
     def _shutdown(self) -> None:
         """Let running handlers finish within the grace period; release the rest."""
         grace_ends = time.monotonic() + self.options.shutdown_grace.total_seconds()
+        # Prefetched jobs that no thread started go back at once, not after the grace.
+        self._release(self.pool.withdraw_queued(), "claimed but not started")
         if self.pool.busy():
             logger.info(
                 "waiting up to %g s for %d running job(s)",
@@ -329,26 +338,28 @@ class Worker:
             if deadline is not None:
                 wait = min(wait, max(deadline - now, MIN_SLEEP))
             self.pool.wait_idle(wait)
-        left = self.pool.in_flight()
-        if left:
-            try:
-                released = self.store.release(left, now=self.clock())
-            except SQLAlchemyError as error:
-                logger.error(
-                    "could not release %d job(s) (%s); they return to pending when "
-                    "their leases lapse",
-                    len(left),
-                    _brief(error),
-                )
-            else:
-                for job in left:
-                    JobLog(logger, {"job": job}).warning(
-                        "still running after the shutdown grace period; released to pending"
-                    )
-                logger.info("released %d job(s) back to pending", released)
+        self._release(self.pool.in_flight(), "still running after the shutdown grace period")
         self._heartbeat.stopped.set()
         self.pool.close()
         self.waker.close()
+
+    def _release(self, jobs: list[Job], why: str) -> None:
+        """Hand *jobs* back to pending (attempt not spent), logging each one."""
+        if not jobs:
+            return
+        try:
+            released = self.store.release(jobs, now=self.clock())
+        except SQLAlchemyError as error:
+            logger.error(
+                "could not release %d job(s) (%s); they return to pending when "
+                "their leases lapse",
+                len(jobs),
+                _brief(error),
+            )
+            return
+        for job in jobs:
+            JobLog(logger, {"job": job}).warning("%s; released to pending", why)
+        logger.info("released %d job(s) back to pending", released)
 
     def _install_signal_handlers(self) -> Callable[[], None] | None:
         if threading.current_thread() is not threading.main_thread():

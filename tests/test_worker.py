@@ -464,6 +464,33 @@ def test_stop_lets_a_running_handler_finish_within_the_grace(make_kit: MakeKit) 
     assert done.status is JobStatus.DONE and done.result == "finished"
 
 
+def test_prefetched_jobs_go_back_at_stop_without_waiting_for_the_grace(
+    make_kit: MakeKit,
+) -> None:
+    kit = make_kit(DEFER_SHUTDOWN_GRACE=10, DEFER_CLAIM_BATCH=5)
+    entered, go = threading.Event(), threading.Event()
+
+    @kit.defer.job("held")
+    def held(job: Job) -> None:
+        entered.set()
+        go.wait(10)
+
+    jobs = [kit.defer.schedule("held", {"n": n}) for n in range(6)]
+    kit.db.session.commit()
+    worker = kit.defer.worker(concurrency=1)
+    with worker_thread(worker):
+        assert entered.wait(10)
+        # One thread runs a job; the rest of the claim waits in the pool, leased.
+        wait_until(lambda: len(worker.pool.in_flight()) == 6)
+        worker.stop()
+        # The queued five are handed back at once, while the running one goes on.
+        wait_until(lambda: len(worker.pool.in_flight()) == 1)
+        go.set()
+    after = [load(kit, job.id) for job in jobs]
+    assert sorted(job.status.value for job in after) == ["done"] + ["pending"] * 5
+    assert all(job.attempts == 0 for job in after if job.status is JobStatus.PENDING)
+
+
 def test_stop_releases_a_handler_still_running_after_the_grace(make_kit: MakeKit) -> None:
     kit = make_kit(DEFER_SHUTDOWN_GRACE=0.3)
     entered, release = threading.Event(), threading.Event()
