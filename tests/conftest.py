@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ from flask.globals import _cv_app
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import Engine, MetaData, create_engine, text
 from sqlalchemy.orm import DeclarativeBase
+from werkzeug.serving import WSGIRequestHandler, make_server
 
 from flask_defer import Defer
 from flask_defer.schema import define_jobs_table
@@ -226,3 +228,53 @@ def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[s
         "headless": True,
         "args": CHROMIUM_ARGS,
     }
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_request(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def live_server() -> Iterator[Callable[[Any], str]]:
+    """Factory: serve a WSGI app on 127.0.0.1 (a free port) in a thread; returns its URL.
+
+    Real HTTP for the browser tests; every server is shut down after the test.
+    """
+    running: list[tuple[Any, threading.Thread]] = []
+
+    def serve(app: Any) -> str:
+        server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=_QuietHandler)
+        thread = threading.Thread(target=server.serve_forever, name="live-app", daemon=True)
+        thread.start()
+        running.append((server, thread))
+        return f"http://127.0.0.1:{server.server_port}"
+
+    yield serve
+    for server, thread in running:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def new_browser_context(browser: Any) -> Iterator[Callable[..., Any]]:
+    """Factory: a fresh browser context (its own cookies: a separate person), closed after."""
+    contexts: list[Any] = []
+
+    def new_context(**context_args: Any) -> Any:
+        context = browser.new_context(**context_args)
+        contexts.append(context)
+        return context
+
+    yield new_context
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture
+def artifacts(request: pytest.FixtureRequest) -> Path:
+    """Where screenshots are saved (``test-results/``, ignored by git)."""
+    folder = Path(request.config.rootpath) / "test-results"
+    folder.mkdir(exist_ok=True)
+    return folder

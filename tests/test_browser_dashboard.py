@@ -7,26 +7,19 @@ the documented ``@defer.dashboard_auth`` example expects.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect
-from werkzeug.serving import WSGIRequestHandler, make_server
+from playwright.sync_api import BrowserContext, Page, expect
 
 from flask_defer import JobStatus
 
 from .dashboard_app import OpsApp, Seeded, create_app, seed
 
 pytestmark = pytest.mark.browser
-
-
-class QuietHandler(WSGIRequestHandler):
-    def log_request(self, *args: Any, **kwargs: Any) -> None:
-        pass
 
 
 @dataclass
@@ -39,46 +32,29 @@ class Live:
 
 
 @pytest.fixture
-def live(tmp_path: Path) -> Iterator[Live]:
+def live(tmp_path: Path, live_server: Callable[[Any], str]) -> Iterator[Live]:
     ops = create_app(f"sqlite:///{tmp_path / 'ops.sqlite3'}", DEFER_DASHBOARD_REFRESH=1)
     jobs = seed(ops)
-    server = make_server("127.0.0.1", 0, ops.app, threaded=True, request_handler=QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, name="ops-app", daemon=True)
-    thread.start()
     try:
-        yield Live(ops, jobs, f"http://127.0.0.1:{server.server_port}")
+        yield Live(ops, jobs, live_server(ops.app))
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
         ops.dispose()
 
 
 @pytest.fixture
-def operator_page(browser: Browser, live: Live) -> Iterator[Callable[..., Page]]:
+def operator_page(
+    new_browser_context: Callable[..., BrowserContext], live: Live
+) -> Callable[..., Page]:
     """Factory: a signed-in operator's page on the dashboard."""
-    contexts: list[BrowserContext] = []
 
     def open_page(**context_args: Any) -> Page:
         context_args.setdefault("viewport", {"width": 1280, "height": 900})
-        context = browser.new_context(**context_args)
-        contexts.append(context)
-        page = context.new_page()
+        page = new_browser_context(**context_args).new_page()
         page.goto(live.url + "/login/admin")  # redirects to the dashboard
         expect(page.locator("#defer-jobs")).to_be_visible()
         return page
 
-    yield open_page
-    for context in contexts:
-        context.close()
-
-
-@pytest.fixture
-def artifacts(request: pytest.FixtureRequest) -> Path:
-    """Where screenshots are saved (``test-results/``, ignored by git)."""
-    folder = Path(request.config.rootpath) / "test-results"
-    folder.mkdir(exist_ok=True)
-    return folder
+    return open_page
 
 
 def rows(page: Page) -> Any:

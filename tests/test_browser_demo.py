@@ -9,7 +9,6 @@ runs the real embedded worker with a short Undo window, to show a message turnin
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -18,9 +17,8 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
+from playwright.sync_api import BrowserContext, Locator, Page, expect
 from sqlalchemy import func, select
-from werkzeug.serving import WSGIRequestHandler, make_server
 
 from demo_app.jobs import comments_key, message_key, publish_key
 from demo_app.models import Message, Notification, OutboxEntry, Post, Project, db, defer
@@ -29,11 +27,6 @@ from flask_defer import INCLUDE_DELETED, Job, JobStatus, RunSummary
 from .demo_helpers import dispose, make_demo
 
 pytestmark = pytest.mark.browser
-
-
-class QuietHandler(WSGIRequestHandler):
-    def log_request(self, *args: Any, **kwargs: Any) -> None:
-        pass
 
 
 @dataclass
@@ -64,23 +57,19 @@ class Demo:
 
 
 @pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Callable[..., Demo]]:
+def serve(
+    tmp_path: Path, live_server: Callable[[Any], str]
+) -> Iterator[Callable[..., Demo]]:
     """Factory: serve the demo with config overrides; stopped after the test."""
-    running: list[tuple[Any, threading.Thread, Flask]] = []
+    apps: list[Flask] = []
 
     def start(**config: Any) -> Demo:
         app = make_demo(f"sqlite:///{tmp_path / 'demo.sqlite3'}", tmp_path / "instance", **config)
-        server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=QuietHandler)
-        thread = threading.Thread(target=server.serve_forever, name="demo-app", daemon=True)
-        thread.start()
-        running.append((server, thread, app))
-        return Demo(app, f"http://127.0.0.1:{server.server_port}")
+        apps.append(app)
+        return Demo(app, live_server(app))
 
     yield start
-    for server, thread, app in running:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    for app in apps:
         dispose(app)
 
 
@@ -90,31 +79,18 @@ def demo(serve: Callable[..., Demo]) -> Demo:
 
 
 @pytest.fixture
-def open_as(browser: Browser) -> Iterator[Callable[..., Page]]:
+def open_as(new_browser_context: Callable[..., BrowserContext]) -> Callable[..., Page]:
     """Factory: a fresh browser (its own cookies) signed in as *user*, on *path*."""
-    contexts: list[BrowserContext] = []
 
     def open_as(demo: Demo, user: str, path: str = "/mail/", **context_args: Any) -> Page:
         context_args.setdefault("viewport", {"width": 1200, "height": 800})
-        context = browser.new_context(**context_args)
-        contexts.append(context)
-        page = context.new_page()
+        page = new_browser_context(**context_args).new_page()
         page.goto(demo.url + path)
         page.click(f"#sign-in-{user}")
         expect(page.locator("#signed-in-as")).to_have_text(user.capitalize())
         return page
 
-    yield open_as
-    for context in contexts:
-        context.close()
-
-
-@pytest.fixture
-def artifacts(request: pytest.FixtureRequest) -> Path:
-    """Where screenshots are saved (``test-results/``, ignored by git)."""
-    folder = Path(request.config.rootpath) / "test-results"
-    folder.mkdir(exist_ok=True)
-    return folder
+    return open_as
 
 
 def toasts(page: Page) -> Locator:

@@ -8,7 +8,6 @@ a browser-side clock, so only real time can show it is right.
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect
-from werkzeug.serving import WSGIRequestHandler, make_server
+from playwright.sync_api import BrowserContext, Page, expect
 
 from flask_defer import Job, JobStatus
 from flask_defer.timeutil import utcnow
@@ -26,11 +24,6 @@ from flask_defer.timeutil import utcnow
 from .undo_app import MailApp, create_app
 
 pytestmark = pytest.mark.browser
-
-
-class QuietHandler(WSGIRequestHandler):
-    def log_request(self, *args: Any, **kwargs: Any) -> None:
-        pass
 
 
 @dataclass
@@ -52,43 +45,27 @@ class Live:
 
 
 @pytest.fixture
-def live(tmp_path: Path) -> Iterator[Live]:
+def live(tmp_path: Path, live_server: Callable[[Any], str]) -> Iterator[Live]:
     mail = create_app(f"sqlite:///{tmp_path / 'mail.sqlite3'}")
-    server = make_server("127.0.0.1", 0, mail.app, threaded=True, request_handler=QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, name="mail-app", daemon=True)
-    thread.start()
     try:
-        yield Live(mail, f"http://127.0.0.1:{server.server_port}")
+        yield Live(mail, live_server(mail.app))
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
         mail.dispose()
 
 
 @pytest.fixture
-def open_page(browser: Browser, live: Live) -> Iterator[Callable[..., Page]]:
+def open_page(
+    new_browser_context: Callable[..., BrowserContext], live: Live
+) -> Callable[..., Page]:
     """Factory: a page in a fresh browser context (a separate person)."""
-    contexts: list[BrowserContext] = []
 
     def open_page(path: str = "/", **context_args: Any) -> Page:
-        context = browser.new_context(viewport={"width": 880, "height": 640}, **context_args)
-        contexts.append(context)
+        context = new_browser_context(viewport={"width": 880, "height": 640}, **context_args)
         page = context.new_page()
         page.goto(live.url + path)
         return page
 
-    yield open_page
-    for context in contexts:
-        context.close()
-
-
-@pytest.fixture
-def artifacts(request: pytest.FixtureRequest) -> Path:
-    """Where screenshots are saved (``test-results/``, ignored by git)."""
-    folder = Path(request.config.rootpath) / "test-results"
-    folder.mkdir(exist_ok=True)
-    return folder
+    return open_page
 
 
 def send(page: Page, *, htmx: bool = False) -> int:
