@@ -6,6 +6,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import inspect
@@ -313,3 +314,49 @@ def test_cancel_versus_claim_race_has_exactly_one_winner(
     with store.begin() as conn:
         assert store.count(conn, JobFilter(statuses=(JobStatus.CANCELLED,))) == len(cancelled)
         assert store.count(conn, JobFilter(statuses=(JobStatus.RUNNING,))) == len(claimed)
+
+
+def test_sqlite_bulk_insert_stores_exactly_what_sqlalchemy_executemany_stores(
+    tmp_path: Path, now: datetime, new_job: MakeJob
+) -> None:
+    """The SQLite fast path of insert_many writes the very bytes SQLAlchemy would."""
+    import sqlite3
+    from contextlib import closing
+
+    from sqlalchemy import MetaData, create_engine, insert
+
+    from flask_defer.schema import define_jobs_table
+
+    jobs = [
+        new_job(
+            name="remind",
+            payload=payload,
+            run_at=now + timedelta(hours=1, microseconds=n % 3),
+            queue="mail" if n % 2 else "default",
+            owner="alice" if n % 3 else None,
+            label=None if n % 4 else "Reminder",
+            undo_until=now + timedelta(seconds=5) if n % 5 == 0 else None,
+        )
+        for n, payload in enumerate(
+            [{}, {"n": 1}, [1, 2.5, "x"], {"nested": {"é": None}}, "text", 7, {"b": True}]
+        )
+    ]
+    paths = {}
+    for way in ("store", "sqlalchemy"):
+        paths[way] = tmp_path / f"{way}.sqlite3"
+        engine = create_engine(f"sqlite:///{paths[way]}")
+        store = JobStore(engine, define_jobs_table(MetaData()))
+        store.create_table()
+        with store.begin() as conn:
+            if way == "store":
+                assert store.insert_many(conn, jobs, now=now) == len(jobs)
+            else:
+                conn.execute(insert(store.table), [store._row_values(j, now) for j in jobs])
+        engine.dispose()
+
+    def stored(path: Path) -> list[tuple[object, ...]]:
+        with closing(sqlite3.connect(path)) as conn:
+            return conn.execute("SELECT * FROM defer_jobs ORDER BY id").fetchall()
+
+    assert stored(paths["store"]) == stored(paths["sqlalchemy"])
+    assert len(stored(paths["store"])) == len(jobs)

@@ -88,10 +88,38 @@ class SchedulingStatements(StoreBase):
         """Insert many keyless jobs in one statement batch (the bulk enqueue path)."""
         if not jobs:
             return 0
-        conn.execute(insert(self.table), [self._row_values(job, now) for job in jobs])
+        rows = [self._row_values(job, now) for job in jobs]
+        if self.is_sqlite:
+            self._sqlite_executemany(conn, rows)
+        else:
+            conn.execute(insert(self.table), rows)
         for queue in {job.queue for job in jobs}:
             self.notify(conn, queue)
         return len(jobs)
+
+    def _sqlite_executemany(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        """SQLite's bulk insert: SQLAlchemy's own compiled INSERT, handed tuples.
+
+        On SQLite the insert itself is cheap, and SQLAlchemy's executemany spent most of
+        a bulk enqueue building and converting one parameter dict per row. This sends the
+        same compiled statement with the same per-column conversions (each column type's
+        bind processor), as positional tuples; a test checks the stored bytes match.
+        """
+        names = list(rows[0])
+        compiled = insert(self.table).compile(dialect=conn.dialect, column_keys=names)
+        order = list(compiled.positiontup or ())
+        processors = [
+            self.table.c[name].type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
+            for name in order
+        ]
+        params = [
+            tuple(
+                value if process is None else process(value)
+                for process, value in zip(processors, (row[name] for name in order), strict=True)
+            )
+            for row in rows
+        ]
+        conn.exec_driver_sql(compiled.string, params)
 
     @staticmethod
     def _row_values(new: NewJob, now: datetime) -> dict[str, Any]:
