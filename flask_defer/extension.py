@@ -419,11 +419,7 @@ class Defer:
                 )
                 if cancelled is not None:
                     break
-                existing = state.store.get(conn, job_id=job_id, key=key)
-                if existing is None or (
-                    checked_owner is not None and existing.owner != checked_owner
-                ):
-                    raise JobNotFound(job_id, key)
+                existing = _refused(state, conn, job_id, key, checked_owner)
                 if existing.status is not JobStatus.PENDING:
                     return UndoOutcome.for_status(existing.status)
             if cancelled is None:
@@ -527,9 +523,7 @@ class Defer:
         with state.store.begin() as conn:
             cancelled = state.store.cancel(conn, now=utcnow(), job_id=job_id, key=key, owner=owner)
             if cancelled is None:
-                existing = state.store.get(conn, job_id=job_id, key=key)
-                if existing is None or (owner is not None and existing.owner != owner):
-                    raise JobNotFound(job_id, key)
+                _refused(state, conn, job_id, key, owner)
                 return False
         signals.job_cancelled.send(current_app._get_current_object(), job=cancelled)  # type: ignore[attr-defined]
         return True
@@ -588,9 +582,7 @@ class Defer:
         with state.store.begin() as conn:
             moved = state.store.reschedule(conn, when, now=now, job_id=job_id, key=key)
             if moved is None:
-                existing = state.store.get(conn, job_id=job_id, key=key)
-                if existing is None:
-                    raise JobNotFound(job_id, key)
+                existing = _refused(state, conn, job_id, key)
                 raise JobNotPending(existing.id, existing.status.value)
         return moved
 
@@ -602,9 +594,7 @@ class Defer:
         with state.store.begin() as conn:
             job = state.store.retry_failed(conn, job_id, now=utcnow())
             if job is None:
-                existing = state.store.get(conn, job_id=job_id)
-                if existing is None:
-                    raise JobNotFound(job_id)
+                existing = _refused(state, conn, job_id, None)
                 raise JobNotPending(existing.id, existing.status.value)
         return job
 
@@ -964,3 +954,22 @@ class Defer:
             owner=owner,
             label=label,
         )
+
+
+def _refused(
+    state: DeferState,
+    conn: Connection,
+    job_id: int | None,
+    key: str | None,
+    owner: str | None = None,
+) -> Job:
+    """The job a guarded change just left alone, read to say why.
+
+    Read after the guarded statement lost, never before it: the write decides, the
+    read only explains. No job at all, or (with *owner*) another owner's job, is
+    :class:`JobNotFound`, so other people's ids are never confirmed to exist.
+    """
+    existing = state.store.get(conn, job_id=job_id, key=key)
+    if existing is None or (owner is not None and existing.owner != owner):
+        raise JobNotFound(job_id, key)
+    return existing
