@@ -278,3 +278,25 @@ def artifacts(request: pytest.FixtureRequest) -> Path:
     folder = Path(request.config.rootpath) / "test-results"
     folder.mkdir(exist_ok=True)
     return folder
+
+
+#: axe-core impact levels that fail an accessibility check.
+BLOCKING_IMPACTS = ("serious", "critical")
+
+
+@pytest.fixture
+def axe_violations() -> Callable[[Any], list[dict[str, Any]]]:
+    """Factory: run axe-core on a Playwright page; return its serious and critical violations.
+
+    Each item is axe's violation record (``id``, ``impact``, ``help``, ``nodes``), so an
+    assertion message can say which rule failed where.
+    """
+    from axe_playwright_python.sync_playwright import Axe
+
+    axe = Axe()
+
+    def run(page: Any) -> list[dict[str, Any]]:
+        found = axe.run(page).response["violations"]
+        return [v for v in found if v.get("impact") in BLOCKING_IMPACTS]
+
+    return run
