@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from flask_defer import InvalidArgument, Job, JobStatus
-from flask_defer.http_jobs import EXCERPT_CHARS, HTTP_JOB
+from flask_defer.helpers.http_jobs import EXCERPT_CHARS, HTTP_JOB
 
 from .conftest import AppKit
 

@@ -30,7 +30,7 @@ from ..jobs import JobStatus
 from ..timeutil import utcnow
 from ..undo import MAX_JOB_ID
 from . import dashboard_actions, formatting, metrics_view
-from .access import current_defer, current_state, operators_only
+from .access import current_defer, operators_only
 from .csrf import csrf_token, field_name
 from .dashboard_actions import FLASH_OK, FLASH_REFUSED, ActionOutcome
 from .job_query import JobQuery
@@ -123,9 +123,8 @@ def job_page(job_id: int) -> ResponseReturnValue:
 
 def list_context(query: JobQuery) -> dict[str, Any]:
     """What the list fragment and the health figures need."""
-    state = current_state()
-    defer = state.extension
-    size = state.config.dashboard_page_size
+    defer = current_defer()
+    size = defer.config.dashboard_page_size
     now = utcnow()
     health = defer.health(now=now)
     total = defer.count(**query.filters)
@@ -190,7 +189,7 @@ def page_context() -> dict[str, Any]:
 
 def refresh_seconds() -> float:
     """How often an open page refreshes itself (0: never)."""
-    return current_state().config.dashboard_refresh.total_seconds()
+    return current_defer().config.dashboard_refresh.total_seconds()
 
 
 def _back_to_list() -> str:

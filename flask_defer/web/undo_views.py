@@ -19,8 +19,8 @@ from flask import (
 from flask.typing import ResponseReturnValue
 
 from ..errors import JobNotFound
-from ..extension import Defer, DeferState
 from ..timeutil import utcnow
+from .access import current_defer
 from .csrf import csrf_token, field_name, require_csrf
 from .redirects import path_of, safe_local_target
 from .toasts import page_of_fragment_request, toast_context
@@ -48,12 +48,6 @@ def format_seconds(seconds: float) -> str:
     return f"{hours // 24} days"
 
 
-def _defer() -> Defer:
-    state = current_app.extensions["defer"]
-    assert isinstance(state, DeferState)
-    return state.extension
-
-
 def _is_htmx() -> bool:
     return request.headers.get("HX-Request") == "true"
 
@@ -75,7 +69,7 @@ def toasts_fragment() -> ResponseReturnValue:
 def undo(job_id: int) -> ResponseReturnValue:
     """Undo the current owner's job: an outcome fragment for htmx, else a redirect back."""
     require_csrf()
-    defer = _defer()
+    defer = current_defer()
     owner = defer.current_owner()
     if owner is None:
         abort(404)
@@ -97,7 +91,7 @@ def undo(job_id: int) -> ResponseReturnValue:
 
 def pending_page() -> ResponseReturnValue:
     """The owner's pending jobs: undoable ones with their window, scheduled ones with run_at."""
-    defer = _defer()
+    defer = current_defer()
     now = utcnow()
     jobs = defer.pending_for()
     return _no_store(
