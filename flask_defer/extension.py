@@ -26,11 +26,11 @@ from .helpers import soft_delete as _soft_delete
 from .jobs import Job
 from .operations import Filters
 from .owner import OwnerLoader, resolve_owner
-from .registry import Handler, HandlerSpec, Registry, validate_spec
+from .registry import Handler, Registry
 from .schema import DEFAULT_TABLE_NAME, define_jobs_table
 from .state import DeferState, build_state, current_state
 from .store import JobStore
-from .timeutil import Duration, as_duration, utcnow
+from .timeutil import Duration, utcnow
 from .undo import Toast, UndoOutcome
 from .undo_hooks import UndoHook, UndoHooks
 from .validation import checked_text, identity
@@ -187,24 +187,9 @@ class Defer:
         """
         if callable(name):
             return self.job()(name)
-        # Validate now, so a mistake points at the decorator line, not at first use.
-        validate_spec(name if name is not None else "handler", max_attempts, timeout, queue)
-
-        def register(func: F) -> F:
-            job_name = name if name is not None else func.__name__
-            self.registry.add(
-                HandlerSpec(
-                    name=job_name,
-                    func=func,
-                    max_attempts=max_attempts,
-                    timeout=float(timeout) if timeout is not None else None,
-                    atomic=atomic,
-                    queue=queue,
-                )
-            )
-            return func
-
-        return register
+        return self.registry.decorator(
+            name, max_attempts=max_attempts, timeout=timeout, atomic=atomic, queue=queue
+        )
 
     # -- scheduling ---------------------------------------------------------------
 
@@ -230,15 +215,8 @@ class Defer:
         out the pending holder. ``owner`` and ``label`` are what the Undo UI shows.
         """
         return self._state().schedule(
-            name,
-            payload,
-            run_at=run_at,
-            delay=delay,
-            key=key,
-            replace=replace,
-            owner=owner,
-            label=label,
-            undo_until=undo_until,
+            name, payload, run_at=run_at, delay=delay, key=key, replace=replace,
+            owner=owner, label=label, undo_until=undo_until,
         )
 
     # -- Undo (the facade of the Undo UI) ---------------------------------------------
@@ -304,29 +282,9 @@ class Defer:
         committed).
         """
         state = self._state()
-        span = (
-            state.config.undo_window
-            if window is None
-            else as_duration(window, "window", allow_zero=False)
-        )
-        if owner is None:
-            owner = self.current_owner(create=True)
-            if owner is None:
-                raise InvalidArgument(
-                    "owner",
-                    "there is no current owner to show the Undo toast to; call undoable() "
-                    "while handling a request, or pass owner=",
-                )
-        now = utcnow()
-        return self.schedule(
-            name,
-            payload,
-            run_at=now + span + state.config.undo_margin,
-            key=key,
-            replace=replace,
-            owner=owner,
-            label=label,
-            undo_until=now + span,
+        owner = owner if owner is not None else self.current_owner(create=True)
+        return operations.undoable(
+            state, name, payload, window=window, label=label, key=key, owner=owner, replace=replace
         )
 
     def undo(
@@ -536,17 +494,9 @@ class Defer:
         once nothing is due instead of waiting for more. ``clock`` replaces the wall
         clock (tests: run what is due at a chosen time with ``burst=True``).
         """
-        state = self._state()
-        if concurrency is not None and (
-            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-        ):
-            raise InvalidArgument("concurrency", f"expected an integer ≥ 1, got {concurrency!r}")
-        names: list[str] | None = None
-        if queues is not None:
-            if isinstance(queues, str):
-                raise InvalidArgument("queues", "expected a list of queue names, not one string")
-            names = [checked_text(q, "queues") or "" for q in queues] or None
-        return state.worker(concurrency=concurrency, queues=names, burst=bool(burst), clock=clock)
+        return operations.worker(
+            self._state(), concurrency=concurrency, queues=queues, burst=burst, clock=clock
+        )
 
     def prune(self, now: datetime | None = None) -> int:
         """Delete settled jobs past their retention now; return how many.
@@ -605,15 +555,8 @@ class Defer:
         caller commits.
         """
         return batching.batch(
-            self._state(),
-            name,
-            key=key,
-            item=item,
-            window=window,
-            max_items=max_items,
-            mode=mode,
-            max_wait=max_wait,
-            now=now,
+            self._state(), name, key=key, item=item, window=window, max_items=max_items,
+            mode=mode, max_wait=max_wait, now=now,
         )
 
     def schedule_http(
@@ -637,18 +580,8 @@ class Defer:
         network errors are retried, honouring ``Retry-After``; other 4xx fail at once.
         """
         return http_jobs.schedule_http(
-            self._state(),
-            url,
-            method=method,
-            json_body=json,
-            headers=headers,
-            run_at=run_at,
-            delay=delay,
-            key=key,
-            timeout=timeout,
-            replace=replace,
-            owner=owner,
-            label=label,
+            self._state(), url, method=method, json_body=json, headers=headers, run_at=run_at,
+            delay=delay, key=key, timeout=timeout, replace=replace, owner=owner, label=label,
         )
 
 

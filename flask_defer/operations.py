@@ -15,12 +15,14 @@ from typing import Any, TypedDict
 from . import signals
 from .bulk import build_new_jobs
 from .errors import InvalidArgument, JobNotFound, JobNotPending
+from .execution import Clock
 from .jobs import Job, JobStatus
 from .state import DeferState
 from .store import JobFilter
-from .timeutil import Duration, as_utc, resolve_run_at, utcnow
+from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
 from .undo import MAX_JOB_ID, Toast, UndoOutcome
 from .validation import checked_limit, checked_text, identity, statuses
+from .worker import Worker
 
 
 class Filters(TypedDict, total=False):
@@ -74,6 +76,63 @@ def schedule_many(
         return 0
     with state.transactions.joined(writes=True) as conn:
         return state.store.insert_many(conn, jobs, now=now)
+
+
+def undoable(
+    state: DeferState,
+    name: str,
+    payload: Any,
+    *,
+    window: Duration | None,
+    label: str | None,
+    key: str | None,
+    owner: str | None,
+    replace: bool,
+) -> Job:
+    """Schedule *name* after an Undo window (plus the margin), with a toast for *owner*."""
+    span = (
+        state.config.undo_window
+        if window is None
+        else as_duration(window, "window", allow_zero=False)
+    )
+    if owner is None:
+        raise InvalidArgument(
+            "owner",
+            "there is no current owner to show the Undo toast to; call undoable() "
+            "while handling a request, or pass owner=",
+        )
+    now = utcnow()
+    return state.schedule(
+        name,
+        payload,
+        run_at=now + span + state.config.undo_margin,
+        key=key,
+        replace=replace,
+        owner=owner,
+        label=label,
+        undo_until=now + span,
+    )
+
+
+def worker(
+    state: DeferState,
+    *,
+    concurrency: int | None,
+    queues: Iterable[str] | None,
+    burst: bool,
+    clock: Clock | None,
+) -> Worker:
+    """A worker for *state*'s app, its command-line style arguments checked."""
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise InvalidArgument("concurrency", f"expected an integer ≥ 1, got {concurrency!r}")
+    names: list[str] | None = None
+    if queues is not None:
+        if isinstance(queues, str):
+            raise InvalidArgument("queues", "expected a list of queue names, not one string")
+        names = [checked_text(q, "queues") or "" for q in queues] or None
+    return state.worker(concurrency=concurrency, queues=names, burst=bool(burst), clock=clock)
 
 
 def cancel(state: DeferState, job_id: Any, key: Any, owner: str | None) -> bool:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from blinker import Signal
 from flask import Flask, current_app, has_app_context
-from sqlalchemy import Connection, Engine, MetaData, create_engine
+from sqlalchemy import Connection, Engine, MetaData, Table, create_engine
 
 from . import signals
 from .config import DeferConfig, apply_defaults, load_config
@@ -207,20 +207,7 @@ def build_state(
     """
     apply_defaults(app.config)
     config = load_config(app.config)
-    if db is not None:
-        if "sqlalchemy" not in app.extensions:
-            raise NotConfigured(
-                "Flask-SQLAlchemy is not set up on this app yet: "
-                "call db.init_app(app) before defer.init_app(app, db=db)"
-            )
-        table = define_jobs_table(db.metadata, table_name)
-        with app.app_context():
-            engine: Engine = db.engine
-        session = db.session
-    else:
-        engine = create_engine(config.database_uri or default_sqlite_uri(app))
-        table = define_jobs_table(MetaData(), table_name)
-        session = None
+    engine, table, session = _engine_table_session(app, config, db, table_name)
     if engine.dialect.name == "sqlite":
         tune_sqlite(engine, config.sqlite_busy_timeout)
     store = JobStore(engine, table)
@@ -264,6 +251,24 @@ def build_state(
 
         object.__setattr__(state, "metrics", Metrics(app, health=health))
     return state
+
+
+def _engine_table_session(
+    app: Flask, config: DeferConfig, db: Any, table_name: str
+) -> tuple[Engine, Table, Any]:
+    """Where *app*'s jobs live: ``db``'s engine and session, or an engine of our own."""
+    if db is not None:
+        if "sqlalchemy" not in app.extensions:
+            raise NotConfigured(
+                "Flask-SQLAlchemy is not set up on this app yet: "
+                "call db.init_app(app) before defer.init_app(app, db=db)"
+            )
+        table = define_jobs_table(db.metadata, table_name)
+        with app.app_context():
+            engine: Engine = db.engine
+        return engine, table, db.session
+    engine = create_engine(config.database_uri or default_sqlite_uri(app))
+    return engine, define_jobs_table(MetaData(), table_name), None
 
 
 def state_of(app: Flask) -> DeferState | None:

@@ -89,6 +89,8 @@ def batch(
     stream still flushes. ``max_items`` makes a full batch due at once; the next item
     opens a new one. ``now`` is when the item arrived (default: the current time).
     """
+    # Long on purpose: the checks, then one transaction that joins or opens a slot, read
+    # top to bottom as the single decision it is (split, the slot logic would be scattered).
     spec = state.spec_for(name)
     if not isinstance(key, str) or not key:
         raise InvalidArgument("key", f"expected a non-empty string, got {key!r}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 from flask import (
     Blueprint,
     abort,
-    current_app,
     flash,
     redirect,
     render_template,
@@ -23,6 +22,7 @@ from ..timeutil import utcnow
 from .access import current_defer
 from .csrf import csrf_token, field_name, require_csrf
 from .redirects import path_of, safe_local_target
+from .responses import is_htmx, no_store
 from .toasts import page_of_fragment_request, toast_context
 
 
@@ -48,20 +48,9 @@ def format_seconds(seconds: float) -> str:
     return f"{hours // 24} days"
 
 
-def _is_htmx() -> bool:
-    return request.headers.get("HX-Request") == "true"
-
-
-def _no_store(response: ResponseReturnValue) -> ResponseReturnValue:
-    resp = current_app.make_response(response)
-    # Remaining seconds are only true at the moment of rendering.
-    resp.headers["Cache-Control"] = "no-store"
-    return resp
-
-
 def toasts_fragment() -> ResponseReturnValue:
     """The current owner's live toasts as HTML (the toast region refreshes from it)."""
-    return _no_store(
+    return no_store(
         render_template("defer/_toast_list.html", **toast_context(page=page_of_fragment_request()))
     )
 
@@ -80,8 +69,8 @@ def undo(job_id: int) -> ResponseReturnValue:
     job = defer.get(job_id)
     label = job.label if job is not None else None
     text = outcome.describe(label)
-    if _is_htmx():
-        return _no_store(
+    if is_htmx():
+        return no_store(
             render_template("defer/_outcome.html", outcome=outcome, text=text, job=job)
         )
     flash(text, f"defer-{outcome.value}")
@@ -94,7 +83,7 @@ def pending_page() -> ResponseReturnValue:
     defer = current_defer()
     now = utcnow()
     jobs = defer.pending_for()
-    return _no_store(
+    return no_store(
         render_template(
             "defer/pending.html",
             jobs=jobs,
