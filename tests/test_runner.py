@@ -227,13 +227,14 @@ def test_run_due_max_seconds_must_be_a_positive_duration(kit: AppKit, bad: Any) 
 
 def run_due_process(database_url: str, log: Path, **config: Any) -> subprocess.Popen[bytes]:
     """``flask --app tests.worker_app defer run-due`` as a real child process."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "flask", "--app", "tests.worker_app", "defer", "run-due"],
-        cwd=ROOT,
-        env=worker_app_env(database_url, **config),
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
+    with log.open("wb") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "flask", "--app", "tests.worker_app", "defer", "run-due"],
+            cwd=ROOT,
+            env=worker_app_env(database_url, **config),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 @pytest.mark.slow

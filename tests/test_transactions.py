@@ -375,7 +375,8 @@ def test_undo_commit_false_of_a_soft_delete_rolls_back_whole(shop: Shop) -> None
             ).scalar()
 
     def visible() -> bool:
-        return db.session.scalars(select(Project).where(Project.id == project_id)).first() is not None
+        found = db.session.scalars(select(Project).where(Project.id == project_id)).first()
+        return found is not None
 
     assert shop.defer.undo(purge.id, owner="ada", commit=False) is UndoOutcome.UNDONE
     # In this transaction the row is back (the hook ran in it) ...
@@ -406,7 +407,11 @@ def test_undo_commit_false_leaves_the_rollback_to_the_caller_when_a_hook_raises(
     with pytest.raises(RuntimeError, match="hook failed"):
         shop.defer.undo(job.id, commit=False)
     session = shop.kit.db.session
-    assert session.in_transaction()  # still the caller's: nothing rolled back for it
+    # Nothing was rolled back for the caller: its transaction holds its own change
+    # and the cancel (read through db.session), until it rolls back.
+    assert session().in_transaction()
+    assert shop.defer.get(job.id).status is JobStatus.CANCELLED  # type: ignore[union-attr]
+    assert session.get(shop.offer_model, offer.id).status == "withdrawn"
     session.rollback()
     assert shop.job(job.id).status is JobStatus.PENDING
     assert shop.offer_status(offer.id) == "open"
