@@ -83,7 +83,7 @@ DEFAULTS: dict[str, Any] = {
     # How often an open dashboard refreshes its figures and list (0: never by itself).
     "DEFER_DASHBOARD_REFRESH": timedelta(seconds=5),
     # Serve Prometheus metrics at DEFER_URL_PREFIX + "/metrics" (needs the
-    # ``flask-defer[metrics]`` extra, i.e. prometheus_client).
+    # ``flask-defer-jobs[metrics]`` extra, i.e. prometheus_client).
     "DEFER_METRICS": False,
     # Serve the metrics without the dashboard's authorisation hook (for a scraper on
     # a private network that cannot log in).
