@@ -185,6 +185,7 @@ def page_context() -> dict[str, Any]:
     )
     return {
         "flashed": [(category == FLASH_OK, str(text)) for category, text in flashed],
+        "home_url": current_state().config.dashboard_home_url,
     }
 
 
