@@ -329,10 +329,65 @@ def test_actions_without_a_valid_csrf_token_are_refused(
     assert ops.job(target) == before
 
 
-def test_actions_only_accept_post(ops: OpsApp, jobs: Seeded) -> None:
+#: Destructive actions whose URL answers a GET with a confirm page (no JavaScript).
+CONFIRMED_PATHS = {"/defer/jobs/{id}/cancel", "/defer/jobs/cancel", "/defer/jobs/retry"}
+
+
+def test_a_get_never_acts_destructive_ones_answer_with_a_confirm_page(
+    ops: OpsApp, jobs: Seeded
+) -> None:
     client = signed_in(ops)
+    before = {job_id: ops.job(job_id) for job_id in (jobs.scheduled[0], jobs.failed[0])}
     for path in ACTION_PATHS:
-        assert client.get(path.format(id=jobs.scheduled[0])).status_code == 405
+        response = client.get(path.format(id=jobs.scheduled[0]) + "?name=publish_post")
+        assert response.status_code == (200 if path in CONFIRMED_PATHS else 405), path
+    assert {job_id: ops.job(job_id) for job_id in before} == before
+
+
+def test_cancel_without_javascript_asks_first_then_cancels_from_the_confirm_form(
+    ops: OpsApp, jobs: Seeded
+) -> None:
+    client = signed_in(ops)
+    job_id = jobs.scheduled[0]
+    page = client.get(f"/defer/jobs/{job_id}").get_data(as_text=True)
+    # The Cancel button's form GETs the confirm page without JavaScript; htmx asks and POSTs.
+    form = re.search(rf'<form[^>]*action="/defer/jobs/{job_id}/cancel"[^>]*>', page)
+    assert form and 'method="get"' in form.group(0) and "hx-confirm=" in form.group(0)
+    confirm = client.get(f"/defer/jobs/{job_id}/cancel?next=/defer/jobs/{job_id}")
+    html = confirm.get_data(as_text=True)
+    assert f"Cancel job {job_id} (publish_post, key post:93:publish)?" in html
+    assert ops.job(job_id).status is JobStatus.PENDING
+    token = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert token and f'action="/defer/jobs/{job_id}/cancel"' in html
+    done = client.post(
+        f"/defer/jobs/{job_id}/cancel", data={"csrf_token": token.group(1), "next": "/defer/"}
+    )
+    assert follow_flash(client, done) == f"ok: Job {job_id} cancelled."
+    assert ops.job(job_id).status is JobStatus.CANCELLED
+
+
+def test_bulk_actions_without_javascript_confirm_with_the_same_filters(
+    ops: OpsApp, jobs: Seeded
+) -> None:
+    client = signed_in(ops)
+    page = client.get("/defer/?name=publish_post").get_data(as_text=True)
+    bulk = re.search(r'<form[^>]*action="/defer/jobs/cancel"[^>]*>(.*?)</form>', page, re.S)
+    assert bulk and 'method="get"' in bulk.group(0) and "csrf_token" not in bulk.group(1)
+    confirm = client.get("/defer/jobs/cancel?name=publish_post&next=/defer/")
+    html = confirm.get_data(as_text=True)
+    assert "Cancel every pending job matching name &#39;publish_post&#39;?" in html
+    assert '<input type="hidden" name="name" value="publish_post">' in html
+    assert ops.job(jobs.scheduled[0]).status is JobStatus.PENDING
+    retry = client.get("/defer/jobs/retry?next=/defer/").get_data(as_text=True)
+    assert "Retry every failed job in the table?" in retry
+    assert ops.job(jobs.failed[0]).status is JobStatus.FAILED
+
+
+def test_confirm_pages_need_the_operator(ops: OpsApp, jobs: Seeded) -> None:
+    for client in (ops.app.test_client(), signed_in(ops, "alice")):
+        assert client.get(f"/defer/jobs/{jobs.scheduled[0]}/cancel").status_code == 403
+        assert client.get("/defer/jobs/cancel?name=x").status_code == 403
+    assert signed_in(ops).get("/defer/jobs/999999/cancel").status_code == 404
 
 
 # -- the list -------------------------------------------------------------------------------
