@@ -271,6 +271,23 @@ def test_a_deleted_project_is_hidden_at_once_and_purged_after_the_grace(
     assert "Website relaunch" not in page
 
 
+def test_the_bins_countdown_ends_when_the_toasts_undo_does(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    from demo_app.when import iso
+
+    alice = person("alice")
+    project = project_named(app, "Website relaunch")
+    alice.post(f"/projects/{project.id}/delete")
+    page = alice.get("/projects/").get_data(as_text=True)
+    with app_context(app) as defer:
+        [purge] = defer.list(owner="alice", status="pending")
+    assert purge.undo_until is not None
+    # Toast "Undo 29" and bin "gone for good in 29 s": one moment, the end of Undo.
+    binned = page.split(f'id="deleted-project-{project.id}"', 1)[1]
+    assert f'data-countdown="{iso(purge.undo_until)}"' in binned.split("</li>", 1)[0]
+
+
 def test_undo_of_a_delete_brings_the_project_back(
     app: Flask, person: Callable[[str], Person]
 ) -> None:
