@@ -24,7 +24,7 @@ from playwright.sync_api import BrowserContext, Page, expect
 from demo_app.models import Post, db
 from flask_defer import JobStatus
 
-from .dashboard_app import OpsApp, Seeded, create_app, seed
+from .dashboard_app import Seeded, create_app, seed
 from .demo_helpers import dispose, make_demo
 
 pytestmark = pytest.mark.browser
