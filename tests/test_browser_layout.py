@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import BrowserContext, Page, expect
 
-from demo_app.models import Post, db
+from demo_app.models import Notification, Post, db
 from flask_defer import JobStatus
 
 from .dashboard_app import Seeded, create_app, seed
@@ -72,6 +72,9 @@ def site(tmp_path: Path, live_server: Callable[[Any], str]) -> Iterator[Site]:
             assert ops.defer.get(http.id).status is JobStatus.DONE  # type: ignore[union-attr]
         with demo.app_context():
             post_id = db.session.scalars(db.select(Post.id)).first()
+            # Unread notifications: the nav's Notifications link carries a badge.
+            db.session.add_all(Notification(user="alice", text=f"News {n}") for n in range(12))
+            db.session.commit()
         assert post_id is not None
         yield Site(live_server(demo), live_server(ops.app), post_id, jobs, http.id)
     finally:
@@ -227,3 +230,28 @@ def test_dashboard_pages_fit_and_pass_axe(
         page.wait_for_load_state("networkidle")
         assert_fits(page, width, where)
         assert_accessible(page, axe_violations, where)
+
+
+def test_the_phone_nav_keeps_its_badge_on_one_line_and_shows_more_links_lie_beyond(
+    site: Site, new_browser_context: Callable[..., BrowserContext]
+) -> None:
+    page = new_browser_context(**PHONE).new_page()
+    page.goto(site.demo_url + "/mail/")
+    page.click("#sign-in-alice")
+    nav = page.get_by_role("navigation", name="Main")
+    badge = nav.locator(".badge")
+    expect(badge).to_have_text("12")
+    link = nav.get_by_role("link", name="Notifications")
+    mail = nav.get_by_role("link", name="Mail")
+    link_box, mail_box, badge_box = link.bounding_box(), mail.bounding_box(), badge.bounding_box()
+    assert link_box and mail_box and badge_box
+    # One line: the link is as tall as its neighbours and the badge sits inside it.
+    assert abs(link_box["height"] - mail_box["height"]) < 2, (link_box, mail_box)
+    assert link_box["y"] <= badge_box["y"] and badge_box["y"] + badge_box["height"] <= (
+        link_box["y"] + link_box["height"]
+    )
+    # More links lie to the right: a fade says so until the nav is scrolled to its end.
+    expect(nav).to_have_attribute("data-more", "")
+    nav.evaluate("nav => nav.scrollTo({left: nav.scrollWidth})")
+    expect(nav).not_to_have_attribute("data-more", "")
+    expect(nav.get_by_role("link", name="Dashboard")).to_be_in_viewport()
