@@ -100,6 +100,5 @@ def _page(
         here=back,
         csrf_token=csrf_token(),
         csrf_field=field_name(),
-        flashed=[],
         home_url=current_defer().config.dashboard_home_url,
     )
