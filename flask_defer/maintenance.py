@@ -42,8 +42,11 @@ def reclaim_lapsed(store: JobStore, clock: Clock) -> int | None:
     """Reclaim lapsed leases now, under the maintenance lock; how many jobs came back.
 
     None when another process holds the lock: it is reclaiming (or pruning) at this
-    moment, and a second reclaim would find nothing more.
+    moment, and a second reclaim would find nothing more. Looks first, so a call with
+    nothing to reclaim (the usual case) takes neither the lock nor a write lock.
     """
+    if not store.any_lapsed(now=clock()):
+        return 0
     with store.maintenance_lock() as mine:
         return _reclaim(store, clock) if mine else None
 
