@@ -15,12 +15,14 @@ from .errors import (
     JobNotFound,
     JobNotPending,
     NotConfigured,
+    ScheduleNotFound,
     UnknownJob,
 )
 from .execution import Outcome, RunSummary
 from .extension import Defer
 from .health import Health
 from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
+from .store.schedules import ScheduleRow
 from .signals import job_cancelled, job_failed, job_scheduled, job_started, job_succeeded
 from .soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
 from .undo import Toast, UndoOutcome
@@ -45,6 +47,8 @@ __all__ = [
     "RestoreOutcome",
     "RetryAfter",
     "RunSummary",
+    "ScheduleNotFound",
+    "ScheduleRow",
     "SoftDeleteMixin",
     "Toast",
     "UndoOutcome",

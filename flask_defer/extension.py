@@ -33,8 +33,16 @@ from .jobs import Job, JobStatus
 from .maintenance import prune as prune_settled
 from .owner import OwnerLoader, resolve_owner
 from .registry import Handler, HandlerSpec, Registry, validate_spec
-from .schema import DEFAULT_TABLE_NAME, define_jobs_table
+from .helpers import recurring as _recurring
+from .recurrence import CatchUp, make_rule, make_spec
+from .schema import (
+    DEFAULT_SCHEDULES_TABLE_NAME,
+    DEFAULT_TABLE_NAME,
+    define_jobs_table,
+    define_schedules_table,
+)
 from .store import JobFilter, JobStore, NewJob
+from .store.schedules import ScheduleRow, ScheduleStore
 from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
 from .undo import MAX_JOB_ID, Toast, UndoOutcome
 from .undo_hooks import UndoHook
@@ -62,6 +70,8 @@ class DeferState:
     session: scoped_session[Session] | None
     #: The app's Prometheus metrics (``DEFER_METRICS``), or None.
     metrics: Metrics | None = None
+    #: The app's recurring schedules (helpers/recurring.py); set by init_app.
+    recurring: _recurring.Ticker | None = None
 
 
 class Defer:
@@ -84,8 +94,12 @@ class Defer:
         db: Any = None,
         *,
         table_name: str = DEFAULT_TABLE_NAME,
+        schedules_table_name: str = DEFAULT_SCHEDULES_TABLE_NAME,
     ) -> None:
         self.registry = Registry()
+        #: ``defer.recurring(...)`` declarations (shared by every app bound to this).
+        self.schedules = _recurring.Declarations()
+        self.schedules_table_name = schedules_table_name
         # -- helpers: built-in jobs (purge, HTTP) and the undo hooks they use --
         self.undo_hooks = undo_hooks.UndoHooks()
         _soft_delete.register(self)
@@ -101,6 +115,7 @@ class Defer:
             # Defining the table now puts it in the metadata before create_all or
             # Alembic look, whatever order the app sets things up in.
             define_jobs_table(db.metadata, table_name)
+            define_schedules_table(db.metadata, schedules_table_name)
         if app is not None:
             self.init_app(app, db=db)
 
@@ -124,19 +139,30 @@ class Defer:
                     "call db.init_app(app) before defer.init_app(app, db=db)"
                 )
             table = define_jobs_table(db.metadata, self.table_name)
+            schedules_table = define_schedules_table(db.metadata, self.schedules_table_name)
             with app.app_context():
                 engine: Engine = db.engine
             session: scoped_session[Session] | None = db.session
         else:
             uri = config.database_uri or database.default_sqlite_uri(app)
             engine = create_engine(uri)
-            table = define_jobs_table(MetaData(), self.table_name)
+            metadata = MetaData()
+            table = define_jobs_table(metadata, self.table_name)
+            schedules_table = define_schedules_table(metadata, self.schedules_table_name)
             session = None
         if engine.dialect.name == "sqlite":
             database.tune_sqlite(engine, config)
         store = JobStore(engine, table)
+        ticker = _recurring.Ticker(
+            ScheduleStore(engine, schedules_table, store),
+            self.schedules,
+            self.registry,
+            default_max_attempts=config.max_attempts,
+            max_catch_up=config.recurring_max_catch_up,
+        )
         if db is None:
             store.create_table()
+            ticker.store.create_table()
         else:
             database.track_uncommitted(db.session)
             # helpers: hide soft-deleted rows from the app's ORM queries.
@@ -157,14 +183,19 @@ class Defer:
             from .metrics import Metrics
 
             metrics = Metrics(app, health=self._health_in_context(app))
-        app.extensions["defer"] = DeferState(self, config, store, executor, session, metrics)
+        app.extensions["defer"] = DeferState(
+            self, config, store, executor, session, metrics, recurring=ticker
+        )
         # -- the worker: an embedded one for development ---------------------------
         if config.embedded_worker:
             from .embedded import EMBEDDED_SHUTDOWN_GRACE, install
 
             grace = min(config.shutdown_grace, EMBEDDED_SHUTDOWN_GRACE)
             install(
-                app, lambda: make_worker(store, executor, config, shutdown_grace=grace)
+                app,
+                lambda: make_worker(
+                    store, executor, config, shutdown_grace=grace, ticker=ticker
+                ),
             )
 
         from .cli import defer_cli
@@ -730,7 +761,88 @@ class Defer:
         with self._joined(state) as conn:
             parts = state.store.counts_by_name(conn, now=at)
             unknown = state.store.count_unknown(conn, known)
-        return Health.from_counts(parts, known_names=known, unknown_handlers=unknown, now=at)
+        late = state.recurring.late(at) if state.recurring is not None else _recurring.Late(0, None)
+        return Health.from_counts(
+            parts,
+            known_names=known,
+            unknown_handlers=unknown,
+            now=at,
+            late_schedules=late.count,
+            oldest_late_tick=late.oldest_tick,
+        )
+
+    # -- helpers: recurring schedules ------------------------------------------------
+
+    def recurring(
+        self,
+        id: str,
+        job_name: str,
+        cron: str | None = None,
+        *,
+        every: Duration | None = None,
+        tz: str = "UTC",
+        payload: Any = None,
+        catch_up: CatchUp = "latest",
+    ) -> _recurring.RecurringSpec:
+        """Declare the recurring schedule *id*: run *job_name* on a cron rule or interval.
+
+        ``cron`` is a 5-field expression evaluated in the IANA zone ``tz`` (wall-clock
+        intent across DST: a time skipped by spring-forward runs once at the next valid
+        instant, a time repeated by fall-back runs once); ``every`` is a fixed interval
+        (a timedelta or seconds, at least one second) ticking at whole multiples since
+        the Unix epoch. Pass exactly one. ``catch_up`` says what happens to ticks missed
+        during downtime: ``"latest"`` runs the most recent one once, ``"skip"`` none,
+        ``"all"`` every one (at most ``DEFER_RECURRING_MAX_CATCH_UP``).
+
+        Declare it in code next to the handler, after ``@defer.job(job_name)``: an
+        unregistered *job_name* raises :class:`UnknownJob` here, at the declaration. The
+        declaration is the source of truth; the database (synced when a worker or
+        ``run_due`` starts) keeps each schedule's next and last tick and paused flag.
+        """
+        rule = make_rule(cron, every, tz)
+        spec = make_spec(id, job_name, rule, checked_payload(payload), catch_up)
+        if spec.job_name not in self.registry:
+            raise UnknownJob(spec.job_name)
+        self.schedules.add(spec)
+        return spec
+
+    def list_recurring(self) -> list[ScheduleRow]:
+        """Every schedule with its next and last tick, paused and orphaned flags, by id.
+
+        Orphaned schedules (declared once, no longer in code) are listed too: they are
+        kept and never tick until declared again.
+        """
+        return self._ticker().list(utcnow())
+
+    def pause_recurring(self, id: str) -> bool:
+        """Stop the schedule *id* from ticking: True if this call paused it.
+
+        Already paused → False. Unknown id → :class:`ScheduleNotFound`. Ticks already
+        written stay ordinary pending jobs (cancel them like any job).
+        """
+        return self._ticker().pause(id, utcnow())
+
+    def resume_recurring(self, id: str, *, now: datetime | None = None) -> bool:
+        """Let the paused schedule *id* tick again, from its next tick after *now*.
+
+        Ticks that fell in the pause are not written (no burst). Not paused → False;
+        unknown id → :class:`ScheduleNotFound`.
+        """
+        at = as_utc(now, "now") if now is not None else utcnow()
+        return self._ticker().resume(id, at)
+
+    def run_recurring_now(self, id: str) -> Job:
+        """Write one extra job of schedule *id*, due now (the dashboard's "Run now").
+
+        The schedule's own ticks are unchanged; the job's key is
+        ``recurring:<id>:<now>:now``.
+        """
+        return self._ticker().run_now(id, utcnow())
+
+    def _ticker(self) -> _recurring.Ticker:
+        ticker = self._state().recurring
+        assert ticker is not None
+        return ticker
 
     # -- running ------------------------------------------------------------------
 
@@ -748,6 +860,10 @@ class Defer:
             return fixed if fixed is not None else utcnow()
 
         self._refuse_uncommitted(state, "run_due")
+        if state.recurring is not None:
+            # Sync at every call: run_due is the cron runner's whole "worker start".
+            state.recurring.sync(clock())
+            state.recurring.materialise(clock())
         summary = RunSummary()
         started: set[int] = set()
         while limit is None or summary.ran < limit:
@@ -804,6 +920,7 @@ class Defer:
             state.store,
             state.executor,
             state.config,
+            ticker=state.recurring,
             concurrency=concurrency,
             queues=names,
             burst=bool(burst),

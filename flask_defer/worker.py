@@ -34,7 +34,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -46,6 +46,9 @@ from .pool import HandlerPool
 from .store import JobStore
 from .timeutil import utcnow
 from .wake import Waker
+
+if TYPE_CHECKING:
+    from .helpers.recurring import Ticker
 
 logger = logging.getLogger("flask_defer.worker")
 
@@ -140,8 +143,13 @@ class Worker:
         options: WorkerOptions,
         *,
         clock: Clock = utcnow,
+        ticker: Ticker | None = None,
     ) -> None:
         self.store = store
+        #: Recurring schedules: synced at start, their due ticks written each round.
+        self.ticker = ticker
+        self._next_tick: Any = None
+        self._tick_recheck = 0.0
         self.executor = executor
         self.registry = executor.registry
         self.options = options
@@ -188,6 +196,8 @@ class Worker:
             self.pool.start()
             self._heartbeat.start()
             self._warn_if_pool_too_small()
+            if self.ticker is not None:
+                self.ticker.sync(self.clock())
             logger.info(
                 "worker %s started: %d thread(s), queues %s, %s%s",
                 self.name,
@@ -238,6 +248,7 @@ class Worker:
         if self._stop.is_set():
             return 0.0
         opts = self.options
+        self._write_ticks()
         now = self.clock()
         free = self.pool.free()
         claimed = 0
@@ -264,6 +275,9 @@ class Worker:
                 waits.append((next_run_at - self.clock()).total_seconds())
             if not self.waker.listening:
                 waits.append(opts.poll_interval.total_seconds())
+        if self._next_tick is not None:
+            # A tick due before any job must wake the loop too, or it would be late.
+            waits.append((self._next_tick - self.clock()).total_seconds())
         # With every thread busy there is nothing to claim; a finishing handler wakes us.
         mono = time.monotonic()
         deadline = self.pool.next_deadline()
@@ -274,6 +288,23 @@ class Worker:
         elif not claimed and not self.pool.busy() and (next_run_at is None or next_run_at > now):
             return None
         return max(min(waits), 0.0 if claimed else MIN_SLEEP)
+
+    def _write_ticks(self) -> None:
+        """Write the jobs of due recurring ticks, and learn when the next tick is.
+
+        The schedules table is read when a known tick is due, and otherwise every
+        ``poll_interval`` (another process may have resumed or changed a schedule), so
+        an idle worker costs the table one indexed read per poll.
+        """
+        if self.ticker is None:
+            return
+        mono = time.monotonic()
+        now = self.clock()
+        if mono < self._tick_recheck and (self._next_tick is None or self._next_tick > now):
+            return
+        self.ticker.materialise(now)
+        self._next_tick = self.ticker.next_due()
+        self._tick_recheck = mono + self.options.poll_interval.total_seconds()
 
     def _record_timeouts(self) -> None:
         for task in self.pool.expire():
@@ -415,13 +446,14 @@ def make_worker(
     queues: Collection[str] | None = None,
     burst: bool = False,
     clock: Clock | None = None,
+    ticker: Ticker | None = None,
     **overrides: Any,
 ) -> Worker:
     """A :class:`Worker` configured from *config*; *overrides* replace option fields."""
     options = WorkerOptions.from_config(config, concurrency=concurrency, queues=queues, burst=burst)
     if overrides:
         options = replace(options, **overrides)
-    return Worker(store, executor, options, clock=clock or utcnow)
+    return Worker(store, executor, options, clock=clock or utcnow, ticker=ticker)
 
 
 def _brief(error: BaseException) -> str:

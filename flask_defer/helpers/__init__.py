@@ -1,0 +1,1 @@
+"""Plugins built on the per-app state: they never import ``Defer``."""
