@@ -58,6 +58,10 @@ def install_command() -> None:
     store = _defer().store
     store.create_table()
     click.echo(f"table {store.table.name} is ready")
+    ticker = current_app.extensions["defer"].recurring
+    if ticker is not None:
+        ticker.store.create_table()
+        click.echo(f"table {ticker.store.table.name} is ready")
 
 
 @defer_cli.command("list")
