@@ -22,9 +22,9 @@ from .execution import Outcome, RunSummary
 from .extension import Defer
 from .health import Health
 from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
-from .store.schedules import ScheduleRow
 from .signals import job_cancelled, job_failed, job_scheduled, job_started, job_succeeded
 from .soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
+from .store.schedules import ScheduleRow
 from .undo import Toast, UndoOutcome
 
 __all__ = [

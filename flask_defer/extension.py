@@ -11,6 +11,7 @@ and the helper modules (``undo``, ``soft_delete``, ``batching``, ``http_jobs``).
 
 from __future__ import annotations
 
+import builtins
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -29,12 +30,12 @@ from .config import DeferConfig, apply_defaults, load_config
 from .errors import InvalidArgument, JobNotFound, JobNotPending, NotConfigured, UnknownJob
 from .execution import Executor, RetryPolicy, RunSummary
 from .health import Health
+from .helpers import recurring as _recurring
 from .jobs import Job, JobStatus
 from .maintenance import prune as prune_settled
 from .owner import OwnerLoader, resolve_owner
+from .recurrence import CatchUp, RecurringSpec, make_rule, make_spec
 from .registry import Handler, HandlerSpec, Registry, validate_spec
-from .helpers import recurring as _recurring
-from .recurrence import CatchUp, make_rule, make_spec
 from .schema import (
     DEFAULT_SCHEDULES_TABLE_NAME,
     DEFAULT_TABLE_NAME,
@@ -783,7 +784,7 @@ class Defer:
         tz: str = "UTC",
         payload: Any = None,
         catch_up: CatchUp = "latest",
-    ) -> _recurring.RecurringSpec:
+    ) -> RecurringSpec:
         """Declare the recurring schedule *id*: run *job_name* on a cron rule or interval.
 
         ``cron`` is a 5-field expression evaluated in the IANA zone ``tz`` (wall-clock
@@ -806,7 +807,7 @@ class Defer:
         self.schedules.add(spec)
         return spec
 
-    def list_recurring(self) -> list[ScheduleRow]:
+    def list_recurring(self) -> builtins.list[ScheduleRow]:
         """Every schedule with its next and last tick, paused and orphaned flags, by id.
 
         Orphaned schedules (declared once, no longer in code) are listed too: they are

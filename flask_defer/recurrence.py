@@ -129,7 +129,9 @@ def make_rule(cron: Any, every: Any, tz: Any) -> Rule:
         try:
             CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC))
         except CronSimError as error:
-            raise InvalidArgument("cron", f"{cron!r} is not a valid cron expression: {error}") from None
+            raise InvalidArgument(
+                "cron", f"{cron!r} is not a valid cron expression: {error}"
+            ) from None
         return Rule(cron=expr, every=None, tz=_zone_name(tz))
     if isinstance(every, bool) or not isinstance(every, timedelta | int | float):
         raise InvalidArgument("every", f"expected a timedelta or seconds, got {every!r}")

@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -148,7 +148,7 @@ class Worker:
         self.store = store
         #: Recurring schedules: synced at start, their due ticks written each round.
         self.ticker = ticker
-        self._next_tick: Any = None
+        self._next_tick: datetime | None = None
         self._tick_recheck = 0.0
         self.executor = executor
         self.registry = executor.registry

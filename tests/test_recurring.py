@@ -92,7 +92,10 @@ def test_new_york_fall_back_runs_the_repeated_0130_once(kit: AppKit) -> None:
     [
         ("latest", ["2026-03-04T09:00:00Z"]),
         ("skip", []),
-        ("all", [f"2026-03-{day:02d}T{hour:02d}:00:00Z" for day in (1, 2, 3, 4) for hour in range(24)][10:82]),
+        (
+            "all",
+            [f"2026-03-{d:02d}T{h:02d}:00:00Z" for d in (1, 2, 3, 4) for h in range(24)][10:82],
+        ),
     ],
 )
 def test_catch_up_policies_after_a_three_day_outage(

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ColumnElement,
-    Connection,
     Engine,
     Table,
     and_,
