@@ -45,7 +45,7 @@ from .maintenance import Maintenance, MaintenancePolicy
 from .pool import HandlerPool
 from .store import JobStore
 from .timeutil import utcnow
-from .wake import Waker
+from .wake import Wake, Waker
 
 if TYPE_CHECKING:
     from .helpers.recurring import Ticker
@@ -239,7 +239,11 @@ class Worker:
             if sleep is None:
                 return  # burst: nothing more is due
             if sleep > 0 and not self._stop.is_set():
-                self.waker.wait(sleep)
+                woke = self.waker.wait(sleep)
+                if woke in (Wake.NOTIFY, Wake.RECONNECTED):
+                    # A schedule may have been resumed or added elsewhere (they notify):
+                    # look at the schedules table again instead of at the next poll.
+                    self._tick_recheck = 0.0
 
     def _step(self) -> float | None:
         """One round: time-outs, maintenance, claim. Returns how long to sleep."""

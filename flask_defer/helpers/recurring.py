@@ -210,8 +210,12 @@ class Ticker:
     def resume(self, schedule_id: str, now: datetime) -> bool:
         """Tick again from the first tick at or after *now*; False if it was not paused."""
         row = self.get(schedule_id, now)
+        spec = self.registry.get(row.job_name)
         return self.store.resume(
-            schedule_id, next_tick=row.rule.first_at_or_after(now), now=now
+            schedule_id,
+            next_tick=row.rule.first_at_or_after(now),
+            now=now,
+            queue=spec.queue if spec else "default",
         )
 
     def run_now(self, schedule_id: str, now: datetime) -> Job:

@@ -279,15 +279,18 @@ class ScheduleStore:
                 == 1
             )
 
-    def resume(self, schedule_id: str, *, next_tick: datetime, now: datetime) -> bool:
+    def resume(
+        self, schedule_id: str, *, next_tick: datetime, now: datetime, queue: str
+    ) -> bool:
         """paused → running from *next_tick* and True; not paused → False.
 
         The next tick is moved to the first one at or after the resume, so the ticks a
-        pause skipped never come back as a burst.
+        pause skipped never come back as a burst. PostgreSQL workers of *queue* are
+        notified, so they learn the new next tick now rather than at their next poll.
         """
         t = self.table
         with self.jobs.begin_immediate() as conn:
-            return (
+            resumed = (
                 conn.execute(
                     update(t)
                     .where(t.c.id == schedule_id, t.c.paused == true())
@@ -295,6 +298,9 @@ class ScheduleStore:
                 ).rowcount
                 == 1
             )
+            if resumed:
+                self.jobs.notify(conn, queue)
+            return resumed
 
     def insert_job(self, new: NewJob, *, now: datetime) -> Job:
         """Write one job of a schedule outside its ticks (the dashboard's "Run now")."""
