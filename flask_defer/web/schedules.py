@@ -32,17 +32,18 @@ def register(blueprint: Blueprint) -> None:
 @operators_only
 def schedules_page() -> ResponseReturnValue:
     """Every schedule (orphaned ones too) with its rule, state, next and last run."""
-    from .dashboard import form_context, no_store, page_context
+    from .dashboard import form_context, no_store, page_context, wants_fragment
 
+    context = {
+        "schedules": current_defer().list_recurring(),
+        "now": utcnow(),
+        "here": url_for("defer.dashboard_schedules"),
+        **form_context(),
+    }
+    if wants_fragment():
+        return no_store(render_template("defer/_dashboard_schedules.html", **context))
     return no_store(
-        render_template(
-            "defer/dashboard_schedules.html",
-            schedules=current_defer().list_recurring(),
-            now=utcnow(),
-            here=url_for("defer.dashboard_schedules"),
-            **form_context(),
-            **page_context(),
-        )
+        render_template("defer/dashboard_schedules.html", **context, **page_context())
     )
 
 
