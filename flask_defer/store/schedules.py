@@ -138,8 +138,9 @@ class ScheduleStore:
                             updated_at=now,
                         )
                         .on_conflict_do_nothing(index_elements=[t.c.id])
+                        .returning(t.c.id)
                     )
-                    if conn.execute(stmt).rowcount == 1:
+                    if conn.execute(stmt).first() is not None:
                         added.append(spec.id)
                     continue
                 if old.rule != spec.rule or old.orphaned:
