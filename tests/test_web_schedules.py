@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
+from sqlalchemy import update
+
+from flask_defer.timeutil import utcnow
 
 from .dashboard_app import OpsApp, create_app
 
@@ -125,3 +129,21 @@ def test_the_jobs_dashboard_links_to_the_schedules_page(ops: OpsApp) -> None:
     assert f'href="{PAGE}"' in signed_in(ops).get("/defer/").get_data(as_text=True)
 
 
+
+
+def test_the_jobs_dashboard_warns_of_a_late_schedule(ops: OpsApp) -> None:
+    client = signed_in(ops)
+    assert "data-defer-figure=\"late-schedules\"" not in client.get("/defer/").get_data(
+        as_text=True
+    )
+    with ops.context():
+        ops.defer.list_recurring()  # synced
+        ticker = ops.app.extensions["defer"].recurring
+        table = ticker.store.table
+        with ticker.store.engine.begin() as conn:  # no worker wrote the tick an hour ago
+            conn.execute(
+                update(table).values(next_run_at=utcnow() - timedelta(hours=1))
+            )
+    html = client.get("/defer/").get_data(as_text=True)
+    assert 'data-defer-figure="late-schedules"' in html
+    assert "1 recurring schedule</strong>" in html

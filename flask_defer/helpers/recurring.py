@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from ..errors import InvalidArgument, ScheduleNotFound
 from ..jobs import Job
 from ..recurrence import ON_TIME, RecurringSpec, plan, tick_key
@@ -138,7 +140,15 @@ class Ticker:
             due = self.store.due(now=now)
             progressed = False
             for row in due:
-                jobs = self._advance(row, now)
+                try:
+                    jobs = self._advance(row, now)
+                except SQLAlchemyError:
+                    raise  # the worker's loop backs off and retries
+                except Exception:
+                    # One broken schedule (a zone gone from the system's tz database, a
+                    # payload the driver refuses) must not stop every other schedule.
+                    logger.exception("recurring schedule %r: could not write its tick", row.id)
+                    continue
                 if jobs is not None:
                     progressed = True
                     written.extend(jobs)
