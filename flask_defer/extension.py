@@ -821,7 +821,7 @@ class Defer:
         Already paused → False. Unknown id → :class:`ScheduleNotFound`. Ticks already
         written stay ordinary pending jobs (cancel them like any job).
         """
-        return self._ticker().pause(id, utcnow())
+        return self._ticker("pause_recurring").pause(id, utcnow())
 
     def resume_recurring(self, id: str, *, now: datetime | None = None) -> bool:
         """Let the paused schedule *id* tick again, from its next tick after *now*.
@@ -830,7 +830,7 @@ class Defer:
         unknown id → :class:`ScheduleNotFound`.
         """
         at = as_utc(now, "now") if now is not None else utcnow()
-        return self._ticker().resume(id, at)
+        return self._ticker("resume_recurring").resume(id, at)
 
     def run_recurring_now(self, id: str) -> Job:
         """Write one extra job of schedule *id*, due now (the dashboard's "Run now").
@@ -838,12 +838,15 @@ class Defer:
         The schedule's own ticks are unchanged; the job's key is
         ``recurring:<id>:<now>:now``.
         """
-        return self._ticker().run_now(id, utcnow())
+        return self._ticker("run_recurring_now").run_now(id, utcnow())
 
-    def _ticker(self) -> _recurring.Ticker:
-        ticker = self._state().recurring
-        assert ticker is not None
-        return ticker
+    def _ticker(self, writes: str | None = None) -> _recurring.Ticker:
+        """The app's ticker; *writes* names a call that writes in its own transaction."""
+        state = self._state()
+        if writes is not None:
+            self._refuse_uncommitted(state, writes)
+        assert state.recurring is not None
+        return state.recurring
 
     # -- running ------------------------------------------------------------------
 

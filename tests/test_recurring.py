@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from flask_defer import InvalidArgument, Job, ScheduleNotFound, UnknownJob
+from flask_defer import InvalidArgument, Job, NotConfigured, ScheduleNotFound, UnknownJob
 
 from .conftest import AppKit
 
@@ -285,3 +285,21 @@ def test_recurring_refuses_a_bad_id_and_an_unregistered_job_at_declaration(kit: 
     with pytest.raises(InvalidArgument) as raised:
         kit.defer.recurring("s", "tick", every=120)
     assert raised.value.argument == "id"
+
+
+def test_max_catch_up_must_be_a_positive_integer(make_app: Any) -> None:
+    for bad in (0, -1, "5", 2.5, True):
+        with pytest.raises(InvalidArgument) as raised:
+            make_app(DEFER_RECURRING_MAX_CATCH_UP=bad)
+        assert raised.value.argument == "DEFER_RECURRING_MAX_CATCH_UP"
+
+
+def test_pausing_with_uncommitted_jobs_in_the_session_says_commit_first(kit: AppKit) -> None:
+    record_runs(kit)
+    kit.defer.recurring("hourly", "tick", cron="0 * * * *")
+    kit.defer.list_recurring()
+    kit.defer.schedule("tick")
+    with pytest.raises(NotConfigured, match="commit"):
+        kit.defer.pause_recurring("hourly")
+    kit.db.session.commit()
+    assert kit.defer.pause_recurring("hourly") is True
