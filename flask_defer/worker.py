@@ -279,8 +279,9 @@ class Worker:
                 waits.append((next_run_at - self.clock()).total_seconds())
             if not self.waker.listening:
                 waits.append(opts.poll_interval.total_seconds())
-        if self._next_tick is not None:
-            # A tick due before any job must wake the loop too, or it would be late.
+        if self._next_tick is not None and self._next_tick > now:
+            # A tick due before any job must wake the loop too, or it would be late. (One
+            # still due after _write_ticks is a schedule that failed: no busy loop on it.)
             waits.append((self._next_tick - self.clock()).total_seconds())
         # With every thread busy there is nothing to claim; a finishing handler wakes us.
         mono = time.monotonic()

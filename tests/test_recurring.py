@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 from flask_defer import InvalidArgument, Job, NotConfigured, ScheduleNotFound, UnknownJob
 
@@ -303,3 +304,25 @@ def test_pausing_with_uncommitted_jobs_in_the_session_says_commit_first(kit: App
         kit.defer.pause_recurring("hourly")
     kit.db.session.commit()
     assert kit.defer.pause_recurring("hourly") is True
+
+
+def test_a_broken_schedule_row_is_logged_and_skipped_while_the_others_tick(
+    kit: AppKit, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran = record_runs(kit)
+    kit.defer.recurring("good", "tick", cron="0 * * * *")
+    kit.defer.recurring("bad", "tick", cron="0 * * * *")
+    kit.defer.run_due(now=utc(2026, 3, 1, 9, 30))
+    ticker = kit.app.extensions["defer"].recurring
+    with ticker.store.engine.begin() as conn:  # say, a zone this system's tzdata lacks
+        conn.execute(
+            update(ticker.store.table)
+            .where(ticker.store.table.c.id == "bad")
+            .values(tz="Nowhere/Gone")
+        )
+    kit.db.session.commit()
+    written = ticker.materialise(utc(2026, 3, 1, 10))
+    assert [job.key for job in written] == ["recurring:good:2026-03-01T10:00:00Z"]
+    assert "recurring schedule 'bad': could not write its tick" in caplog.text
+    kit.defer.run_due(now=utc(2026, 3, 1, 10, 0, 1))
+    assert [job.key for job in ran] == ["recurring:good:2026-03-01T10:00:00Z"]

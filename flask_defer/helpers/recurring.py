@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,6 +30,9 @@ from ..store.records import NewJob
 from ..store.schedules import ScheduleRow, ScheduleStore, SyncResult
 
 logger = logging.getLogger("flask_defer.recurring")
+
+#: Seconds a schedule whose tick could not be written is left alone before a retry.
+BROKEN_RETRY = 60.0
 
 
 class Declarations:
@@ -89,7 +93,9 @@ class Ticker:
         self.default_max_attempts = default_max_attempts
         self.max_catch_up = max_catch_up
         self._synced_version: int | None = None
-        self._table_checked = False
+        self._table_exists: bool | None = None
+        #: Schedules whose tick could not be written, skipped until this monotonic time.
+        self._broken: dict[str, float] = {}
 
     # -- sync ---------------------------------------------------------------------------
 
@@ -116,9 +122,10 @@ class Ticker:
             self.sync(now)
 
     def _has_table(self) -> bool:
-        if not self._table_checked:
-            self._table_checked = self.store.table_exists()
-        return self._table_checked
+        # Looked up once per process: a database migrated meanwhile is seen after a restart.
+        if self._table_exists is None:
+            self._table_exists = self.store.table_exists()
+        return self._table_exists
 
     @property
     def active(self) -> bool:
@@ -140,6 +147,8 @@ class Ticker:
             due = self.store.due(now=now)
             progressed = False
             for row in due:
+                if self._broken.get(row.id, 0.0) > time.monotonic():
+                    continue
                 try:
                     jobs = self._advance(row, now)
                 except SQLAlchemyError:
@@ -147,7 +156,12 @@ class Ticker:
                 except Exception:
                     # One broken schedule (a zone gone from the system's tz database, a
                     # payload the driver refuses) must not stop every other schedule.
-                    logger.exception("recurring schedule %r: could not write its tick", row.id)
+                    logger.exception(
+                        "recurring schedule %r: could not write its tick; trying again in %g s",
+                        row.id,
+                        BROKEN_RETRY,
+                    )
+                    self._broken[row.id] = time.monotonic() + BROKEN_RETRY
                     continue
                 if jobs is not None:
                     progressed = True

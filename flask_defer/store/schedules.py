@@ -143,7 +143,8 @@ class ScheduleStore:
                     if conn.execute(stmt).first() is not None:
                         added.append(spec.id)
                     continue
-                if old.rule != spec.rule or old.orphaned:
+                declared_rule = (spec.rule.cron, spec.rule.every, spec.rule.tz)
+                if (old.cron, old.every, old.tz) != declared_rule or old.orphaned:
                     restarted = conn.execute(
                         update(t)
                         .where(t.c.id == spec.id, self._same_rule(old))
