@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -86,12 +86,16 @@ class Ticker:
         *,
         default_max_attempts: int,
         max_catch_up: int,
+        on_written: Callable[[Job], None] | None = None,
     ) -> None:
         self.store = store
         self.declarations = declarations
         self.registry = registry
         self.default_max_attempts = default_max_attempts
         self.max_catch_up = max_catch_up
+        #: Called with each job a tick (or "run now") wrote, after its commit: the
+        #: state's ``job_scheduled`` signal, as for every other new job.
+        self.on_written = on_written
         self._synced_version: int | None = None
         self._table_exists: bool | None = None
         #: Schedules whose tick could not be written, skipped until this monotonic time.
@@ -166,6 +170,8 @@ class Ticker:
                 if jobs is not None:
                     progressed = True
                     written.extend(jobs)
+                    for job in jobs:
+                        self._written(job)
             if len(due) < 100 or not progressed:
                 return written
 
@@ -254,7 +260,13 @@ class Ticker:
             queue=spec.queue if spec else "default",
             key=f"{tick_key(row.id, now)}:now",
         )
-        return self.store.insert_job(new, now=now)
+        job = self.store.insert_job(new, now=now)
+        self._written(job)
+        return job
+
+    def _written(self, job: Job) -> None:
+        if self.on_written is not None:
+            self.on_written(job)
 
 
 def _checked_id(schedule_id: object) -> str:

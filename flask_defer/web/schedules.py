@@ -32,7 +32,7 @@ def register(blueprint: Blueprint) -> None:
 @operators_only
 def schedules_page() -> ResponseReturnValue:
     """Every schedule (orphaned ones too) with its rule, state, next and last run."""
-    from .dashboard import form_context, no_store, page_context, wants_fragment
+    from .dashboard import form_context, page_context, uncached_page, wants_fragment
 
     context = {
         "schedules": current_defer().list_recurring(),
@@ -41,8 +41,8 @@ def schedules_page() -> ResponseReturnValue:
         **form_context(),
     }
     if wants_fragment():
-        return no_store(render_template("defer/_dashboard_schedules.html", **context))
-    return no_store(
+        return uncached_page(render_template("defer/_dashboard_schedules.html", **context))
+    return uncached_page(
         render_template("defer/dashboard_schedules.html", **context, **page_context())
     )
 
