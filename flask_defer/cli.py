@@ -332,7 +332,7 @@ def retry_command(job_id: int) -> None:
 @with_appcontext
 @_errors_to_exit_codes
 def schedules_command(ctx: click.Context, as_json: bool) -> None:
-    """List recurring schedules (or pause / resume one: see the subcommands)."""
+    """List recurring schedules; pause or resume one."""
     if ctx.invoked_subcommand is not None:
         return
     rows = current_defer().list_recurring()
