@@ -56,6 +56,10 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_HTTP_ALLOWED_HOSTS": None,
     # Default timeout of a scheduled HTTP call, and the longest one a call may ask for.
     "DEFER_HTTP_TIMEOUT": timedelta(seconds=10),
+    # -- recurring schedules (defer.recurring) --
+    # catch_up="all": at most this many missed ticks of one schedule run after
+    # downtime (the newest); older ones are dropped with a warning.
+    "DEFER_RECURRING_MAX_CATCH_UP": 100,
     # -- the worker (``flask defer worker``) ---------------------------------------
     # Handler threads per worker process (``--concurrency`` overrides it).
     "DEFER_WORKER_CONCURRENCY": 4,
@@ -125,6 +129,8 @@ class DeferConfig:
     # -- helpers --
     http_allowed_hosts: frozenset[str] | None
     http_timeout: timedelta
+    # -- recurring schedules --
+    recurring_max_catch_up: int
     # -- the worker --
     worker_concurrency: int
     job_timeout: timedelta
@@ -233,7 +239,7 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         if name in _DURATIONS:
             value = as_duration(value, name)
         values[name.removeprefix("DEFER_").lower()] = value
-    for name in ("DEFER_MAX_ATTEMPTS", "DEFER_CLAIM_BATCH"):
+    for name in ("DEFER_MAX_ATTEMPTS", "DEFER_CLAIM_BATCH", "DEFER_RECURRING_MAX_CATCH_UP"):
         value = config[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgument(name, f"expected an integer ≥ 1, got {value!r}")
