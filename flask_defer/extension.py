@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from flask import Flask, current_app, has_app_context
@@ -29,14 +29,14 @@ from .config import DeferConfig, apply_defaults, load_config
 from .errors import InvalidArgument, JobNotFound, JobNotPending, NotConfigured, UnknownJob
 from .execution import Executor, RetryPolicy, RunSummary
 from .health import Health
-from .jobs import Job, JobStatus
+from .jobs import Job, JobStatus, join_texts
 from .maintenance import prune as prune_settled
 from .owner import OwnerLoader, resolve_owner
 from .registry import Handler, HandlerSpec, Registry, validate_spec
 from .schema import DEFAULT_TABLE_NAME, define_jobs_table
 from .store import JobFilter, JobStore, NewJob
 from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
-from .undo import MAX_JOB_ID, Toast, UndoOutcome
+from .undo import MAX_JOB_ID, WAITING_HORIZON, Toast, UndoOutcome
 from .undo_hooks import UndoHook
 from .validation import checked_limit, checked_payload, checked_text, identity, statuses
 from .worker import Worker, WorkerOptions, make_worker
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from .metrics import Metrics
 
 F = TypeVar("F", bound=Handler)
+#: The longest window one :meth:`Defer.hold` may ask for (the cap bounds the total).
+MAX_HOLD_REQUEST = timedelta(hours=1)
 #: The dashboard's authorisation hook: no arguments, True to let the request in.
 DashboardAuth = Callable[[], Any]
 
@@ -352,6 +354,10 @@ class Defer:
         key: str | None = None,
         owner: str | None = None,
         replace: bool = False,
+        done_label: str | None = None,
+        failed_label: str | None = None,
+        waiting_label: str | None = None,
+        undone_label: str | None = None,
     ) -> Job:
         """Schedule *name* to run after an Undo window, and show its owner an Undo toast.
 
@@ -359,6 +365,11 @@ class Defer:
         the job runs ``DEFER_UNDO_MARGIN`` (1 s) after the window closes, so an Undo
         clicked in the last moment still lands. ``owner`` defaults to the current owner
         (see :meth:`owner_loader`); ``label`` is the toast's text ("Message sent").
+
+        The toast only says what the server knows, in the texts given for each state:
+        ``waiting_label`` once the window closed ("Sending…"), ``done_label`` when the
+        job ran ("Sent"), ``failed_label`` when it failed for good ("Couldn't send"),
+        ``undone_label`` after an Undo ("Sending undone."). Each has a neutral default.
 
         Like :meth:`schedule`, the row joins ``db.session``'s transaction: the caller
         commits it together with the business change (and the toast appears once it is
@@ -378,6 +389,20 @@ class Defer:
                     "there is no current owner to show the Undo toast to; call undoable() "
                     "while handling a request, or pass owner=",
                 )
+        texts = {
+            "waiting_label": checked_text(waiting_label, "waiting_label"),
+            "done_label": checked_text(done_label, "done_label"),
+            "failed_label": checked_text(failed_label, "failed_label"),
+            "undone_label": checked_text(undone_label, "undone_label"),
+        }
+        try:
+            stored_label = join_texts(checked_text(label, "label"), **texts)
+        except ValueError as error:
+            raise InvalidArgument(str(error), "must not contain the U+001F separator") from None
+        if stored_label is not None and len(stored_label) > 255:
+            raise InvalidArgument(
+                "label", "label and the state texts together: at most 255 characters"
+            )
         now = utcnow()
         return self.schedule(
             name,
@@ -386,9 +411,59 @@ class Defer:
             key=key,
             replace=replace,
             owner=owner,
-            label=label,
+            label=stored_label,
             undo_until=now + span,
         )
+
+    def hold(self, id: int, *, seconds: Duration, owner: str | None = None) -> Job:
+        """Keep an open Undo window open *seconds* from now (its toast is hovered or focused).
+
+        WCAG 2.2.1 (Timing Adjustable): the person reading the toast can stop its clock.
+        One guarded update moves ``undo_until`` to now + *seconds* and ``run_at`` a
+        ``DEFER_UNDO_MARGIN`` after it, only while the job is pending with its window
+        open, only later, and never more than ``DEFER_UNDO_MAX_HOLD`` past the time it
+        was first due (the request is cut to the cap). Returns the job as it now is
+        (unchanged when it already runs later, or sits at the cap). A closed window or a
+        job that is no longer pending raises :class:`JobNotPending`; no job, or with
+        ``owner`` another owner's job, raises :class:`JobNotFound`.
+        """
+        state = self._state()
+        job_id, _ = identity(id, None)
+        assert job_id is not None
+        if not 1 <= job_id <= MAX_JOB_ID:
+            raise JobNotFound(job_id)
+        checked_owner = checked_text(owner, "owner")
+        span = as_duration(seconds, "seconds", allow_zero=False)
+        config = state.config
+        if span > MAX_HOLD_REQUEST:
+            raise InvalidArgument("seconds", f"at most {MAX_HOLD_REQUEST}, got {span}")
+        now = utcnow()
+        until = now + span
+        self._refuse_uncommitted(state, "hold")
+        with state.store.begin() as conn:
+
+            def held(to: datetime) -> Job | None:
+                return state.store.hold(
+                    conn,
+                    job_id,
+                    owner=checked_owner,
+                    undo_until=to,
+                    run_at=to + config.undo_margin,
+                    max_hold=config.undo_max_hold,
+                    now=now,
+                )
+
+            moved = held(until)
+            if moved is not None:
+                return moved
+            existing = _refused(state, conn, job_id, None, checked_owner)
+            if existing.undo_seconds_left(now) <= 0:
+                raise JobNotPending(existing.id, existing.status.value)
+            # Refused by the cap: go as far as it allows, still through the guard.
+            cap = existing.due_at + config.undo_max_hold - config.undo_margin
+            if existing.undo_until is not None and existing.undo_until < cap < until:
+                moved = held(cap)
+            return moved or existing
 
     def undo(
         self, id: int | None = None, *, key: str | None = None, owner: str | None = None
@@ -430,10 +505,18 @@ class Defer:
         return UndoOutcome.UNDONE
 
     def toasts(
-        self, owner: str | None = None, *, now: datetime | None = None, limit: int | None = None
+        self,
+        owner: str | None = None,
+        *,
+        now: datetime | None = None,
+        limit: int | None = None,
+        waiting: bool = False,
     ) -> list[Toast]:
         """*owner*'s live Undo toasts (pending, window still open), newest first.
 
+        ``waiting=True`` adds the toasts whose window closed in the last
+        :data:`~flask_defer.undo.WAITING_HORIZON` and whose job has not settled yet
+        (what a page renders, so a reload during the wait keeps the toast waiting).
         ``owner`` defaults to the current owner; with none, there are no toasts.
         ``limit`` defaults to ``DEFER_TOAST_LIMIT``.
         """
@@ -444,7 +527,11 @@ class Defer:
         at = as_utc(now, "now") if now is not None else utcnow()
         count = state.config.toast_limit if limit is None else checked_limit(limit)
         with self._joined(state) as conn:
-            jobs = state.store.undoable_for(conn, owner, now=at, limit=count)
+            if waiting:
+                since = at - WAITING_HORIZON
+                jobs = state.store.toast_jobs_for(conn, owner, since=since, limit=count)
+            else:
+                jobs = state.store.undoable_for(conn, owner, now=at, limit=count)
         return [Toast.from_job(job, at) for job in jobs]
 
     def pending_for(self, owner: str | None = None, *, limit: int = 100) -> list[Job]:

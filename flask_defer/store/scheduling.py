@@ -7,7 +7,7 @@ cancel that races the worker's claim either wins or cleanly loses.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -206,6 +206,45 @@ class SchedulingStatements(StoreBase):
         if row is not None:
             # Moved earlier ("run now"), it must not wait for a worker's timed wake.
             self.notify(conn, row["queue"])
+        return Job.from_row(row) if row is not None else None
+
+    def hold(
+        self,
+        conn: Connection,
+        job_id: int,
+        *,
+        owner: str | None,
+        undo_until: datetime,
+        run_at: datetime,
+        max_hold: timedelta,
+        now: datetime,
+    ) -> Job | None:
+        """Push an open Undo window to *undo_until* and the job to *run_at*; ``None`` if refused.
+
+        One guarded statement: only *owner*'s job (any owner's with None), only while it
+        is pending with its window still open at *now*, only later than it already is,
+        and never more than *max_hold* past ``due_at``. ``due_at`` keeps the time the
+        job was first due (a hold, like a retry's backoff, moves ``run_at`` only), so
+        the cap holds across
+        any number of holds; it is compared as ``due_at >= run_at - max_hold`` so no
+        date arithmetic happens in SQL (SQLite stores timestamps as text).
+        """
+        t = self.table
+        stmt = (
+            update(t)
+            .where(
+                t.c.id == job_id,
+                t.c.status == JobStatus.PENDING.value,
+                t.c.undo_until > now,
+                t.c.undo_until < undo_until,
+                t.c.due_at >= run_at - max_hold,
+            )
+            .values(undo_until=undo_until, run_at=run_at, updated_at=now)
+            .returning(*t.c)
+        )
+        if owner is not None:
+            stmt = stmt.where(t.c.owner == owner)
+        row = conn.execute(stmt).mappings().first()
         return Job.from_row(row) if row is not None else None
 
     def retry_failed(self, conn: Connection, job_id: int, *, now: datetime) -> Job | None:
