@@ -62,12 +62,23 @@ def locale_tag() -> str | None:
 
 
 def format_seconds(seconds: float) -> str:
-    """A short human duration in the reader's locale ("4 s"; "4 Sek." in German)."""
-    if _babel_active():
-        from flask_babel import format_timedelta
+    """A short human duration in the reader's locale ("4 s"; "4 Sek." in German).
 
-        total = max(int(seconds + 0.999), 0)
-        return str(format_timedelta(timedelta(seconds=total), threshold=1.5, format="short"))
+    English keeps the compact :func:`plain_seconds`; other locales get Babel's short
+    unit forms, which also round the way their readers expect ("2 Std.").
+    """
+    if _babel_active():
+        from babel.dates import format_timedelta
+        from flask_babel import get_locale
+
+        locale = get_locale()
+        if locale is not None and locale.language != "en":
+            total = max(int(seconds + 0.999), 0)
+            return str(
+                format_timedelta(
+                    timedelta(seconds=total), threshold=1.5, format="short", locale=locale
+                )
+            )
     return plain_seconds(seconds)
 
 
