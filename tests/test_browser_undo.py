@@ -7,7 +7,6 @@ a browser-side clock, so only real time can show it is right.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -178,7 +177,9 @@ def live_on(
         mail.dispose()
 
 
-def page_on(live: Live, new_browser_context: Callable[..., BrowserContext], path: str, **kw: Any) -> Page:
+def page_on(
+    live: Live, new_browser_context: Callable[..., BrowserContext], path: str, **kw: Any
+) -> Page:
     context = new_browser_context(viewport={"width": 880, "height": 640}, **kw)
     page = context.new_page()
     page.goto(live.url + path)
@@ -197,7 +198,8 @@ def record_state_changes(page: Page) -> None:
           document.querySelectorAll("[data-defer-watch]").forEach(note);
           new MutationObserver((records) => records.forEach((r) => {
             if (r.target.nodeType === 1) { note(r.target); }
-            r.addedNodes.forEach((n) => n.nodeType === 1 && n.matches("[data-defer-watch]") && note(n));
+            r.addedNodes.forEach(
+              (n) => n.nodeType === 1 && n.matches("[data-defer-watch]") && note(n));
           })).observe(document.body, {subtree: true, childList: true, attributes: true,
                                       attributeFilter: ["data-defer-state"]});
           window.__settled = [];
