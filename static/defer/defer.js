@@ -133,15 +133,19 @@
     var text = job.text || textFor(el, job.state);
     setState(el, job.state, text);
     removeForm(el);
-    if (!settledFired[job.id]) {
-      settledFired[job.id] = true;
-      announce(text);
-      document.body.dispatchEvent(new CustomEvent("defer:settled", {
-        bubbles: true,
-        detail: { id: job.id, key: job.key, status: job.status }
-      }));
-    }
+    if (fireSettled(job)) { announce(text); }
     if (isToast(el)) { lingerThenDismiss(el, SETTLED_LINGER_MS); }
+  }
+
+  /* Tell the page (once per job) that a job of its owner settled. */
+  function fireSettled(job) {
+    if (settledFired[job.id]) { return false; }
+    settledFired[job.id] = true;
+    document.body.dispatchEvent(new CustomEvent("defer:settled", {
+      bubbles: true,
+      detail: { id: job.id, key: job.key, status: job.status }
+    }));
+    return true;
   }
 
   /* ---- toasts and rows ---- */
@@ -273,6 +277,14 @@
     showClose(toast);
     var text = toast.querySelector("[data-defer-text]");
     announce(text ? text.textContent.trim() : "");
+    var jobId = toast.getAttribute("data-defer-job");
+    if (jobId && SETTLED[stateOf(toast)]) {
+      fireSettled({
+        id: parseInt(jobId, 10),
+        key: toast.getAttribute("data-defer-key") || null,
+        status: toast.getAttribute("data-defer-status")
+      });
+    }
     if (toast.hasAttribute("data-defer-watch") && stateOf(toast) === "waiting") {
       initWatched(toast, now());
     } else {
