@@ -165,8 +165,6 @@ def test_hold_is_one_guarded_update_owner_open_later_and_capped(
     assert hold(8.9 * s) is None  # no longer pending
 
 
-
-
 def test_ack_is_compare_and_set_on_the_claim_token(
     store: JobStore, new_job: MakeJob, now: datetime
 ) -> None:
