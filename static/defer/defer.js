@@ -527,6 +527,7 @@
   function onBeforeRequest(event) {
     var toast = toastOf(event);
     if (!toast) { return; }
+    releaseHold(toast); // the Undo answer decides now; stop asking to hold
     toast.setAttribute("data-defer-busy", "1");
     toast.classList.add("defer-toast--asking");
   }
