@@ -438,32 +438,23 @@ class Defer:
         if span > MAX_HOLD_REQUEST:
             raise InvalidArgument("seconds", f"at most {MAX_HOLD_REQUEST}, got {span}")
         now = utcnow()
-        until = now + span
         self._refuse_uncommitted(state, "hold")
         with state.store.begin() as conn:
-
-            def held(to: datetime) -> Job | None:
-                return state.store.hold(
-                    conn,
-                    job_id,
-                    owner=checked_owner,
-                    undo_until=to,
-                    run_at=to + config.undo_margin,
-                    max_hold=config.undo_max_hold,
-                    now=now,
-                )
-
-            moved = held(until)
+            moved = state.store.hold(
+                conn,
+                job_id,
+                owner=checked_owner,
+                undo_until=now + span,
+                margin=config.undo_margin,
+                max_hold=config.undo_max_hold,
+                now=now,
+            )
             if moved is not None:
                 return moved
             existing = _refused(state, conn, job_id, None, checked_owner)
             if existing.undo_seconds_left(now) <= 0:
                 raise JobNotPending(existing.id, existing.status.value)
-            # Refused by the cap: go as far as it allows, still through the guard.
-            cap = existing.due_at + config.undo_max_hold - config.undo_margin
-            if existing.undo_until is not None and existing.undo_until < cap < until:
-                moved = held(cap)
-            return moved or existing
+            return existing  # already later than asked, or at the cap
 
     def undo(
         self, id: int | None = None, *, key: str | None = None, owner: str | None = None

@@ -147,7 +147,7 @@ def test_hold_is_one_guarded_update_owner_open_later_and_capped(
                 job_id,
                 owner=owner,
                 undo_until=now + to,
-                run_at=now + to + s,
+                margin=s,
                 max_hold=4 * s,
                 now=at,
             )
@@ -157,9 +157,10 @@ def test_hold_is_one_guarded_update_owner_open_later_and_capped(
     moved = hold(8 * s)
     assert moved is not None and (moved.undo_until, moved.run_at) == (now + 8 * s, now + 9 * s)
     assert moved.due_at == now + 6 * s  # the first due time stays: the cap counts from it
-    assert hold(9.5 * s) is None  # run_at would be 4.5 s past due_at: over the 4 s cap
-    assert hold(8.5 * s, owner=None) is not None  # no owner given: any owner's job
-    assert hold(8.9 * s, at=now + 9 * s) is None  # the window is over at that moment
+    capped = hold(20 * s, owner=None)  # no owner given: any owner's job; cut to the cap
+    assert capped is not None and (capped.undo_until, capped.run_at) == (now + 9 * s, now + 10 * s)
+    assert hold(20 * s) is None  # at the cap: no further
+    assert hold(9.5 * s, at=now + 9 * s) is None  # the window is over at that moment
     with store.begin() as conn:
         store.cancel(conn, now=now, job_id=job_id)
     assert hold(8.9 * s) is None  # no longer pending

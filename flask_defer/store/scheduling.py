@@ -215,21 +215,44 @@ class SchedulingStatements(StoreBase):
         *,
         owner: str | None,
         undo_until: datetime,
-        run_at: datetime,
+        margin: timedelta,
         max_hold: timedelta,
         now: datetime,
     ) -> Job | None:
-        """Push an open Undo window to *undo_until* and the job to *run_at*; ``None`` if refused.
+        """Push an open Undo window to *undo_until* (``run_at`` a *margin* after it).
 
-        One guarded statement: only *owner*'s job (any owner's with None), only while it
-        is pending with its window still open at *now*, only later than it already is,
-        and never more than *max_hold* past ``due_at``. ``due_at`` keeps the time the
-        job was first due (a hold, like a retry's backoff, moves ``run_at`` only), so
-        the cap holds across
-        any number of holds; it is compared as ``due_at >= run_at - max_hold`` so no
-        date arithmetic happens in SQL (SQLite stores timestamps as text).
+        ``None`` when refused: not *owner*'s job (any owner's with None), not pending,
+        its window already over at *now*, or already at least that late. A request past
+        the cap — ``run_at`` at most *max_hold* after ``due_at``, the time the job was
+        first due, which a hold (like a retry's backoff) never moves — is cut to the
+        cap. Each write is one guarded statement; the cap is compared as ``due_at >=
+        run_at - max_hold`` so no date arithmetic happens in SQL (SQLite stores text).
+        The read between the two attempts only finds the cap; the guard decides.
         """
+        moved = self._guarded_hold(conn, job_id, owner, undo_until, margin, max_hold, now)
+        if moved is not None:
+            return moved
         t = self.table
+        current = conn.execute(select(t.c.due_at, t.c.undo_until).where(t.c.id == job_id)).first()
+        if current is None or current.undo_until is None:
+            return None
+        cap = current.due_at + max_hold - margin
+        if current.undo_until < cap < undo_until:
+            return self._guarded_hold(conn, job_id, owner, cap, margin, max_hold, now)
+        return None
+
+    def _guarded_hold(
+        self,
+        conn: Connection,
+        job_id: int,
+        owner: str | None,
+        undo_until: datetime,
+        margin: timedelta,
+        max_hold: timedelta,
+        now: datetime,
+    ) -> Job | None:
+        t = self.table
+        run_at = undo_until + margin
         stmt = (
             update(t)
             .where(
