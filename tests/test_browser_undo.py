@@ -330,12 +330,12 @@ def test_the_hold_stops_at_the_cap(
     live_on: Callable[..., Live], new_browser_context: Callable[..., BrowserContext]
 ) -> None:
     live = live_on(DEFER_UNDO_MAX_HOLD=timedelta(seconds=2))
-    page = page_on(live, new_browser_context, "/?window=2")
+    page = page_on(live, new_browser_context, "/?window=4")
     job_id = send(page)
     item = toast(page, job_id)
     item.locator("[data-defer-text]").hover()
     # Held by at most 2 s: even under the pointer the window ends and the toast waits.
-    expect(item).to_have_attribute("data-defer-state", "waiting", timeout=7000)
+    expect(item).to_have_attribute("data-defer-state", "waiting", timeout=10_000)
     job = live.job(job_id)
     assert job.run_at - job.due_at <= timedelta(seconds=2)
     assert job.run_at - job.due_at >= timedelta(seconds=1)
