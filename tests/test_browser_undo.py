@@ -21,7 +21,7 @@ from flask_defer import Job, JobStatus
 from flask_defer.timeutil import utcnow
 
 from .undo_app import MailApp, create_app
-from .worker_helpers import worker_thread
+from .worker_helpers import wait_for_handler_threads, worker_thread
 
 pytestmark = pytest.mark.browser
 
@@ -261,6 +261,7 @@ def test_a_real_worker_settles_the_toast_within_a_second(
         worker = live.mail.defer.worker(concurrency=1)
     with worker_thread(worker):
         expect(toast(page, job_id)).to_have_attribute("data-defer-state", "done", timeout=6000)
+    wait_for_handler_threads()  # before the engine is disposed
     job = live.job(job_id)
     assert job.status is JobStatus.DONE and job.finished_at is not None
     seen = first_seen(page, job_id, "done")
