@@ -18,7 +18,6 @@ from typing import Any
 from flask import (
     Blueprint,
     abort,
-    current_app,
     flash,
     jsonify,
     redirect,
@@ -29,13 +28,14 @@ from flask import (
 from flask.typing import ResponseReturnValue
 
 from ..errors import InvalidArgument, JobNotFound, JobNotPending
-from ..extension import Defer, DeferState
 from ..jobs import Job
 from ..timeutil import utcnow
 from ..undo import MAX_JOB_ID, ToastState, announcement, state_text
+from .access import current_defer
 from .csrf import csrf_token, field_name, require_csrf
 from .i18n import format_seconds, gettext, locale_tag
 from .redirects import path_of, safe_local_target
+from .responses import is_htmx, no_store
 from .toasts import page_of_fragment_request, toast_context
 
 #: At most this many ids in one state request (a page shows a handful of toasts).
@@ -62,26 +62,9 @@ def _toast_texts(job: Job) -> dict[str, str]:
     return texts
 
 
-def _defer() -> Defer:
-    state = current_app.extensions["defer"]
-    assert isinstance(state, DeferState)
-    return state.extension
-
-
-def _is_htmx() -> bool:
-    return request.headers.get("HX-Request") == "true"
-
-
-def _no_store(response: ResponseReturnValue) -> ResponseReturnValue:
-    resp = current_app.make_response(response)
-    # Remaining seconds are only true at the moment of rendering.
-    resp.headers["Cache-Control"] = "no-store"
-    return resp
-
-
 def toasts_fragment() -> ResponseReturnValue:
     """The current owner's open and waiting toasts as HTML (the region merges it in)."""
-    return _no_store(
+    return no_store(
         render_template("defer/_toast_list.html", **toast_context(page=page_of_fragment_request()))
     )
 
@@ -93,7 +76,7 @@ def toast_states() -> ResponseReturnValue:
     Ids that are not the current owner's are left out, exactly like ids that do not
     exist; the page stops watching them.
     """
-    defer = _defer()
+    defer = current_defer()
     owner = defer.current_owner()
     ids: list[int] = []
     for raw in request.args.getlist("id")[:MAX_WATCHED]:
@@ -117,13 +100,13 @@ def toast_states() -> ResponseReturnValue:
                     "seconds_left": round(job.undo_seconds_left(now), 3),
                 }
             )
-    return _no_store(jsonify(jobs=found))
+    return no_store(jsonify(jobs=found))
 
 
 def undo(job_id: int) -> ResponseReturnValue:
     """Undo the current owner's job: an outcome fragment for htmx, else a redirect back."""
     require_csrf()
-    defer = _defer()
+    defer = current_defer()
     owner = defer.current_owner()
     if owner is None:
         abort(404)
@@ -133,9 +116,9 @@ def undo(job_id: int) -> ResponseReturnValue:
         abort(404)
     job = defer.get(job_id)
     text = outcome.describe(job, gettext)
-    if _is_htmx():
+    if is_htmx():
         state = ToastState.of(job, utcnow()) if job is not None else ToastState.UNDONE
-        return _no_store(
+        return no_store(
             render_template(
                 "defer/_outcome.html", outcome=outcome, text=text, job=job, state=state
             )
@@ -154,7 +137,7 @@ def hold(job_id: int) -> ResponseReturnValue:
     a valid CSRF token or with a bad ``seconds``.
     """
     require_csrf()
-    defer = _defer()
+    defer = current_defer()
     owner = defer.current_owner()
     if owner is None:
         abort(404)
@@ -172,19 +155,19 @@ def hold(job_id: int) -> ResponseReturnValue:
     except JobNotPending:
         current = defer.get(job_id)
         state = ToastState.of(current, utcnow()) if current is not None else ToastState.UNDONE
-        return _no_store((jsonify(state=state.value), 409))
+        return no_store((jsonify(state=state.value), 409))
     left = job.undo_seconds_left(now)
     capped = left < seconds - 0.05
     answer = jsonify(state=ToastState.OPEN.value, seconds_left=round(left, 3), capped=capped)
-    return _no_store(answer)
+    return no_store(answer)
 
 
 def pending_page() -> ResponseReturnValue:
     """The owner's pending jobs: undoable ones with their window, scheduled ones with run_at."""
-    defer = _defer()
+    defer = current_defer()
     now = utcnow()
     jobs = defer.pending_for()
-    return _no_store(
+    return no_store(
         render_template(
             "defer/pending.html",
             jobs=jobs,
