@@ -42,6 +42,9 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_UNDO_MARGIN": timedelta(seconds=1),
     # Default Undo window of defer.undoable().
     "DEFER_UNDO_WINDOW": timedelta(seconds=5),
+    # Hovering or focusing a toast holds its countdown and pushes the job later; at
+    # most this much extension per job in total (WCAG 2.2.1, Timing Adjustable).
+    "DEFER_UNDO_MAX_HOLD": timedelta(seconds=60),
     # Settled rows are pruned after these ages (done/cancelled, and failed).
     "DEFER_RETENTION": timedelta(days=7),
     "DEFER_FAILED_RETENTION": timedelta(days=30),
@@ -121,6 +124,7 @@ class DeferConfig:
     sqlite_busy_timeout: timedelta
     undo_margin: timedelta
     undo_window: timedelta
+    undo_max_hold: timedelta
     retention: timedelta
     failed_retention: timedelta
     # -- Undo UI (blueprint) --

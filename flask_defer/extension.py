@@ -287,6 +287,10 @@ class Defer:
         key: str | None = None,
         owner: str | None = None,
         replace: bool = False,
+        done_label: str | None = None,
+        failed_label: str | None = None,
+        waiting_label: str | None = None,
+        undone_label: str | None = None,
     ) -> Job:
         """Schedule *name* to run after an Undo window, and show its owner an Undo toast.
 
@@ -295,6 +299,11 @@ class Defer:
         clicked in the last moment still lands. ``owner`` defaults to the current owner
         (see :meth:`owner_loader`); ``label`` is the toast's text ("Message sent").
 
+        The toast only says what the server knows, in the texts given for each state:
+        ``waiting_label`` once the window closed ("Sending…"), ``done_label`` when the
+        job ran ("Sent"), ``failed_label`` when it failed for good ("Couldn't send"),
+        ``undone_label`` after an Undo ("Sending undone."). Each has a neutral default.
+
         Like :meth:`schedule`, the row joins ``db.session``'s transaction: the caller
         commits it together with the business change (and the toast appears once it is
         committed).
@@ -302,8 +311,35 @@ class Defer:
         state = self._state()
         owner = owner if owner is not None else self.current_owner(create=True)
         return operations.undoable(
-            state, name, payload, window=window, label=label, key=key, owner=owner, replace=replace
+            state,
+            name,
+            payload,
+            window=window,
+            label=label,
+            key=key,
+            owner=owner,
+            replace=replace,
+            texts={
+                "waiting_label": waiting_label,
+                "done_label": done_label,
+                "failed_label": failed_label,
+                "undone_label": undone_label,
+            },
         )
+
+    def hold(self, id: int, *, seconds: Duration, owner: str | None = None) -> Job:
+        """Keep an open Undo window open *seconds* from now (its toast is hovered or focused).
+
+        WCAG 2.2.1 (Timing Adjustable): the person reading the toast can stop its clock.
+        One guarded update moves ``undo_until`` to now + *seconds* and ``run_at`` a
+        ``DEFER_UNDO_MARGIN`` after it, only while the job is pending with its window
+        open, only later, and never more than ``DEFER_UNDO_MAX_HOLD`` past the time it
+        was first due (the request is cut to the cap). Returns the job as it now is
+        (unchanged when it already runs later, or sits at the cap). A closed window or a
+        job that is no longer pending raises :class:`JobNotPending`; no job, or with
+        ``owner`` another owner's job, raises :class:`JobNotFound`.
+        """
+        return operations.hold(self._state(), id, seconds, owner)
 
     def undo(
         self, id: int | None = None, *, key: str | None = None, owner: str | None = None
@@ -321,10 +357,18 @@ class Defer:
         return operations.undo(self._state(), id, key, owner)
 
     def toasts(
-        self, owner: str | None = None, *, now: datetime | None = None, limit: int | None = None
+        self,
+        owner: str | None = None,
+        *,
+        now: datetime | None = None,
+        limit: int | None = None,
+        waiting: bool = False,
     ) -> list[Toast]:
         """*owner*'s live Undo toasts (pending, window still open), newest first.
 
+        ``waiting=True`` adds the toasts whose window closed in the last
+        :data:`~flask_defer.undo.WAITING_HORIZON` and whose job has not settled yet
+        (what a page renders, so a reload during the wait keeps the toast waiting).
         ``owner`` defaults to the current owner; with none, there are no toasts.
         ``limit`` defaults to ``DEFER_TOAST_LIMIT``.
         """
@@ -332,7 +376,7 @@ class Defer:
         owner = checked_text(owner, "owner") if owner is not None else self.current_owner()
         if owner is None:
             return []
-        return operations.toasts(state, owner, now=now, limit=limit)
+        return operations.toasts(state, owner, now=now, limit=limit, waiting=waiting)
 
     def pending_for(self, owner: str | None = None, *, limit: int = 100) -> list[Job]:
         """*owner*'s pending jobs, undoable or scheduled, soonest first.
