@@ -42,6 +42,9 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_UNDO_MARGIN": timedelta(seconds=1),
     # Default Undo window of defer.undoable().
     "DEFER_UNDO_WINDOW": timedelta(seconds=5),
+    # Hovering or focusing a toast holds its countdown and pushes the job later; at
+    # most this much extension per job in total (WCAG 2.2.1, Timing Adjustable).
+    "DEFER_UNDO_MAX_HOLD": timedelta(seconds=60),
     # Settled rows are pruned after these ages (done/cancelled, and failed).
     "DEFER_RETENTION": timedelta(days=7),
     "DEFER_FAILED_RETENTION": timedelta(days=30),
@@ -56,6 +59,10 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_HTTP_ALLOWED_HOSTS": None,
     # Default timeout of a scheduled HTTP call, and the longest one a call may ask for.
     "DEFER_HTTP_TIMEOUT": timedelta(seconds=10),
+    # -- recurring schedules (defer.recurring) --
+    # catch_up="all": at most this many missed ticks of one schedule run after
+    # downtime (the newest); older ones are dropped with a warning.
+    "DEFER_RECURRING_MAX_CATCH_UP": 100,
     # -- the worker (``flask defer worker``) ---------------------------------------
     # Handler threads per worker process (``--concurrency`` overrides it).
     "DEFER_WORKER_CONCURRENCY": 4,
@@ -117,6 +124,7 @@ class DeferConfig:
     sqlite_busy_timeout: timedelta
     undo_margin: timedelta
     undo_window: timedelta
+    undo_max_hold: timedelta
     retention: timedelta
     failed_retention: timedelta
     # -- Undo UI (blueprint) --
@@ -125,6 +133,8 @@ class DeferConfig:
     # -- helpers --
     http_allowed_hosts: frozenset[str] | None
     http_timeout: timedelta
+    # -- recurring schedules --
+    recurring_max_catch_up: int
     # -- the worker --
     worker_concurrency: int
     job_timeout: timedelta
@@ -233,7 +243,7 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         if name in _DURATIONS:
             value = as_duration(value, name)
         values[name.removeprefix("DEFER_").lower()] = value
-    for name in ("DEFER_MAX_ATTEMPTS", "DEFER_CLAIM_BATCH"):
+    for name in ("DEFER_MAX_ATTEMPTS", "DEFER_CLAIM_BATCH", "DEFER_RECURRING_MAX_CATCH_UP"):
         value = config[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgument(name, f"expected an integer ≥ 1, got {value!r}")

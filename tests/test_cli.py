@@ -173,3 +173,22 @@ def test_run_due_max_seconds_must_be_positive(cli_kit: AppKit, bad: str) -> None
     code, output = invoke(cli_kit, "run-due", "--max-seconds", bad)
     assert code == 2, output
     assert "max-seconds" in output or "max_seconds" in output  # click's check, or ours
+
+
+def test_schedules_lists_pauses_and_resumes(cli_kit: AppKit) -> None:
+    cli_kit.defer.recurring("digest", "send_email", cron="0 9 * * MON", tz="Europe/Berlin")
+    invoke(cli_kit, "install")
+    code, output = invoke(cli_kit, "schedules")
+    assert code == 0, output
+    assert "digest  send_email  0 9 * * MON (Europe/Berlin)  active" in output
+    code, output = invoke(cli_kit, "schedules", "pause", "digest")
+    assert (code, output.strip()) == (0, "schedule digest paused")
+    assert invoke(cli_kit, "schedules", "pause", "digest")[1].strip() == (
+        "schedule digest was already paused"
+    )
+    (row,) = [json.loads(line) for line in invoke(cli_kit, "schedules", "--json")[1].splitlines()]
+    assert row["id"] == "digest" and row["paused"] is True and row["tz"] == "Europe/Berlin"
+    code, output = invoke(cli_kit, "schedules", "resume", "digest")
+    assert (code, output.strip()) == (0, "schedule digest resumed")
+    code, output = invoke(cli_kit, "schedules", "pause", "nope")
+    assert code == 1 and "no recurring schedule has the id 'nope'" in output

@@ -108,6 +108,9 @@ def test_the_wheel_contains_templates_and_static_files(wheel: Path) -> None:
         "flask_defer/static/defer/dashboard.css",
         "flask_defer/static/defer/dashboard.js",
         "flask_defer/py.typed",
+        # the translations, compiled
+        "flask_defer/translations/de/LC_MESSAGES/flask_defer.mo",
+        "flask_defer/translations/fr/LC_MESSAGES/flask_defer.mo",
     ):
         assert expected in names, expected
     assert not any(name.startswith("tests/") for name in names)
