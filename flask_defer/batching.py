@@ -37,6 +37,7 @@ from . import signals
 from .errors import DeferError, InvalidArgument, JobExists, UnknownJob
 from .store import BatchAppend, NewJob
 from .timeutil import Duration, as_duration, as_utc, utcnow
+from .validation import payload_text, storable_text
 
 if TYPE_CHECKING:
     from .extension import Defer
@@ -104,10 +105,8 @@ def batch(
     if len(key) > MAX_KEY_CHARS:
         # Room for a suffix ("#2", "#full-<id>") within the 255 characters of the column.
         raise InvalidArgument("key", f"at most {MAX_KEY_CHARS} characters, got {len(key)}")
-    try:
-        item_json = json.dumps(item, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as error:
-        raise InvalidArgument("item", f"must be JSON-serialisable: {error}") from None
+    storable_text(key, "key")
+    item_json = payload_text(item, "item", max_bytes=state.config.max_payload_bytes)
     window = as_duration(window, "window")
     if max_items is not None and (
         isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1

@@ -32,7 +32,7 @@ from .health import Health
 from .jobs import Job, JobStatus
 from .maintenance import prune as prune_settled
 from .owner import OwnerLoader, resolve_owner
-from .registry import Handler, HandlerSpec, Registry, validate_spec
+from .registry import Handler, HandlerSpec, Registry, validate_handler, validate_spec
 from .schema import DEFAULT_TABLE_NAME, define_jobs_table
 from .store import JobFilter, JobStore, NewJob
 from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Handler)
 #: The dashboard's authorisation hook: no arguments, True to let the request in.
 DashboardAuth = Callable[[], Any]
-
 
 
 @dataclass(frozen=True)
@@ -148,8 +147,14 @@ class Defer:
                 base=config.retry_base, cap=config.retry_cap, unknown_backoff=config.unknown_backoff
             ),
             context_factory=app.app_context,
-            atomic_scope=lambda: self._atomic_scope(),
+            atomic_scope=lambda: self._atomic_scope(handler=True),
             sender=app,
+            uncommitted=(
+                (lambda: bool(session.info.get(database.UNCOMMITTED)))
+                if session is not None
+                else None
+            ),
+            sqlite_busy_timeout=config.sqlite_busy_timeout,
         )
         # -- metrics: observe runs from the signals, per app (DEFER_METRICS) --
         metrics = None
@@ -163,9 +168,7 @@ class Defer:
             from .embedded import EMBEDDED_SHUTDOWN_GRACE, install
 
             grace = min(config.shutdown_grace, EMBEDDED_SHUTDOWN_GRACE)
-            install(
-                app, lambda: make_worker(store, executor, config, shutdown_grace=grace)
-            )
+            install(app, lambda: make_worker(store, executor, config, shutdown_grace=grace))
 
         from .cli import defer_cli
 
@@ -236,9 +239,10 @@ class Defer:
         if callable(name):
             return self.job()(name)
         # Validate now, so a mistake points at the decorator line, not at first use.
-        validate_spec(name if name is not None else "handler", max_attempts, timeout, queue)
+        validate_spec(name if name is not None else "handler", max_attempts, timeout, queue, atomic)
 
         def register(func: F) -> F:
+            validate_handler(func)
             job_name = name if name is not None else func.__name__
             self.registry.add(
                 HandlerSpec(
@@ -286,8 +290,8 @@ class Defer:
         now = utcnow()
         new = NewJob(
             name=name,
-            payload=checked_payload(payload),
-            run_at=resolve_run_at(run_at, delay, now),
+            payload=checked_payload(payload, max_bytes=state.config.max_payload_bytes),
+            run_at=resolve_run_at(run_at, delay, now, strict=state.config.strict_local_times),
             max_attempts=spec.max_attempts or state.config.max_attempts,
             queue=spec.queue,
             key=checked_text(key, "key"),
@@ -458,6 +462,7 @@ class Defer:
             return []
         with self._joined(state) as conn:
             return state.store.pending_for(conn, owner, limit=checked_limit(limit))
+
     # -- bulk scheduling ----------------------------------------------------------
 
     def schedule_many(
@@ -499,6 +504,8 @@ class Defer:
             delay=delay,
             owner=owner,
             label=label,
+            max_payload_bytes=state.config.max_payload_bytes,
+            strict_local_times=state.config.strict_local_times,
         )
         if not jobs:
             return 0
@@ -577,7 +584,7 @@ class Defer:
         state = self._state()
         job_id, key = identity(id, key)
         now = utcnow()
-        when = resolve_run_at(run_at, delay, now)
+        when = resolve_run_at(run_at, delay, now, strict=state.config.strict_local_times)
         self._refuse_uncommitted(state, "reschedule")
         with state.store.begin() as conn:
             moved = state.store.reschedule(conn, when, now=now, job_id=job_id, key=key)
@@ -603,7 +610,10 @@ class Defer:
     def get(self, id: int | None = None, *, key: str | None = None) -> Job | None:
         """The job with this id; for a key, its live job, else the newest settled one."""
         state = self._state()
-        job_id, key = identity(id, key)
+        try:
+            job_id, key = identity(id, key)
+        except JobNotFound:
+            return None  # an id no row can have (≤ 0 or past 64 bits): unknown, like any
         with self._joined(state) as conn:
             return state.store.get(conn, job_id=job_id, key=key)
 
@@ -837,16 +847,30 @@ class Defer:
         yield conn
 
     @contextmanager
-    def _atomic_scope(self) -> Iterator[Connection]:
-        """A transaction on the handler's session, committed with the job's done mark."""
+    def _atomic_scope(self, *, handler: bool = False) -> Iterator[Connection]:
+        """A transaction on the handler's session, committed with the job's done mark.
+
+        With *handler* (an ``atomic=True`` handler runs in it), a commit of the
+        session's own is refused (see :data:`database.ATOMIC`).
+        """
         state = self._state()
         if state.session is None:
             with state.store.begin() as conn:
                 yield conn
             return
         session = state.session
+        if handler:
+            session.info[database.ATOMIC] = True
         try:
-            yield session.connection(bind_arguments={"clause": state.store.table})
+            try:
+                yield session.connection(bind_arguments={"clause": state.store.table})
+                if session.info.pop(database.ATOMIC_COMMIT_REFUSED, False):
+                    # The handler caught the refusal and returned: still a failure, so
+                    # the author learns their commit did not happen.
+                    raise database.AtomicCommitRefused(database.ATOMIC_COMMIT_MESSAGE)
+            finally:
+                session.info.pop(database.ATOMIC, None)
+                session.info.pop(database.ATOMIC_COMMIT_REFUSED, None)
         except BaseException:
             session.rollback()
             raise

@@ -106,14 +106,16 @@ class ClaimStatements(StoreBase):
         now: datetime,
         result: Any = None,
         conn: Connection | None = None,
+        note: str | None = None,
     ) -> bool:
         """Mark a claimed job done; False if this claim no longer owns it.
 
         Pass *conn* to commit the mark together with the handler's own database work
-        (``atomic=True`` handlers).
+        (``atomic=True`` handlers). *note* is kept as ``last_error`` (a warning about
+        a run that succeeded).
         """
         values = self._settle_values(JobStatus.DONE, now)
-        values.update(last_error=None, result=result)
+        values.update(last_error=note, result=result)
         return self._acknowledge(job, values, now=now, conn=conn)
 
     def ack_retry(self, job: Job, *, now: datetime, run_at: datetime, error: str) -> bool:
