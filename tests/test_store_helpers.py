@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
+
+import pytest
 
 from flask_defer import JobStatus
 from flask_defer.store import JobStore, NewJob
@@ -56,6 +60,34 @@ def test_hold_claim_is_true_only_for_the_current_claim(
     store.reclaim_lapsed(now=now + timedelta(seconds=31))
     with store.begin() as conn:
         assert store.hold_claim(conn, job) is False
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_hold_claim_keeps_a_reclaim_out_until_the_atomic_handler_commits(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    # An atomic handler that checked its claim must be able to commit its work with
+    # the done mark: a reclaim in the meantime would hand the job to another worker
+    # (a second run) while this transaction still goes on.
+    with store.begin() as conn:
+        store.insert(conn, new_job(max_attempts=5), now=now, replace=False)
+    [job] = claim(store, now)
+    lapsed_at = now + timedelta(minutes=5)
+    reclaimed: list[tuple[int, int]] = []
+    reclaimer = threading.Thread(
+        target=lambda: reclaimed.append(store.reclaim_lapsed(now=lapsed_at))
+    )
+    with store.begin() as conn:
+        assert store.hold_claim(conn, job) is True
+        reclaimer.start()
+        time.sleep(0.5)
+        assert reclaimed == [], "a reclaim went through while the claim was held"
+        assert store.ack_done(job, now=lapsed_at, conn=conn)
+    reclaimer.join(10)
+    assert reclaimed == [(0, 0)]
+    with store.begin() as conn:
+        stored = store.get(conn, job_id=job.id)
+    assert stored.status is JobStatus.DONE and stored.attempts == 1
 
 
 def test_batch_append_adds_to_a_pending_batch_only(
