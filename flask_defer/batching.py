@@ -17,8 +17,13 @@ holding a pending batch that accepts them; a new batch opens in the first free s
 A batch that reaches ``max_items`` gives its slot up at once (its key becomes
 ``f"{key}#full-{id}"``), so full batches waiting for a worker hold no slot. With one
 batch running and one filling, slots 1 and 2 are all a key ever uses, and an item
-costs one ``UPDATE`` (two while a batch runs). Keys ending in ``#<number>`` or
-``#full-<number>`` are therefore reserved for batching. In a rare race (a running
+costs one ``UPDATE`` (two while a batch runs). A batch that is due takes no more
+items: the next item moves it out of its slot (``f"{key}#due-{id}"``) and opens a new
+batch there. So a busy key's items never keep a due batch locked away from the
+worker's claim (PostgreSQL's SKIP LOCKED passes over a row an open transaction has
+updated), and ``max_wait`` holds however many producers there are. Keys ending in
+``#<number>``, ``#full-<number>`` or ``#due-<number>`` are therefore reserved for
+batching. In a rare race (a running
 batch finishing between another item's two steps) two pending batches of a key can
 coexist for a while: each item is still in exactly one of them, and both are delivered.
 """
@@ -174,11 +179,16 @@ def batch(
             opened = open_batch(slot_key(key, slot), arrived + window)
             if opened is not None:
                 return opened
-            # Taken: by a batch opened a moment ago (join it), or by one that is running
-            # (move on to the next slot).
+            # Taken: by a batch opened a moment ago (join it), by one that is due and
+            # waits for a worker (move it out of the slot and take the slot), or by
+            # one that is running (move on to the next slot).
             appended = append(conn, slot)
             if appended is not None:
                 return _batched(appended)
+            if store.batch_retire_due(conn, name=name, key=slot_key(key, slot), now=arrived):
+                opened = open_batch(slot_key(key, slot), arrived + window)
+                if opened is not None:
+                    return opened
     raise DeferError(
         f"{MAX_SLOTS} batches of key {key!r} are running at once; "
         "the item was not added (add workers or use max_items)"
