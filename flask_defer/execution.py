@@ -211,7 +211,7 @@ class Executor:
         log.warning(
             "atomic handler held the SQLite write lock for up to %.1f s, longer than "
             "DEFER_SQLITE_BUSY_TIMEOUT (%g s): other writers (web requests, workers) "
-            "waiting for it failed with 'database is locked'",
+            "that waited on it that long failed with 'database is locked'",
             held,
             self.lock_warning.total_seconds(),
         )
