@@ -56,6 +56,7 @@ class ClaimStatements(StoreBase):
         when a handler really starts. A worker killed before that leaves them with
         their attempts untouched.
         """
+        # Long on purpose: one guarded statement per dialect, side by side so they stay alike.
         t = self.table
         if self.is_sqlite:
             # Look before taking the write lock: an idle worker polling an empty

@@ -280,6 +280,8 @@ class SchedulingStatements(StoreBase):
         ``<key>#full-<id>``. ``None`` when no such row accepts the item, which includes
         a batch already due at *now*.
         """
+        # Long on purpose: one guarded UPDATE built for both dialects; splitting it would
+        # hide which conditions the single statement checks together.
         t = self.table
         if self.is_postgres:
             items = t.c.payload.op("->")(literal_column("'items'"))
