@@ -97,6 +97,7 @@ def test_debounce_moves_the_batch_but_never_past_max_wait(
     assert add(kit, "f", at(31), **options).run_at == at(41)
 
 
+@pytest.mark.parametrize("backend", ["postgresql"])
 def test_an_item_for_a_batch_that_is_already_due_opens_the_next_batch(
     kit: AppKit, digests: list[Job]
 ) -> None:

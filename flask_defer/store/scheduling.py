@@ -324,8 +324,10 @@ class SchedulingStatements(StoreBase):
             # locks the row until its transaction commits, and the claim's SKIP LOCKED
             # passes over a locked row, so a busy key's appenders would keep an
             # overdue batch from ever being claimed. Late items open the next batch.
-            t.c.run_at > now,
+            # (SQLite has no row locks: its claim waits for the write lock instead.)
         ]
+        if self.is_postgres:
+            conditions.append(t.c.run_at > now)
         values: dict[str, Any] = {"payload": appended, "updated_at": now}
         if max_items is not None:
             conditions.append(count_before < max_items)
