@@ -14,6 +14,7 @@ from .errors import (
     JobNotFound,
     JobNotPending,
     NotConfigured,
+    ScheduleNotFound,
     UnknownJob,
 )
 from .execution import Outcome, RunSummary
@@ -23,6 +24,7 @@ from .helpers.batching import Batched
 from .helpers.soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
 from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
 from .signals import job_cancelled, job_failed, job_scheduled, job_started, job_succeeded
+from .store.schedules import ScheduleRow
 from .undo import Toast, UndoOutcome
 
 __all__ = [
@@ -45,6 +47,8 @@ __all__ = [
     "RestoreOutcome",
     "RetryAfter",
     "RunSummary",
+    "ScheduleNotFound",
+    "ScheduleRow",
     "SoftDeleteMixin",
     "Toast",
     "UndoOutcome",

@@ -90,3 +90,14 @@ class UnknownJob(DeferError, LookupError):
 
 class NotConfigured(DeferError, RuntimeError):
     """flask_defer is used before it was set up for this app (did you forget init_app?)."""
+
+
+class ScheduleNotFound(DeferError, LookupError):
+    """No recurring schedule has this id."""
+
+    schedule_id: str
+
+    def __init__(self, schedule_id: str) -> None:
+        super().__init__(
+            f"no recurring schedule has the id {schedule_id!r}", schedule_id=schedule_id
+        )

@@ -10,30 +10,39 @@ in :mod:`flask_defer.helpers`.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from flask import Flask, current_app
 
-from . import operations
+from . import operations, signals
 from .config import DeferConfig
-from .errors import InvalidArgument, JobNotFound
+from .errors import InvalidArgument, JobNotFound, UnknownJob
 from .execution import RunSummary
 from .health import Health
 from .helpers import batching, builtin_handlers, http_jobs
+from .helpers import recurring as _recurring
 from .helpers import soft_delete as _soft_delete
 from .jobs import Job
 from .operations import Filters
 from .owner import OwnerLoader, resolve_owner
+from .recurrence import CatchUp, RecurringSpec, make_rule, make_spec
 from .registry import Handler, Registry
-from .schema import DEFAULT_TABLE_NAME, define_jobs_table
+from .schema import (
+    DEFAULT_SCHEDULES_TABLE_NAME,
+    DEFAULT_TABLE_NAME,
+    define_jobs_table,
+    define_schedules_table,
+)
 from .state import DeferState, build_state, current_state
 from .store import JobStore
-from .timeutil import Duration, utcnow
+from .store.schedules import ScheduleRow, ScheduleStore
+from .timeutil import Duration, as_utc, utcnow
 from .undo import Toast, UndoOutcome
 from .undo_hooks import UndoHook, UndoHooks
-from .validation import checked_text, identity
+from .validation import checked_payload, checked_text, identity
 from .worker import Worker
 
 if TYPE_CHECKING:
@@ -64,8 +73,12 @@ class Defer:
         db: Any = None,
         *,
         table_name: str = DEFAULT_TABLE_NAME,
+        schedules_table_name: str = DEFAULT_SCHEDULES_TABLE_NAME,
     ) -> None:
         self.registry = Registry()
+        #: ``defer.recurring(...)`` declarations (every app bound to this one ticks them).
+        self.schedules = _recurring.Declarations()
+        self.schedules_table_name = schedules_table_name
         self.undo_hooks = UndoHooks()
         # The built-in jobs (purge, HTTP) and the undo hook that restores a row.
         builtin_handlers(self.registry, self.undo_hooks)
@@ -79,6 +92,7 @@ class Defer:
             # Defining the table now puts it in the metadata before create_all or
             # Alembic look, whatever order the app sets things up in.
             define_jobs_table(db.metadata, table_name)
+            define_schedules_table(db.metadata, schedules_table_name)
         if app is not None:
             self.init_app(app, db=db)
 
@@ -105,6 +119,8 @@ class Defer:
         )
         app.extensions["defer"] = state
         config = state.config
+        # -- helpers: recurring schedules, ticked by this app's worker and run_due --
+        object.__setattr__(state, "recurring", self._ticker_for(state))
         # -- the worker: an embedded one for development ---------------------------
         if config.embedded_worker:
             from .embedded import EMBEDDED_SHUTDOWN_GRACE, install
@@ -143,9 +159,11 @@ class Defer:
         For apps without migrations (``flask defer install``); with a ``db``,
         ``db.create_all()`` or a migration does the same.
         """
-        store = self._state().store
-        store.create_table()
-        return store.table.name
+        state = self._state()
+        state.store.create_table()
+        if state.recurring is not None:
+            state.recurring.store.create_table()
+        return state.store.table.name
 
     @property
     def store(self) -> JobStore:
@@ -508,6 +526,97 @@ class Defer:
         ``DEFER_FAILED_RETENTION``. Workers do this periodically by themselves.
         """
         return self._state().prune(now)
+
+    # -- helpers: recurring schedules ------------------------------------------------
+
+    def _ticker_for(self, state: DeferState) -> _recurring.Ticker:
+        """The recurring schedules of *state*'s app, over a table beside the jobs table."""
+        table = define_schedules_table(state.store.table.metadata, self.schedules_table_name)
+        ticker = _recurring.Ticker(
+            ScheduleStore(state.store.engine, table, state.store),
+            self.schedules,
+            self.registry,
+            default_max_attempts=state.config.max_attempts,
+            max_catch_up=state.config.recurring_max_catch_up,
+            on_written=lambda job: state.send(signals.job_scheduled, job=job),
+        )
+        if state.db is None:
+            ticker.store.create_table()
+        return ticker
+
+    def recurring(
+        self,
+        id: str,
+        job_name: str,
+        cron: str | None = None,
+        *,
+        every: Duration | None = None,
+        tz: str = "UTC",
+        payload: Any = None,
+        catch_up: CatchUp = "latest",
+    ) -> RecurringSpec:
+        """Declare the recurring schedule *id*: run *job_name* on a cron rule or interval.
+
+        ``cron`` is a 5-field expression evaluated in the IANA zone ``tz`` (wall-clock
+        intent across DST: a time skipped by spring-forward runs once at the next valid
+        instant, a time repeated by fall-back runs once); ``every`` is a fixed interval
+        (a timedelta or seconds, at least one second) ticking at whole multiples since
+        the Unix epoch. Pass exactly one. ``catch_up`` says what happens to ticks missed
+        during downtime: ``"latest"`` runs the most recent one once, ``"skip"`` none,
+        ``"all"`` every one (at most ``DEFER_RECURRING_MAX_CATCH_UP``).
+
+        Declare it in code next to the handler, after ``@defer.job(job_name)``: an
+        unregistered *job_name* raises :class:`UnknownJob` here, at the declaration. The
+        declaration is the source of truth; the database (synced when a worker or
+        ``run_due`` starts) keeps each schedule's next and last tick and paused flag.
+        """
+        rule = make_rule(cron, every, tz)
+        spec = make_spec(id, job_name, rule, checked_payload(payload), catch_up)
+        if spec.job_name not in self.registry:
+            raise UnknownJob(spec.job_name)
+        self.schedules.add(spec)
+        return spec
+
+    def list_recurring(self) -> builtins.list[ScheduleRow]:
+        """Every schedule with its next and last tick, paused and orphaned flags, by id.
+
+        Orphaned schedules (declared once, no longer in code) are listed too: they are
+        kept and never tick until declared again.
+        """
+        return self._ticker().list(utcnow())
+
+    def pause_recurring(self, id: str) -> bool:
+        """Stop the schedule *id* from ticking: True if this call paused it.
+
+        Already paused → False. Unknown id → :class:`ScheduleNotFound`. Ticks already
+        written stay ordinary pending jobs (cancel them like any job).
+        """
+        return self._ticker("pause_recurring").pause(id, utcnow())
+
+    def resume_recurring(self, id: str, *, now: datetime | None = None) -> bool:
+        """Let the paused schedule *id* tick again, from its next tick after *now*.
+
+        Ticks that fell in the pause are not written (no burst). Not paused → False;
+        unknown id → :class:`ScheduleNotFound`.
+        """
+        at = as_utc(now, "now") if now is not None else utcnow()
+        return self._ticker("resume_recurring").resume(id, at)
+
+    def run_recurring_now(self, id: str) -> Job:
+        """Write one extra job of schedule *id*, due now (the dashboard's "Run now").
+
+        The schedule's own ticks are unchanged; the job's key is
+        ``recurring:<id>:<now>:now``.
+        """
+        return self._ticker("run_recurring_now").run_now(id, utcnow())
+
+    def _ticker(self, writes: str | None = None) -> _recurring.Ticker:
+        """The app's ticker; *writes* names a call that writes in its own transaction."""
+        state = self._state()
+        if writes is not None:
+            state.transactions.refuse_uncommitted(writes)
+        assert state.recurring is not None
+        return state.recurring
 
     # -- helpers: undo hooks, soft delete, batching, HTTP ----------------------------
 
