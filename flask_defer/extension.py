@@ -19,7 +19,7 @@ from flask import Flask, current_app
 
 from . import operations, signals
 from .config import DeferConfig
-from .errors import InvalidArgument, UnknownJob
+from .errors import InvalidArgument, JobNotFound, UnknownJob
 from .execution import RunSummary
 from .health import Health
 from .helpers import batching, builtin_handlers, http_jobs
@@ -465,7 +465,10 @@ class Defer:
 
     def get(self, id: int | None = None, *, key: str | None = None) -> Job | None:
         """The job with this id; for a key, its live job, else the newest settled one."""
-        job_id, key = identity(id, key)
+        try:
+            job_id, key = identity(id, key)
+        except JobNotFound:
+            return None  # an id no row can have (≤ 0 or past 64 bits): unknown, like any
         return self._state().get(job_id, key)
 
     def list(
