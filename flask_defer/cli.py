@@ -53,10 +53,53 @@ def defer_cli() -> None:
 @with_appcontext
 @_errors_to_exit_codes
 def install_command() -> None:
-    """Create the jobs table and its indexes (for apps without migrations)."""
-    store = _defer().store
-    store.create_table()
-    click.echo(f"table {store.table.name} is ready")
+    """Create the jobs table at the newest schema revision and record it (apps without
+    migrations; an existing table is upgraded). Refused in an app that uses Flask-Migrate
+    or whose database has alembic_version: run `flask db upgrade` there."""
+    defer = _defer()
+    if "migrate" in current_app.extensions:
+        raise click.ClickException(
+            "this app uses Flask-Migrate: add flask_defer's revisions to its migrations "
+            "(README, Upgrading) and run `flask db upgrade` instead of `flask defer install`"
+        )
+    status = defer.install_schema()
+    click.echo(f"table {defer.store.table.name} is ready ({status.message})")
+
+
+@defer_cli.group("db")
+def db_cli() -> None:
+    """The jobs table's schema revisions: upgrade, check, or print the SQL."""
+
+
+@db_cli.command("upgrade")
+@with_appcontext
+@_errors_to_exit_codes
+def db_upgrade_command() -> None:
+    """Upgrade flask_defer's schema to the newest revision (keeps every row)."""
+    applied = _defer().upgrade_schema()
+    if not applied:
+        click.echo("flask_defer schema is already current")
+    for revision in applied:
+        click.echo(f"applied {revision}")
+
+
+@db_cli.command("check")
+@with_appcontext
+@_errors_to_exit_codes
+def db_check_command() -> None:
+    """Exit 0 when the schema matches this code; 1 with the command to run otherwise."""
+    status = _defer().schema_status()
+    if not status.ok:
+        raise click.ClickException(status.message)
+    click.echo(status.message)
+
+
+@db_cli.command("sql")
+@with_appcontext
+@_errors_to_exit_codes
+def db_sql_command() -> None:
+    """Print the SQL of the pending upgrade steps without running them (for a DBA)."""
+    click.echo(_defer().schema_sql(), nl=False)
 
 
 @defer_cli.command("list")

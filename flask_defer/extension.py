@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, scoped_session
 
 from . import batching, database, http_jobs, signals, undo_hooks
 from . import soft_delete as _soft_delete
+from . import versioning_hooks as _versioning_hooks
 from .bulk import build_new_jobs
 from .config import DeferConfig, apply_defaults, load_config
 from .errors import InvalidArgument, JobNotFound, JobNotPending, NotConfigured, UnknownJob
@@ -34,7 +35,7 @@ from .maintenance import prune as prune_settled
 from .owner import OwnerLoader, resolve_owner
 from .registry import Handler, HandlerSpec, Registry, validate_spec
 from .schema import DEFAULT_TABLE_NAME, define_jobs_table
-from .store import JobFilter, JobStore, NewJob
+from .store import JobFilter, JobStore, NewJob, versioning
 from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
 from .undo import MAX_JOB_ID, Toast, UndoOutcome
 from .undo_hooks import UndoHook
@@ -62,6 +63,10 @@ class DeferState:
     session: scoped_session[Session] | None
     #: The app's Prometheus metrics (``DEFER_METRICS``), or None.
     metrics: Metrics | None = None
+
+
+#: Revision ids, oldest first (``Defer.list`` shadows the builtin inside the class).
+Revisions = list[str]
 
 
 class Defer:
@@ -132,10 +137,13 @@ class Defer:
             engine = create_engine(uri)
             table = define_jobs_table(MetaData(), self.table_name)
             session = None
+            if not config.database_uri:
+                _versioning_hooks.warn_if_app_database_ignored(app)
         if engine.dialect.name == "sqlite":
             database.tune_sqlite(engine, config)
         store = JobStore(engine, table)
         if db is None:
+            # Defer's own database: created at the newest revision (and recorded).
             store.create_table()
         else:
             database.track_uncommitted(db.session)
@@ -166,6 +174,9 @@ class Defer:
             install(
                 app, lambda: make_worker(store, executor, config, shutdown_grace=grace)
             )
+
+        # -- migrations: one warning on the web side when the schema does not match --
+        _versioning_hooks.warn_once_on_mismatch(app, store)
 
         from .cli import defer_cli
 
@@ -791,6 +802,8 @@ class Defer:
         clock (tests: run what is due at a chosen time with ``burst=True``).
         """
         state = self._state()
+        # A worker on a schema behind or ahead of the code would fail on every claim.
+        versioning.require_current(state.store.engine, state.store.table.name)
         if concurrency is not None and (
             isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
         ):
@@ -809,6 +822,28 @@ class Defer:
             burst=bool(burst),
             clock=clock,
         )
+
+    # -- schema revisions (flask defer db ...) ---------------------------------------
+
+    def schema_status(self) -> versioning.SchemaStatus:
+        """How this app's database's flask_defer schema compares with the code's."""
+        store = self._state().store
+        return versioning.check(store.engine, store.table.name)
+
+    def upgrade_schema(self) -> Revisions:
+        """Upgrade the schema to the newest revision; return the revisions applied."""
+        store = self._state().store
+        return versioning.upgrade(store.engine, store.table.name)
+
+    def schema_sql(self) -> str:
+        """The SQL the upgrade would run, not executed (``flask defer db sql``)."""
+        store = self._state().store
+        return versioning.pending_sql(store.engine, store.table.name)
+
+    def install_schema(self) -> versioning.SchemaStatus:
+        """Create (or upgrade) the schema at the newest revision, recorded."""
+        store = self._state().store
+        return versioning.install(store.engine, store.table.name)
 
     def prune(self, now: datetime | None = None) -> int:
         """Delete settled jobs past their retention now; return how many.

@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
-from ..schema import UTCDateTime
+from ..schema import UTCDateTime, typed_jobs_table
 from .records import (
     NOTIFY_CHANNEL,
     JobFilter,
@@ -42,7 +42,8 @@ class StoreBase:
 
     def __init__(self, engine: Engine, table: Table) -> None:
         self.engine = engine
-        self.table = table
+        # The statements run on a copy with aware-UTC types (see schema.typed_jobs_table).
+        self.table = table = typed_jobs_table(table)
         self.is_postgres = engine.dialect.name == "postgresql"
         self.is_sqlite = engine.dialect.name == "sqlite"
         if not (self.is_postgres or self.is_sqlite):
