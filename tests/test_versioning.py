@@ -236,7 +236,8 @@ def test_sql_on_an_empty_database_is_the_create_table(make_app: Callable[..., Ap
     kit = make_app()
     code, output = cli(kit, "db", "sql")
     assert code == 0
-    assert "CREATE TABLE defer_jobs" in output and "CREATE UNIQUE INDEX uq_defer_jobs_live_key" in output
+    assert "CREATE TABLE defer_jobs" in output
+    assert "CREATE UNIQUE INDEX uq_defer_jobs_live_key" in output
     code, output = cli(kit, "db", "check")
     assert code == 1 and "does not exist" in output
 
