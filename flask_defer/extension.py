@@ -803,7 +803,9 @@ class Defer:
         """
         state = self._state()
         # A worker on a schema behind or ahead of the code would fail on every claim.
-        versioning.require_current(state.store.engine, state.store.table.name)
+        versioning.require_current(
+            state.store.engine, state.store.table.name, app_migrations=_uses_flask_migrate()
+        )
         if concurrency is not None and (
             isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
         ):
@@ -828,7 +830,9 @@ class Defer:
     def schema_status(self) -> versioning.SchemaStatus:
         """How this app's database's flask_defer schema compares with the code's."""
         store = self._state().store
-        return versioning.check(store.engine, store.table.name)
+        return versioning.check(
+            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+        )
 
     def upgrade_schema(self) -> Revisions:
         """Upgrade the schema to the newest revision; return the revisions applied."""
@@ -989,6 +993,11 @@ class Defer:
             owner=owner,
             label=label,
         )
+
+
+def _uses_flask_migrate() -> bool:
+    """Whether the current app runs its own Alembic migrations (Flask-Migrate)."""
+    return "migrate" in current_app.extensions
 
 
 def _refused(

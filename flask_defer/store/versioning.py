@@ -34,14 +34,11 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, MetaData, inspect, text
 
 from ..errors import ManagedByAlembic, SchemaMismatch
-from ..migrations import BRANCH, TABLE_ATTRIBUTE, VERSION_TABLE
+from ..migrations import BRANCH, REVISION_PREFIX, TABLE_ATTRIBUTE, VERSION_TABLE
 from ..schema import DEFAULT_TABLE_NAME
 
 #: The first revision: the schema of 0.1.0, which recorded no version.
 FIRST_REVISION = "flask_defer_0001"
-#: Every flask_defer revision id starts with this, so an unknown one is recognised as
-#: written by a newer flask_defer ("ahead") rather than belonging to the app.
-REVISION_PREFIX = "flask_defer_"
 APP_VERSION_TABLE = "alembic_version"
 UPGRADE_COMMAND = "flask defer db upgrade"
 APP_UPGRADE_COMMAND = "flask db upgrade"
@@ -101,15 +98,23 @@ def head_revision() -> str:
     return head
 
 
-def check(engine: Engine, table_name: str = DEFAULT_TABLE_NAME) -> SchemaStatus:
-    """Compare the database's flask_defer schema with this code's (reads only)."""
+def check(
+    engine: Engine, table_name: str = DEFAULT_TABLE_NAME, *, app_migrations: bool = False
+) -> SchemaStatus:
+    """Compare the database's flask_defer schema with this code's (reads only).
+
+    ``app_migrations``: the app runs Alembic itself (Flask-Migrate), so the command to
+    run is ``flask db upgrade`` even before its first ``alembic_version`` exists.
+    """
     with engine.connect() as conn:
-        return _status(conn, table_name)
+        return _status(conn, table_name, app_migrations)
 
 
-def require_current(engine: Engine, table_name: str = DEFAULT_TABLE_NAME) -> SchemaStatus:
+def require_current(
+    engine: Engine, table_name: str = DEFAULT_TABLE_NAME, *, app_migrations: bool = False
+) -> SchemaStatus:
     """The status when current; raise :class:`SchemaMismatch` (naming the fix) otherwise."""
-    status = check(engine, table_name)
+    status = check(engine, table_name, app_migrations=app_migrations)
     if not status.ok:
         raise SchemaMismatch(status)
     return status
@@ -226,14 +231,16 @@ def _recorded(conn: Connection, version_table: str) -> list[str]:
     return sorted(r for r in rows if str(r).startswith(REVISION_PREFIX))
 
 
-def _status(conn: Connection, table_name: str) -> SchemaStatus:
+def _status(conn: Connection, table_name: str, app_migrations: bool) -> SchemaStatus:
     script = script_directory()
     head = script.get_current_head()
     assert head is not None
     names = set(inspect(conn).get_table_names())
     in_app = _recorded(conn, APP_VERSION_TABLE) if APP_VERSION_TABLE in names else []
     own = _recorded(conn, VERSION_TABLE) if VERSION_TABLE in names else []
-    managed_by = "alembic" if in_app or APP_VERSION_TABLE in names else "flask_defer"
+    managed_by = (
+        "alembic" if app_migrations or in_app or APP_VERSION_TABLE in names else "flask_defer"
+    )
     fix = APP_UPGRADE_COMMAND if managed_by == "alembic" else UPGRADE_COMMAND
     recorded = in_app or own
     if recorded:
