@@ -303,3 +303,37 @@ def test_downgrade_of_the_first_revision_drops_a_table_of_settled_jobs(
     assert versioning.check(legacy_engine).state == "missing"
     versioning.upgrade(legacy_engine)
     assert versioning.check(legacy_engine).ok
+
+
+# -- the revisions and the schema code agree ---------------------------------------------
+
+
+def test_revisions_build_exactly_the_schema_code_including_index_predicates(
+    engine: Engine,
+) -> None:
+    versioning.upgrade(engine)
+    with engine.connect() as conn:
+        assert versioning._differences(conn, "defer_jobs") == []
+
+
+def test_structural_check_of_an_app_managed_table_sees_a_changed_index_predicate(
+    legacy_engine: Engine,
+) -> None:
+    # The app's own revisions created the table (alembic_version, no flask_defer row).
+    with legacy_engine.begin() as conn:
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+        conn.execute(text("INSERT INTO alembic_version VALUES ('a1b2c3d4e5f6')"))
+    status = versioning.check(legacy_engine)
+    assert status.ok and status.managed_by == "alembic"
+
+    with legacy_engine.begin() as conn:
+        conn.execute(text("DROP INDEX ix_defer_jobs_pending_run_at"))
+        conn.execute(
+            text(
+                "CREATE INDEX ix_defer_jobs_pending_run_at ON defer_jobs (run_at) "
+                "WHERE status = 'running'"
+            )
+        )
+    status = versioning.check(legacy_engine)
+    assert status.state == "behind"
+    assert "predicate of ix_defer_jobs_pending_run_at" in status.message

@@ -21,6 +21,7 @@ errors into exit codes.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -289,7 +290,45 @@ def _differences(conn: Connection, table_name: str) -> list[str]:
     context = MigrationContext.configure(
         conn, opts={"include_name": include_name, "compare_type": True}
     )
-    return [_describe(diff) for diff in compare_metadata(context, metadata)]
+    found = [_describe(diff) for diff in compare_metadata(context, metadata)]
+    return found + _predicate_differences(conn, metadata)
+
+
+def _predicate_differences(conn: Connection, metadata: MetaData) -> list[str]:
+    """Partial indexes whose WHERE clause differs from the code's.
+
+    Alembic's autogenerate does not compare predicates, so a changed one would pass
+    unnoticed. Each side is reduced to its quoted literals and the column names it
+    mentions: PostgreSQL reflects ``status = ANY (ARRAY['pending'::varchar, ...])``
+    where the code says ``status IN ('pending', ...)``, which mean the same.
+    """
+    dialect = conn.dialect.name
+    inspector = inspect(conn)
+    found: list[str] = []
+    for table in metadata.tables.values():
+        columns = {c.name for c in table.columns}
+        live = {ix["name"]: ix for ix in inspector.get_indexes(table.name)}
+        for index in table.indexes:
+            where = index.dialect_options[dialect].get("where")
+            expected = (
+                str(where.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+                if where is not None
+                else ""
+            )
+            reflected = live.get(str(index.name))
+            if reflected is None:
+                continue  # a missing index is reported by compare_metadata
+            option = reflected.get("dialect_options", {}).get(f"{dialect}_where")
+            actual = "" if option is None else str(option)
+            if _fingerprint(expected, columns) != _fingerprint(actual, columns):
+                found.append(f"predicate of {index.name}: {actual} instead of {expected}")
+    return found
+
+
+def _fingerprint(predicate: str, columns: set[str]) -> tuple[frozenset[str], frozenset[str]]:
+    literals = frozenset(re.findall(r"'([^']*)'", predicate))
+    words = re.findall(r"[a-z_]+", re.sub(r"'[^']*'", "", predicate.lower()))
+    return literals, frozenset(w for w in words if w in columns)
 
 
 def _describe(diff: Any) -> str:
