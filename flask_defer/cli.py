@@ -57,11 +57,6 @@ def install_command() -> None:
     migrations; an existing table is upgraded). Refused in an app that uses Flask-Migrate
     or whose database has alembic_version: run `flask db upgrade` there."""
     defer = _defer()
-    if "migrate" in current_app.extensions:
-        raise click.ClickException(
-            "this app uses Flask-Migrate: add flask_defer's revisions to its migrations "
-            "(README, Upgrading) and run `flask db upgrade` instead of `flask defer install`"
-        )
     status = defer.install_schema()
     click.echo(f"table {defer.store.table.name} is ready ({status.message})")
 

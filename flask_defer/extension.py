@@ -837,17 +837,23 @@ class Defer:
     def upgrade_schema(self) -> Revisions:
         """Upgrade the schema to the newest revision; return the revisions applied."""
         store = self._state().store
-        return versioning.upgrade(store.engine, store.table.name)
+        return versioning.upgrade(
+            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+        )
 
     def schema_sql(self) -> str:
         """The SQL the upgrade would run, not executed (``flask defer db sql``)."""
         store = self._state().store
-        return versioning.pending_sql(store.engine, store.table.name)
+        return versioning.pending_sql(
+            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+        )
 
     def install_schema(self) -> versioning.SchemaStatus:
         """Create (or upgrade) the schema at the newest revision, recorded."""
         store = self._state().store
-        return versioning.install(store.engine, store.table.name)
+        return versioning.install(
+            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+        )
 
     def prune(self, now: datetime | None = None) -> int:
         """Delete settled jobs past their retention now; return how many.

@@ -122,12 +122,14 @@ def test_an_app_sharing_the_database_without_init_app_proposes_no_drop(
     assert any("op.drop_table('defer_jobs')" in p.read_text() for p in versions(tmp_path))
 
 
-def test_install_refuses_in_a_flask_migrate_app_before_and_after_db_upgrade(
+def test_install_and_own_upgrade_refuse_in_a_flask_migrate_app_before_and_after_db_upgrade(
     flask: Flask,
 ) -> None:
     flask(APP, "db", "init")
     before = flask(APP, "defer", "install", ok=False)
     assert before.returncode == 1 and "flask db upgrade" in before.stderr
+    own_upgrade = flask(APP, "defer", "db", "upgrade", ok=False)
+    assert own_upgrade.returncode == 1 and "flask db upgrade" in own_upgrade.stderr
     flask(APP, "db", "upgrade")
     after = flask(APP, "defer", "install", ok=False)
     assert after.returncode == 1 and "flask db upgrade" in after.stderr

@@ -121,7 +121,9 @@ def require_current(
     return status
 
 
-def upgrade(engine: Engine, table_name: str = DEFAULT_TABLE_NAME) -> list[str]:
+def upgrade(
+    engine: Engine, table_name: str = DEFAULT_TABLE_NAME, *, app_migrations: bool = False
+) -> list[str]:
     """Bring the schema to the newest revision; return the revisions recorded on the way.
 
     A missing table is created; a 0.1.0 table is recorded as ``flask_defer_0001`` and
@@ -130,7 +132,7 @@ def upgrade(engine: Engine, table_name: str = DEFAULT_TABLE_NAME) -> list[str]:
     its back would leave its history wrong), and with :class:`SchemaMismatch` when the
     database is ahead of this code.
     """
-    status = check(engine, table_name)
+    status = check(engine, table_name, app_migrations=app_migrations)
     _refuse_if_managed_by_app(status)
     if status.state == "ahead":
         raise SchemaMismatch(status)
@@ -149,12 +151,14 @@ def upgrade(engine: Engine, table_name: str = DEFAULT_TABLE_NAME) -> list[str]:
     return ([FIRST_REVISION] if legacy else []) + applied
 
 
-def pending_sql(engine: Engine, table_name: str = DEFAULT_TABLE_NAME) -> str:
+def pending_sql(
+    engine: Engine, table_name: str = DEFAULT_TABLE_NAME, *, app_migrations: bool = False
+) -> str:
     """The SQL of the steps ``upgrade`` would run, for a DBA to review or run by hand.
 
     Nothing is executed. Empty (a comment) when the schema is current.
     """
-    status = check(engine, table_name)
+    status = check(engine, table_name, app_migrations=app_migrations)
     _refuse_if_managed_by_app(status)
     if status.state == "ahead":
         raise SchemaMismatch(status)
@@ -175,7 +179,9 @@ def pending_sql(engine: Engine, table_name: str = DEFAULT_TABLE_NAME) -> str:
     return buffer.getvalue()
 
 
-def install(engine: Engine, table_name: str = DEFAULT_TABLE_NAME) -> SchemaStatus:
+def install(
+    engine: Engine, table_name: str = DEFAULT_TABLE_NAME, *, app_migrations: bool = False
+) -> SchemaStatus:
     """``flask defer install``: the schema at the newest revision, recorded.
 
     Creates a fresh schema on an empty database and upgrades an existing one; refuses
@@ -184,11 +190,11 @@ def install(engine: Engine, table_name: str = DEFAULT_TABLE_NAME) -> SchemaStatu
     """
     with engine.connect() as conn:
         names = set(inspect(conn).get_table_names())
-    if APP_VERSION_TABLE in names:
+    if app_migrations or APP_VERSION_TABLE in names:
         raise ManagedByAlembic(
-            "this database is managed by Alembic (it has an alembic_version table): add "
-            "flask_defer's revisions to the app's migrations (README, Upgrading) and run "
-            f"`{APP_UPGRADE_COMMAND}`",
+            "this database is managed by Alembic (the app uses Flask-Migrate or the "
+            "database has alembic_version): add flask_defer's revisions to the app's "
+            f"migrations (README, Upgrading) and run `{APP_UPGRADE_COMMAND}`",
             command=APP_UPGRADE_COMMAND,
         )
     upgrade(engine, table_name)
