@@ -17,9 +17,9 @@ render as ``flask_defer.schema.UTCDateTime()`` in a file that does not import it
 store runs its statements on :func:`typed_jobs_table`, a copy with the same DDL whose
 timestamps go in and come out aware UTC.
 
-Creating the table through the metadata (``db.create_all()``, ``flask defer install``)
-records the schema's revision in the same transaction (see ``store/versioning.py``), so
-a database created either way is known to be at the newest revision.
+Creating the table through the metadata (``db.create_all()``) records the schema's
+revision in the same transaction (the store listens for it, see ``store/versioning.py``),
+so a database created either way is known to be at the newest revision.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Column,
-    Connection,
     DateTime,
     Dialect,
     Index,
@@ -40,7 +39,6 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    event,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
@@ -122,6 +120,7 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
     some process builds the metadata without ``init_app`` (an admin app, a plain Alembic
     ``env.py``): autogenerate then sees the table instead of proposing to drop it.
     """
+    # Long on purpose: one table definition with its columns and indexes, in one place.
     if name in metadata.tables:
         return metadata.tables[name]
     # BIGINT on PostgreSQL; on SQLite only INTEGER PRIMARY KEY is the fast rowid alias.
@@ -182,15 +181,7 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         postgresql_where=live,
     )
     Index(f"ix_{name}_status_finished", c.status, c.finished_at)
-    event.listen(table, "after_create", _record_revision)
     return table
-
-
-def _record_revision(table: Table, connection: Connection, **_kw: Any) -> None:
-    # Imported here: schema is imported by every layer, versioning pulls in Alembic.
-    from .store.versioning import record_head
-
-    record_head(connection, table.name)
 
 
 def typed_jobs_table(table: Table) -> Table:
@@ -198,7 +189,6 @@ def typed_jobs_table(table: Table) -> Table:
 
     Same name, columns, indexes and DDL; its own metadata carries the original's
     ``info`` (Flask-SQLAlchemy's bind key) so sessions route it to the same engine.
-    Creating the copy records the revision like creating the original does.
     """
     if table.info.get("flask_defer.typed"):
         return table
@@ -209,5 +199,4 @@ def typed_jobs_table(table: Table) -> Table:
             column.type = UTCDateTime()
         elif column.name in ("payload", "result"):
             column.type = _payload_type(for_queries=True)
-    event.listen(copy, "after_create", _record_revision)
     return copy

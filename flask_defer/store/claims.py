@@ -49,6 +49,7 @@ class ClaimStatements(StoreBase):
         without ever taking the same row. SQLite: one ``UPDATE ... RETURNING`` inside
         ``BEGIN IMMEDIATE``, serialised by the database's single write lock.
         """
+        # Long on purpose: one guarded statement per dialect, side by side so they stay alike.
         t = self.table
         if self.is_sqlite:
             # Look before taking the write lock: an idle worker polling an empty

@@ -32,7 +32,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, MetaData, inspect, text
+from sqlalchemy import Connection, Engine, MetaData, Table, event, inspect, text
 
 from ..errors import ManagedByAlembic, SchemaMismatch
 from ..migrations import BRANCH, REVISION_PREFIX, TABLE_ATTRIBUTE, VERSION_TABLE
@@ -213,6 +213,16 @@ def record_head(connection: Connection, table_name: str = DEFAULT_TABLE_NAME) ->
         return
     context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
     context.stamp(script_directory(), "heads")
+
+
+def record_on_create(table: Table) -> None:
+    """Have creating *table* (``create_all``, ``Table.create``) record the newest revision."""
+    if not event.contains(table, "after_create", _record_created):
+        event.listen(table, "after_create", _record_created)
+
+
+def _record_created(table: Table, connection: Connection, **_kw: Any) -> None:
+    record_head(connection, table.name)
 
 
 # -- internals ------------------------------------------------------------------------
