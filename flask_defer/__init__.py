@@ -15,6 +15,7 @@ from .errors import (
     JobNotPending,
     ManagedByAlembic,
     NotConfigured,
+    ScheduleNotFound,
     SchemaMismatch,
     UnknownJob,
 )
@@ -25,6 +26,7 @@ from .helpers.batching import Batched
 from .helpers.soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
 from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
 from .signals import job_cancelled, job_failed, job_scheduled, job_started, job_succeeded
+from .store.schedules import ScheduleRow
 from .undo import Toast, UndoOutcome
 
 __all__ = [
@@ -49,6 +51,8 @@ __all__ = [
     "RetryAfter",
     "RunSummary",
     "SchemaMismatch",
+    "ScheduleNotFound",
+    "ScheduleRow",
     "SoftDeleteMixin",
     "Toast",
     "UndoOutcome",

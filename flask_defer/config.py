@@ -42,6 +42,9 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_UNDO_MARGIN": timedelta(seconds=1),
     # Default Undo window of defer.undoable().
     "DEFER_UNDO_WINDOW": timedelta(seconds=5),
+    # Hovering or focusing a toast holds its countdown and pushes the job later; at
+    # most this much extension per job in total (WCAG 2.2.1, Timing Adjustable).
+    "DEFER_UNDO_MAX_HOLD": timedelta(seconds=60),
     # Settled rows are pruned after these ages (done/cancelled, and failed).
     "DEFER_RETENTION": timedelta(days=7),
     "DEFER_FAILED_RETENTION": timedelta(days=30),
@@ -56,6 +59,10 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_HTTP_ALLOWED_HOSTS": None,
     # Default timeout of a scheduled HTTP call, and the longest one a call may ask for.
     "DEFER_HTTP_TIMEOUT": timedelta(seconds=10),
+    # -- recurring schedules (defer.recurring) --
+    # catch_up="all": at most this many missed ticks of one schedule run after
+    # downtime (the newest); older ones are dropped with a warning.
+    "DEFER_RECURRING_MAX_CATCH_UP": 100,
     # -- the worker (``flask defer worker``) ---------------------------------------
     # Handler threads per worker process (``--concurrency`` overrides it).
     "DEFER_WORKER_CONCURRENCY": 4,
@@ -84,8 +91,10 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_DASHBOARD_PAGE_SIZE": 50,
     # How often an open dashboard refreshes its figures and list (0: never by itself).
     "DEFER_DASHBOARD_REFRESH": timedelta(seconds=5),
+    # The dashboard's link back to the application (a URL or path; None: no link).
+    "DEFER_DASHBOARD_HOME_URL": "/",
     # Serve Prometheus metrics at DEFER_URL_PREFIX + "/metrics" (needs the
-    # ``flask-defer[metrics]`` extra, i.e. prometheus_client).
+    # ``flask-defer-jobs[metrics]`` extra, i.e. prometheus_client).
     "DEFER_METRICS": False,
     # Serve the metrics without the dashboard's authorisation hook (for a scraper on
     # a private network that cannot log in).
@@ -115,6 +124,7 @@ class DeferConfig:
     sqlite_busy_timeout: timedelta
     undo_margin: timedelta
     undo_window: timedelta
+    undo_max_hold: timedelta
     retention: timedelta
     failed_retention: timedelta
     # -- Undo UI (blueprint) --
@@ -123,6 +133,8 @@ class DeferConfig:
     # -- helpers --
     http_allowed_hosts: frozenset[str] | None
     http_timeout: timedelta
+    # -- recurring schedules --
+    recurring_max_catch_up: int
     # -- the worker --
     worker_concurrency: int
     job_timeout: timedelta
@@ -135,6 +147,7 @@ class DeferConfig:
     # -- the operator dashboard and metrics --
     dashboard_page_size: int
     dashboard_refresh: timedelta
+    dashboard_home_url: str | None
     metrics: bool
     metrics_public: bool
 
@@ -230,7 +243,7 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         if name in _DURATIONS:
             value = as_duration(value, name)
         values[name.removeprefix("DEFER_").lower()] = value
-    for name in ("DEFER_MAX_ATTEMPTS", "DEFER_CLAIM_BATCH"):
+    for name in ("DEFER_MAX_ATTEMPTS", "DEFER_CLAIM_BATCH", "DEFER_RECURRING_MAX_CATCH_UP"):
         value = config[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgument(name, f"expected an integer ≥ 1, got {value!r}")
@@ -272,6 +285,11 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
     if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1000:
         raise InvalidArgument(
             "DEFER_DASHBOARD_PAGE_SIZE", f"expected an integer from 1 to 1000, got {page_size!r}"
+        )
+    home = config["DEFER_DASHBOARD_HOME_URL"]
+    if home is not None and (not isinstance(home, str) or not home.strip()):
+        raise InvalidArgument(
+            "DEFER_DASHBOARD_HOME_URL", f"expected a URL or path such as '/', or None, got {home!r}"
         )
     for name in ("DEFER_METRICS", "DEFER_METRICS_PUBLIC"):
         if not isinstance(config[name], bool):

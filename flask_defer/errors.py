@@ -110,3 +110,14 @@ class ManagedByAlembic(DeferError):
 
     def __init__(self, message: str, command: str) -> None:
         super().__init__(message, command=command)
+
+
+class ScheduleNotFound(DeferError, LookupError):
+    """No recurring schedule has this id."""
+
+    schedule_id: str
+
+    def __init__(self, schedule_id: str) -> None:
+        super().__init__(
+            f"no recurring schedule has the id {schedule_id!r}", schedule_id=schedule_id
+        )

@@ -30,20 +30,24 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Dialect,
+    Float,
     Index,
     Integer,
     MetaData,
     String,
     Table,
     Text,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
 
 DEFAULT_TABLE_NAME = "defer_jobs"
+DEFAULT_SCHEDULES_TABLE_NAME = "defer_schedules"
 _NOTHING = object()
 LIVE_STATUSES = ("pending", "running")
 
@@ -200,3 +204,45 @@ def typed_jobs_table(table: Table) -> Table:
         elif column.name in ("payload", "result"):
             column.type = _payload_type(for_queries=True)
     return copy
+
+
+def define_schedules_table(metadata: MetaData, name: str = DEFAULT_SCHEDULES_TABLE_NAME) -> Table:
+    """Add the recurring schedules table to *metadata* (or return it if it is there).
+
+    One row per ``defer.recurring(...)`` id. The rule columns (``cron``,
+    ``every_seconds``, ``tz``), ``job_name``, ``payload`` and ``catch_up`` are copied
+    from the declaration in code at each sync, so a schedule whose declaration was
+    removed (``orphaned``) still shows what it was. ``next_run_at`` is the tick the
+    next compare-and-set advances from; the partial index on it serves "which
+    schedules are due" and "when is the next tick" for live (not paused, not
+    orphaned) schedules.
+    """
+    if name in metadata.tables:
+        return metadata.tables[name]
+    payload_type = JSON().with_variant(JSONB(), "postgresql")
+    table = Table(
+        name,
+        metadata,
+        Column("id", String(200), primary_key=True),
+        Column("job_name", String(200), nullable=False),
+        Column("cron", String(200), nullable=True),
+        Column("every_seconds", Float, nullable=True),
+        Column("tz", String(64), nullable=False, server_default="UTC"),
+        Column("payload", payload_type, nullable=True),
+        Column("catch_up", String(16), nullable=False, server_default="latest"),
+        Column("paused", Boolean, nullable=False, server_default=false()),
+        Column("orphaned", Boolean, nullable=False, server_default=false()),
+        Column("next_run_at", UTCDateTime(), nullable=False),
+        Column("last_run_at", UTCDateTime(), nullable=True),
+        Column("created_at", UTCDateTime(), nullable=False),
+        Column("updated_at", UTCDateTime(), nullable=False),
+    )
+    c = table.c
+    active = (c.paused == false()) & (c.orphaned == false())
+    Index(
+        f"ix_{name}_active_next_run_at",
+        c.next_run_at,
+        sqlite_where=active,
+        postgresql_where=active,
+    )
+    return table

@@ -39,6 +39,7 @@ from .validation import checked_payload, checked_text
 from .worker import Worker, make_worker
 
 if TYPE_CHECKING:
+    from .helpers.recurring import Ticker
     from .metrics import Metrics
 
 
@@ -61,6 +62,9 @@ class DeferState:
     db: Any = None
     #: The app's Prometheus metrics (``DEFER_METRICS``), or None.
     metrics: Metrics | None = None
+    #: The app's recurring schedules (:mod:`flask_defer.helpers.recurring`), set by
+    #: ``init_app`` right after this state is built; the worker and run_due tick it.
+    recurring: Ticker | None = None
 
     # -- signals and inserts: the one path ------------------------------------------
 
@@ -156,7 +160,18 @@ class DeferState:
         with self.transactions.joined() as conn:
             parts = self.store.counts_by_name(conn, now=at)
             unknown = self.store.count_unknown(conn, known)
-        return Health.from_counts(parts, known_names=known, unknown_handlers=unknown, now=at)
+        late, oldest_late = 0, None
+        if self.recurring is not None:
+            found = self.recurring.late(at)
+            late, oldest_late = found.count, found.oldest_tick
+        return Health.from_counts(
+            parts,
+            known_names=known,
+            unknown_handlers=unknown,
+            now=at,
+            late_schedules=late,
+            oldest_late_tick=oldest_late,
+        )
 
     # -- running -------------------------------------------------------------------
 
@@ -168,11 +183,18 @@ class DeferState:
             return fixed if fixed is not None else utcnow()
 
         self.transactions.refuse_uncommitted("run_due")
+        if self.recurring is not None:
+            # Sync at every call (run_due is a cron runner's whole "worker start"), then
+            # write the ticks due by *now*, so the runner below runs them too.
+            self.recurring.sync(clock())
+            self.recurring.materialise(clock())
         return self.runner.run_due(clock, limit=limit)
 
     def worker(self, *, clock: Clock | None = None, **options: Any) -> Worker:
         """A worker over this app's store and executor (options as ``make_worker``)."""
-        return make_worker(self.store, self.executor, self.config, clock=clock, **options)
+        return make_worker(
+            self.store, self.executor, self.config, clock=clock, ticker=self.recurring, **options
+        )
 
     def prune(self, now: datetime | None = None) -> int:
         """Delete settled jobs past their retention now; return how many."""

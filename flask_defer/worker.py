@@ -32,8 +32,9 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import replace
+from datetime import datetime
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -45,7 +46,10 @@ from .pool import HandlerPool
 from .runner import Runner
 from .store import JobStore
 from .timeutil import utcnow
-from .wake import Waker
+from .wake import Wake, Waker
+
+if TYPE_CHECKING:
+    from .helpers.recurring import Ticker
 
 logger = logging.getLogger("flask_defer.worker")
 
@@ -96,8 +100,13 @@ class Worker:
         options: WorkerOptions,
         *,
         clock: Clock = utcnow,
+        ticker: Ticker | None = None,
     ) -> None:
         self.store = store
+        #: Recurring schedules: synced at start, their due ticks written each round.
+        self.ticker = ticker
+        self._next_tick: datetime | None = None
+        self._tick_recheck = 0.0
         self.executor = executor
         # The claim and the execution are run_due's own (one runner, one claim path).
         self.runner = Runner(
@@ -148,6 +157,8 @@ class Worker:
             self.pool.start()
             self._heartbeat.start()
             self._warn_if_pool_too_small()
+            if self.ticker is not None:
+                self.ticker.sync(self.clock())
             logger.info(
                 "worker %s started: %d thread(s), queues %s, %s%s",
                 self.name,
@@ -189,7 +200,11 @@ class Worker:
             if sleep is None:
                 return  # burst: nothing more is due
             if sleep > 0 and not self._stop.is_set():
-                self.waker.wait(sleep)
+                woke = self.waker.wait(sleep)
+                if woke in (Wake.NOTIFY, Wake.RECONNECTED):
+                    # A schedule may have been resumed or added elsewhere (they notify):
+                    # look at the schedules table again instead of at the next poll.
+                    self._tick_recheck = 0.0
 
     def _step(self) -> float | None:
         """One round: time-outs, maintenance, claim. Returns how long to sleep."""
@@ -198,6 +213,7 @@ class Worker:
         if self._stop.is_set():
             return 0.0
         opts = self.options
+        self._write_ticks()
         now = self.clock()
         free = self.pool.free()
         claimed = 0
@@ -218,6 +234,10 @@ class Worker:
                 waits.append((next_run_at - self.clock()).total_seconds())
             if not self.waker.listening:
                 waits.append(opts.poll_interval.total_seconds())
+        if self._next_tick is not None and self._next_tick > now:
+            # A tick due before any job must wake the loop too, or it would be late. (One
+            # still due after _write_ticks is a schedule that failed: no busy loop on it.)
+            waits.append((self._next_tick - self.clock()).total_seconds())
         # With every thread busy there is nothing to claim; a finishing handler wakes us.
         mono = time.monotonic()
         deadline = self.pool.next_deadline()
@@ -228,6 +248,23 @@ class Worker:
         elif not claimed and not self.pool.busy() and (next_run_at is None or next_run_at > now):
             return None
         return max(min(waits), 0.0 if claimed else MIN_SLEEP)
+
+    def _write_ticks(self) -> None:
+        """Write the jobs of due recurring ticks, and learn when the next tick is.
+
+        The schedules table is read when a known tick is due, and otherwise every
+        ``poll_interval`` (another process may have resumed or changed a schedule), so
+        an idle worker costs the table one indexed read per poll.
+        """
+        if self.ticker is None:
+            return
+        mono = time.monotonic()
+        now = self.clock()
+        if mono < self._tick_recheck and (self._next_tick is None or self._next_tick > now):
+            return
+        self.ticker.materialise(now)
+        self._next_tick = self.ticker.next_due()
+        self._tick_recheck = mono + self.options.poll_interval.total_seconds()
 
     def _record_timeouts(self) -> None:
         for task in self.pool.expire():
@@ -369,13 +406,14 @@ def make_worker(
     queues: Collection[str] | None = None,
     burst: bool = False,
     clock: Clock | None = None,
+    ticker: Ticker | None = None,
     **overrides: Any,
 ) -> Worker:
     """A :class:`Worker` configured from *config*; *overrides* replace option fields."""
     options = config.worker_options(concurrency=concurrency, queues=queues, burst=burst)
     if overrides:
         options = replace(options, **overrides)
-    return Worker(store, executor, options, clock=clock or utcnow)
+    return Worker(store, executor, options, clock=clock or utcnow, ticker=ticker)
 
 
 def _brief(error: BaseException) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from flask_defer import JobExists, JobStatus
+from flask_defer import Job, JobExists, JobStatus
 from flask_defer.store import JobFilter, JobStore, NewJob
 
 MakeJob = Callable[..., NewJob]
@@ -132,6 +132,38 @@ def test_cancel_with_owner_only_touches_that_owners_job(
     with store.begin() as conn:
         assert store.cancel(conn, now=now, job_id=job_id, owner="bob") is None
         assert store.cancel(conn, now=now, job_id=job_id, owner="alice") is not None
+
+
+def test_hold_is_one_guarded_update_owner_open_later_and_capped(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    s = timedelta(seconds=1)
+    job_id = insert(store, new_job(owner="alice", run_at=now + 6 * s, undo_until=now + 5 * s), now)
+
+    def hold(to: timedelta, *, owner: str | None = "alice", at: datetime = now) -> Job | None:
+        with store.begin() as conn:
+            return store.hold(
+                conn,
+                job_id,
+                owner=owner,
+                undo_until=now + to,
+                margin=s,
+                max_hold=4 * s,
+                now=at,
+            )
+
+    assert hold(8 * s, owner="bob") is None  # another owner's job
+    assert hold(4 * s) is None  # never earlier
+    moved = hold(8 * s)
+    assert moved is not None and (moved.undo_until, moved.run_at) == (now + 8 * s, now + 9 * s)
+    assert moved.due_at == now + 6 * s  # the first due time stays: the cap counts from it
+    capped = hold(20 * s, owner=None)  # no owner given: any owner's job; cut to the cap
+    assert capped is not None and (capped.undo_until, capped.run_at) == (now + 9 * s, now + 10 * s)
+    assert hold(20 * s) is None  # at the cap: no further
+    assert hold(9.5 * s, at=now + 9 * s) is None  # the window is over at that moment
+    with store.begin() as conn:
+        store.cancel(conn, now=now, job_id=job_id)
+    assert hold(8.9 * s) is None  # no longer pending
 
 
 def test_ack_is_compare_and_set_on_the_claim_token(

@@ -7,7 +7,7 @@ cancel that races the worker's claim either wins or cleanly loses.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -206,6 +206,68 @@ class SchedulingStatements(StoreBase):
         if row is not None:
             # Moved earlier ("run now"), it must not wait for a worker's timed wake.
             self.notify(conn, row["queue"])
+        return Job.from_row(row) if row is not None else None
+
+    def hold(
+        self,
+        conn: Connection,
+        job_id: int,
+        *,
+        owner: str | None,
+        undo_until: datetime,
+        margin: timedelta,
+        max_hold: timedelta,
+        now: datetime,
+    ) -> Job | None:
+        """Push an open Undo window to *undo_until* (``run_at`` a *margin* after it).
+
+        ``None`` when refused: not *owner*'s job (any owner's with None), not pending,
+        its window already over at *now*, or already at least that late. A request past
+        the cap — ``run_at`` at most *max_hold* after ``due_at``, the time the job was
+        first due, which a hold (like a retry's backoff) never moves — is cut to the
+        cap. Each write is one guarded statement; the cap is compared as ``due_at >=
+        run_at - max_hold`` so no date arithmetic happens in SQL (SQLite stores text).
+        The read between the two attempts only finds the cap; the guard decides.
+        """
+        moved = self._guarded_hold(conn, job_id, owner, undo_until, margin, max_hold, now)
+        if moved is not None:
+            return moved
+        t = self.table
+        current = conn.execute(select(t.c.due_at, t.c.undo_until).where(t.c.id == job_id)).first()
+        if current is None or current.undo_until is None:
+            return None
+        cap = current.due_at + max_hold - margin
+        if current.undo_until < cap < undo_until:
+            return self._guarded_hold(conn, job_id, owner, cap, margin, max_hold, now)
+        return None
+
+    def _guarded_hold(
+        self,
+        conn: Connection,
+        job_id: int,
+        owner: str | None,
+        undo_until: datetime,
+        margin: timedelta,
+        max_hold: timedelta,
+        now: datetime,
+    ) -> Job | None:
+        t = self.table
+        run_at = undo_until + margin
+        stmt = (
+            update(t)
+            .where(
+                t.c.id == job_id,
+                t.c.status == JobStatus.PENDING.value,
+                t.c.undo_until > now,
+                t.c.undo_until < undo_until,
+                t.c.due_at >= run_at - max_hold,
+            )
+            .values(undo_until=undo_until, run_at=run_at, updated_at=now)
+            .returning(*t.c)
+        )
+        if owner is not None:
+            stmt = stmt.where(t.c.owner == owner)
+        row = conn.execute(stmt).mappings().first()
         return Job.from_row(row) if row is not None else None
 
     def retry_failed(self, conn: Connection, job_id: int, *, now: datetime) -> Job | None:
