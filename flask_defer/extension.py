@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 from flask import Flask, current_app
 
 from . import operations, signals
+from . import versioning_hooks as _versioning_hooks
 from .config import DeferConfig
-from .errors import InvalidArgument, UnknownJob
+from .errors import InvalidArgument, JobNotFound, UnknownJob
 from .execution import RunSummary
 from .health import Health
 from .helpers import batching, builtin_handlers, http_jobs
@@ -37,7 +38,7 @@ from .schema import (
     define_schedules_table,
 )
 from .state import DeferState, build_state, current_state
-from .store import JobStore
+from .store import JobStore, versioning
 from .store.schedules import ScheduleRow, ScheduleStore
 from .timeutil import Duration, as_utc, utcnow
 from .undo import Toast, UndoOutcome
@@ -51,6 +52,10 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Handler)
 #: The dashboard's authorisation hook: no arguments, True to let the request in.
 DashboardAuth = Callable[[], Any]
+
+
+#: Revision ids, oldest first (``Defer.list`` shadows the builtin inside the class).
+Revisions = list[str]
 
 
 class Defer:
@@ -91,7 +96,10 @@ class Defer:
         if db is not None:
             # Defining the table now puts it in the metadata before create_all or
             # Alembic look, whatever order the app sets things up in.
-            define_jobs_table(db.metadata, table_name)
+            table = define_jobs_table(db.metadata, table_name)
+            # ... and db.create_all() records the revision, even in a process that
+            # never calls init_app.
+            versioning.record_on_create(table)
             define_schedules_table(db.metadata, schedules_table_name)
         if app is not None:
             self.init_app(app, db=db)
@@ -119,6 +127,10 @@ class Defer:
         )
         app.extensions["defer"] = state
         config = state.config
+        if db is None and not config.database_uri:
+            _versioning_hooks.warn_if_app_database_ignored(app)
+        # -- migrations: one warning on the web side when the schema does not match --
+        _versioning_hooks.warn_once_on_mismatch(app, state.store)
         # -- helpers: recurring schedules, ticked by this app's worker and run_due --
         object.__setattr__(state, "recurring", self._ticker_for(state))
         # -- the worker: an embedded one for development ---------------------------
@@ -154,16 +166,19 @@ class Defer:
         return self._state().metrics
 
     def install(self) -> str:
-        """Create the jobs table and its indexes if missing; return the table's name.
+        """Bring the jobs table to the newest revision, recorded; return the table's name.
 
-        For apps without migrations (``flask defer install``); with a ``db``,
-        ``db.create_all()`` or a migration does the same.
+        For apps without migrations (``flask defer install``): creates a fresh schema
+        or upgrades an existing one. Raises :class:`ManagedByAlembic` in an app that
+        runs its own Alembic (Flask-Migrate, or ``alembic_version`` in the database):
+        there ``flask db upgrade`` does it. ``db.create_all()`` also records the revision.
         """
         state = self._state()
-        state.store.create_table()
+        store = state.store
+        versioning.install(store.engine, store.table.name, app_migrations=_uses_flask_migrate())
         if state.recurring is not None:
             state.recurring.store.create_table()
-        return state.store.table.name
+        return store.table.name
 
     @property
     def store(self) -> JobStore:
@@ -502,7 +517,10 @@ class Defer:
 
     def get(self, id: int | None = None, *, key: str | None = None) -> Job | None:
         """The job with this id; for a key, its live job, else the newest settled one."""
-        job_id, key = identity(id, key)
+        try:
+            job_id, key = identity(id, key)
+        except JobNotFound:
+            return None  # an id no row can have (≤ 0 or past 64 bits): unknown, like any
         return self._state().get(job_id, key)
 
     def list(
@@ -609,8 +627,36 @@ class Defer:
         once nothing is due instead of waiting for more. ``clock`` replaces the wall
         clock (tests: run what is due at a chosen time with ``burst=True``).
         """
+        state = self._state()
+        # A worker on a schema behind or ahead of the code would fail on every claim.
+        versioning.require_current(
+            state.store.engine, state.store.table.name, app_migrations=_uses_flask_migrate()
+        )
         return operations.worker(
-            self._state(), concurrency=concurrency, queues=queues, burst=burst, clock=clock
+            state, concurrency=concurrency, queues=queues, burst=burst, clock=clock
+        )
+
+    # -- schema revisions (flask defer db ...) ---------------------------------------
+
+    def schema_status(self) -> versioning.SchemaStatus:
+        """How this app's database's flask_defer schema compares with the code's."""
+        store = self._state().store
+        return versioning.check(
+            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+        )
+
+    def upgrade_schema(self) -> Revisions:
+        """Upgrade the schema to the newest revision; return the revisions applied."""
+        store = self._state().store
+        return versioning.upgrade(
+            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+        )
+
+    def schema_sql(self) -> str:
+        """The SQL the upgrade would run, not executed (``flask defer db sql``)."""
+        store = self._state().store
+        return versioning.pending_sql(
+            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
         )
 
     def prune(self, now: datetime | None = None) -> int:
@@ -789,6 +835,11 @@ class Defer:
             self._state(), url, method=method, json_body=json, headers=headers, run_at=run_at,
             delay=delay, key=key, timeout=timeout, replace=replace, owner=owner, label=label,
         )
+
+
+def _uses_flask_migrate() -> bool:
+    """Whether the current app runs its own Alembic migrations (Flask-Migrate)."""
+    return "migrate" in current_app.extensions
 
 
 def current_defer() -> Defer:

@@ -75,6 +75,8 @@ def schedule_many(
         delay=delay,
         owner=owner,
         label=label,
+        max_payload_bytes=state.config.max_payload_bytes,
+        strict_local_times=state.config.strict_local_times,
     )
     if not jobs:
         return 0
@@ -232,7 +234,7 @@ def reschedule(
     job_id, key = identity(job_id, key)
     commit = checked_commit(commit)
     now = utcnow()
-    when = resolve_run_at(run_at, delay, now)
+    when = resolve_run_at(run_at, delay, now, strict=state.config.strict_local_times)
     with state.transactions.control(operation, commit=commit) as conn:
         moved = state.store.reschedule(conn, when, now=now, job_id=job_id, key=key)
         if moved is None:

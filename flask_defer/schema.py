@@ -9,6 +9,17 @@ see the table like any other. The indexes are the ones the hot paths need:
 * running rows by lease expiry (partial): reclaiming crashed workers' jobs;
 * live rows by owner (partial): the Undo toasts of one user;
 * ``(status, finished_at)``: pruning old settled rows and the dashboard's filters.
+
+Two copies of the table exist on purpose. The one in the app's metadata uses plain
+SQLAlchemy types only (``DateTime(timezone=True)``, ``JSON`` with a ``JSONB`` variant), so
+a revision that Alembic autogenerates from it applies as generated: a custom type would
+render as ``flask_defer.schema.UTCDateTime()`` in a file that does not import it. The
+store runs its statements on :func:`typed_jobs_table`, a copy with the same DDL whose
+timestamps go in and come out aware UTC.
+
+Creating the table through the metadata (``db.create_all()``) records the schema's
+revision in the same transaction (the store listens for it, see ``store/versioning.py``),
+so a database created either way is known to be at the newest revision.
 """
 
 from __future__ import annotations
@@ -92,14 +103,33 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
+def _payload_type(*, for_queries: bool) -> Any:
+    """JSON, stored as JSONB on PostgreSQL.
+
+    The metadata's JSONB clears its ``astext_type`` (a class default): Alembic renders it as
+    ``astext_type=Text()`` with no import when it autogenerates against SQLite, so the
+    revision fails with ``NameError``. Only the ``->>`` operator uses that attribute and
+    only the store (which keeps a full JSONB) queries the table; the DDL is the same.
+    """
+    jsonb = JSONB()
+    if not for_queries:
+        jsonb.astext_type = None  # type: ignore[assignment]
+    return JSON().with_variant(jsonb, "postgresql")
+
+
 def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Table:
-    """Add the jobs table to *metadata* (or return it if it is already there)."""
+    """Add the jobs table to *metadata* (or return it if it is already there).
+
+    Call it where the app defines its models (``define_jobs_table(db.metadata)``) when
+    some process builds the metadata without ``init_app`` (an admin app, a plain Alembic
+    ``env.py``): autogenerate then sees the table instead of proposing to drop it.
+    """
     # Long on purpose: one table definition with its columns and indexes, in one place.
     if name in metadata.tables:
         return metadata.tables[name]
     # BIGINT on PostgreSQL; on SQLite only INTEGER PRIMARY KEY is the fast rowid alias.
     id_type = BigInteger().with_variant(Integer(), "sqlite")
-    payload_type = JSON().with_variant(JSONB(), "postgresql")
+    payload_type = _payload_type(for_queries=False)
     table = Table(
         name,
         metadata,
@@ -109,20 +139,20 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         Column("key", String(255), nullable=True),
         Column("payload", payload_type, nullable=False),
         Column("status", String(16), nullable=False, server_default="pending"),
-        Column("run_at", UTCDateTime(), nullable=False),
-        Column("due_at", UTCDateTime(), nullable=False),
+        Column("run_at", DateTime(timezone=True), nullable=False),
+        Column("due_at", DateTime(timezone=True), nullable=False),
         Column("attempts", Integer, nullable=False, server_default="0"),
         Column("max_attempts", Integer, nullable=False),
         Column("owner", String(255), nullable=True),
         Column("label", String(255), nullable=True),
-        Column("undo_until", UTCDateTime(), nullable=True),
+        Column("undo_until", DateTime(timezone=True), nullable=True),
         Column("last_error", Text, nullable=True),
         Column("result", payload_type, nullable=True),
         Column("claim_token", String(64), nullable=True),
-        Column("lease_expires_at", UTCDateTime(), nullable=True),
-        Column("created_at", UTCDateTime(), nullable=False),
-        Column("updated_at", UTCDateTime(), nullable=False),
-        Column("finished_at", UTCDateTime(), nullable=True),
+        Column("lease_expires_at", DateTime(timezone=True), nullable=True),
+        Column("created_at", DateTime(timezone=True), nullable=False),
+        Column("updated_at", DateTime(timezone=True), nullable=False),
+        Column("finished_at", DateTime(timezone=True), nullable=True),
     )
     c = table.c
     pending = c.status == "pending"
@@ -156,6 +186,24 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
     )
     Index(f"ix_{name}_status_finished", c.status, c.finished_at)
     return table
+
+
+def typed_jobs_table(table: Table) -> Table:
+    """A copy of *table* for the store's statements: aware-UTC timestamps, full JSONB.
+
+    Same name, columns, indexes and DDL; its own metadata carries the original's
+    ``info`` (Flask-SQLAlchemy's bind key) so sessions route it to the same engine.
+    """
+    if table.info.get("flask_defer.typed"):
+        return table
+    copy = table.to_metadata(MetaData(info=dict(table.metadata.info)))
+    copy.info["flask_defer.typed"] = True
+    for column in copy.columns:
+        if isinstance(column.type, DateTime):
+            column.type = UTCDateTime()
+        elif column.name in ("payload", "result"):
+            column.type = _payload_type(for_queries=True)
+    return copy
 
 
 def define_schedules_table(metadata: MetaData, name: str = DEFAULT_SCHEDULES_TABLE_NAME) -> Table:

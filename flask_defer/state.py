@@ -130,8 +130,8 @@ class DeferState:
         now = utcnow()
         new = NewJob(
             name=name,
-            payload=checked_payload(payload),
-            run_at=resolve_run_at(run_at, delay, now),
+            payload=checked_payload(payload, max_bytes=self.config.max_payload_bytes),
+            run_at=resolve_run_at(run_at, delay, now, strict=self.config.strict_local_times),
             max_attempts=self.max_attempts(spec),
             queue=spec.queue,
             key=checked_text(key, "key"),
@@ -274,8 +274,10 @@ def build_state(
         registry,
         policy=config.retry_policy(),
         context_factory=app.app_context,
-        atomic_scope=transactions.atomic,
+        atomic_scope=lambda: transactions.atomic(handler=True),
         emit=emit,
+        uncommitted=transactions.holds_uncommitted if session is not None else None,
+        sqlite_busy_timeout=config.sqlite_busy_timeout,
     )
     runner = Runner(store, executor, lease=config.lease, claim_batch=config.claim_batch)
     state = DeferState(

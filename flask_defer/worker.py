@@ -102,11 +102,14 @@ class Worker:
         # Prefetch one claim batch: with every thread busy, the next jobs are already
         # claimed (their leases renewed by the heartbeat), so a finishing thread never
         # waits for a round trip. Other workers still get the rest of the backlog.
+        # Prefetched jobs are claimed without counting an attempt; it is counted when a
+        # thread starts one, so a killed worker's queue costs its jobs no attempt.
         self.pool = HandlerPool(
             options.concurrency,
             lambda job: self.runner.execute(job, self.clock),
             self._finished,
             prefetch=options.claim_batch,
+            start=lambda job: store.start_claimed(job, now=self.clock()),
         )
         self.maintenance = Maintenance(store, options.maintenance, clock)
         # The same heartbeat as run_due's, over the pool's claimed jobs.
@@ -191,10 +194,19 @@ class Worker:
         claimed = 0
         if free:
             limit = min(free, opts.claim_batch)
-            jobs = self.runner.claim(now, limit, queues=opts.queues)
-            for job in jobs:
-                self.pool.submit(job, self._timeout_for(job.name))
-            claimed = len(jobs)
+            # Jobs for idle threads start at once: their claim counts the attempt.
+            # The rest wait in the queue and count it when they start (one more
+            # statement each, only when every thread is busy).
+            starting = min(self.pool.idle(), limit)
+            for count, spent in ((starting, True), (limit - starting, False)):
+                if not count:
+                    continue
+                jobs = self.runner.claim(now, count, queues=opts.queues, spend_attempt=spent)
+                for job in jobs:
+                    self.pool.submit(job, self._timeout_for(job.name), spent=spent)
+                claimed += len(jobs)
+                if len(jobs) < count:
+                    break  # nothing more is due
             if claimed == limit:
                 return 0.0  # a full batch: more may be due right now
             free -= claimed
@@ -281,7 +293,11 @@ class Worker:
         """Let running handlers finish within the grace period; release the rest."""
         grace_ends = time.monotonic() + self.options.shutdown_grace.total_seconds()
         # Prefetched jobs that no thread started go back at once, not after the grace.
-        self._release(self.pool.withdraw_queued(), "claimed but not started")
+        withdrawn = self.pool.withdraw_queued()
+        self._release([t.job for t in withdrawn if t.spent], "claimed but not started")
+        self._release(
+            [t.job for t in withdrawn if not t.spent], "claimed but not started", spent=False
+        )
         if self.pool.busy():
             logger.info(
                 "waiting up to %g s for %d running job(s)",
@@ -306,12 +322,12 @@ class Worker:
         self.pool.close()
         self.waker.close()
 
-    def _release(self, jobs: list[Job], why: str) -> None:
+    def _release(self, jobs: list[Job], why: str, *, spent: bool = True) -> None:
         """Hand *jobs* back to pending (attempt not spent), logging each one."""
         if not jobs:
             return
         try:
-            released = self.store.release(jobs, now=self.clock())
+            released = self.store.release(jobs, now=self.clock(), spent=spent)
         except SQLAlchemyError as error:
             logger.error(
                 "could not release %d job(s) (%s); they return to pending when "

@@ -113,6 +113,13 @@ def test_the_wheel_contains_templates_and_static_files(wheel: Path) -> None:
         "flask_defer/translations/fr/LC_MESSAGES/flask_defer.mo",
     ):
         assert expected in names, expected
+    # The schema revisions and their Alembic environment (flask defer db upgrade).
+    for expected in (
+        "flask_defer/migrations/env.py",
+        "flask_defer/migrations/script.py.mako",
+        "flask_defer/migrations/versions/0001_initial.py",
+    ):
+        assert expected in names, expected
     assert not any(name.startswith("tests/") for name in names)
     assert not any(name.startswith("demo_app/") for name in names)
 

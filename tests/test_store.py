@@ -182,6 +182,44 @@ def test_ack_is_compare_and_set_on_the_claim_token(
     assert job.status is JobStatus.DONE and job.attempts == 2
 
 
+def test_heartbeat_cannot_extend_a_lease_taken_over_by_another_worker(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    insert(store, new_job(max_attempts=5), now)
+    (stale,) = claim(store, now)
+    later = now + timedelta(minutes=5)
+    store.reclaim_lapsed(now=later)
+    (fresh,) = claim(store, later)
+    # The old worker's heartbeat names the same id, with its old token.
+    far = later + timedelta(hours=1)
+    assert store.extend_leases([stale], now=later, lease_until=far) == 0
+    with store.begin() as conn:
+        job = store.get(conn, job_id=fresh.id)
+    assert job.lease_expires_at == later + timedelta(seconds=30)
+    assert store.extend_leases([fresh], now=later, lease_until=far) == 1
+    with store.begin() as conn:
+        assert store.get(conn, job_id=fresh.id).lease_expires_at == far
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_claim_skips_a_row_another_transaction_holds_locked(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    ids = [insert(store, new_job(run_at=now - timedelta(seconds=n)), now) for n in (3, 2, 1)]
+    table = store.table
+    claimed: list[list[int]] = []
+    with store.engine.connect() as holder, holder.begin():
+        # The oldest due row, locked as an appender or an undo would hold it.
+        holder.execute(table.select().where(table.c.id == ids[0]).with_for_update()).all()
+        worker = threading.Thread(target=lambda: claimed.append([j.id for j in claim(store, now)]))
+        worker.start()
+        # Without SKIP LOCKED the claim would wait for this transaction to end.
+        worker.join(5)
+        assert not worker.is_alive(), "the claim waited for a locked row"
+    assert claimed == [ids[1:]]
+    assert [j.id for j in claim(store, now)] == [ids[0]]
+
+
 def test_reclaim_fails_a_job_out_of_attempts(
     store: JobStore, new_job: MakeJob, now: datetime
 ) -> None:

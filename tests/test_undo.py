@@ -150,6 +150,9 @@ def test_undo_of_a_failed_job_says_it_already_ran(kit: AppKit) -> None:
 
 def test_undo_of_another_owners_job_is_not_found(mail: AppKit) -> None:
     job = undoable(mail, owner="alice")
+    # Mallory is a real owner with a job of her own: her undo reaches the owner check.
+    own = undoable(mail, owner="mallory")
+    assert [toast.job.id for toast in mail.defer.toasts("mallory")] == [own.id]
     with pytest.raises(JobNotFound):
         mail.defer.undo(job.id, owner="mallory")
     assert mail.defer.get(job.id).status is JobStatus.PENDING  # type: ignore[union-attr]

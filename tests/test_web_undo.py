@@ -236,8 +236,16 @@ def test_plain_post_undo_after_it_ran_flashes_too_late(mail: MailApp) -> None:
 def test_another_owner_gets_404_and_cannot_see_the_toast(mail: MailApp) -> None:
     alice = mail.app.test_client()
     job_id = send(alice)
+    # Mallory is a real owner with a job of her own, so the owner check is reached
+    # (a visitor without an owner id is refused before it).
     mallory = mail.app.test_client()
+    own_id = send(mallory)
     token = token_of(mallory)
+    with mail.context():
+        own, alices = mail.defer.get(own_id), mail.defer.get(job_id)
+        assert own is not None and alices is not None and own.owner
+        assert own.owner != alices.owner
+    assert f"defer-toast-{own_id}" in mallory.get("/").get_data(as_text=True)
     assert f"defer-toast-{job_id}" not in mallory.get("/").get_data(as_text=True)
     assert f"defer-toast-{job_id}" not in mallory.get("/defer/toasts").get_data(as_text=True)
     for headers, data in (({**HTMX, "X-CSRFToken": token}, None), ({}, {"csrf_token": token})):
@@ -632,3 +640,51 @@ def test_without_flask_babel_the_texts_are_english(make_mail: Callable[..., Mail
     send(client)
     html = client.get("/", headers={"Accept-Language": "de"}).get_data(as_text=True)
     assert "Undo<span" in html and "data-defer-locale" not in html
+
+
+# -- clickjacking ----------------------------------------------------------------------------
+
+
+def blueprint_responses(mail: MailApp, client: FlaskClient) -> dict[str, Any]:
+    """One response of each kind the blueprint serves: pages, fragments, errors, assets."""
+    job_id = send(client)
+    token = token_of(client)
+    return {
+        "dashboard": client.get("/defer/"),
+        "job page": client.get(f"/defer/jobs/{job_id}"),
+        "pending": client.get("/defer/pending"),
+        "toasts": client.get("/defer/toasts"),
+        "undo": client.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token}),
+        "404": client.post("/defer/undo/999999", headers={**HTMX, "X-CSRFToken": token}),
+        "asset": client.get("/defer/static/defer/defer.js"),
+    }
+
+
+def test_every_blueprint_response_forbids_foreign_frames(make_mail: Callable[..., MailApp]) -> None:
+    mail = make_mail(DEBUG=True)  # debug mode opens the dashboard without an auth hook
+    for what, response in blueprint_responses(mail, mail.app.test_client()).items():
+        assert response.headers.get("Content-Security-Policy") == "frame-ancestors 'self'", what
+        assert response.headers.get("X-Frame-Options") == "SAMEORIGIN", what
+        response.close()
+    # The app's own pages are the app's business.
+    assert "Content-Security-Policy" not in mail.app.test_client().get("/").headers
+
+
+def test_frame_ancestors_is_configurable(make_mail: Callable[..., MailApp]) -> None:
+    mail = make_mail(DEBUG=True, DEFER_FRAME_ANCESTORS="'self' https://admin.example.com")
+    response = mail.app.test_client().get("/defer/")
+    expected = "frame-ancestors 'self' https://admin.example.com"
+    assert response.headers["Content-Security-Policy"] == expected
+    assert "X-Frame-Options" not in response.headers  # it cannot name other hosts
+    off = make_mail(DEBUG=True, DEFER_FRAME_ANCESTORS=None).app.test_client().get("/defer/")
+    assert "Content-Security-Policy" not in off.headers
+
+
+@pytest.mark.parametrize("value", ["'self'; script-src *", "", 7])
+def test_frame_ancestors_refuses_values_that_would_change_other_directives(
+    make_mail: Callable[..., MailApp], value: object
+) -> None:
+    from flask_defer import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="DEFER_FRAME_ANCESTORS"):
+        make_mail(DEFER_FRAME_ANCESTORS=value)

@@ -601,6 +601,60 @@ def test_bad_worker_arguments_name_the_argument(make_kit: MakeKit) -> None:
         kit.defer.worker(queues="mail")
 
 
+def test_prefetched_jobs_spend_an_attempt_only_when_a_handler_starts(
+    make_kit: MakeKit,
+) -> None:
+    # What a worker killed with a full queue leaves behind: only the job whose handler
+    # started has an attempt counted; the prefetched ones come back untouched.
+    kit = make_kit(DEFER_CLAIM_BATCH=5)
+    entered, go = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    @kit.defer.job("held")
+    def held(job: Job) -> None:
+        ran.append(job.payload["n"])
+        entered.set()
+        go.wait(10)
+
+    jobs = [kit.defer.schedule("held", {"n": n}) for n in range(6)]
+    kit.db.session.commit()
+    worker = kit.defer.worker(concurrency=1)
+    with worker_thread(worker):
+        assert entered.wait(10)
+        wait_until(lambda: len(worker.pool.in_flight()) == 6)
+        claimed = [load(kit, job.id) for job in jobs]
+        assert all(job.status is JobStatus.RUNNING for job in claimed)
+        assert sorted(job.attempts for job in claimed) == [0, 0, 0, 0, 0, 1]
+        # The worker "dies": its leases lapse and another worker's reclaim runs.
+        returned, failed = kit.defer.store.reclaim_lapsed(now=utcnow() + timedelta(hours=1))
+        assert (returned, failed) == (6, 0)
+        go.set()
+        # The queued jobs' claims are gone: this worker must not start them now.
+        wait_until(lambda: not worker.pool.busy())
+        worker.stop()
+    after = [load(kit, job.id) for job in jobs]
+    assert len(ran) == 1
+    started = next(job for job in after if job.payload["n"] == ran[0])
+    assert started.status is JobStatus.PENDING and started.attempts == 1
+    others = [job for job in after if job is not started]
+    assert all(j.status is JobStatus.PENDING and j.attempts == 0 for j in others)
+
+
+def test_a_prefetched_job_counts_its_attempt_when_it_starts(make_kit: MakeKit) -> None:
+    kit = make_kit(DEFER_CLAIM_BATCH=3)
+    seen: list[int] = []
+
+    @kit.defer.job("count")
+    def count(job: Job) -> None:
+        seen.append(job.attempts)
+        time.sleep(0.05)
+
+    jobs = [kit.defer.schedule("count") for _ in range(4)]
+    kit.db.session.commit()
+    summary = burst(kit, concurrency=1)
+    assert summary.done == 4
+    assert seen == [1, 1, 1, 1]
+    assert all(load(kit, job.id).attempts == 1 for job in jobs)
 # -- recurring schedules ----------------------------------------------------------------
 
 

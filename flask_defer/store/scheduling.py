@@ -339,7 +339,8 @@ class SchedulingStatements(StoreBase):
         *item_json* is the item as JSON text. ``debounce_until`` moves ``run_at`` there,
         but never past the batch's ``flush_by`` (its ``max_wait`` deadline); a batch
         that reaches *max_items* is made due at once and its key becomes
-        ``<key>#full-<id>``. ``None`` when no such row accepts the item.
+        ``<key>#full-<id>``. ``None`` when no such row accepts the item, which includes
+        a batch already due at *now*.
         """
         # Long on purpose: one guarded UPDATE built for both dialects; splitting it would
         # hide which conditions the single statement checks together.
@@ -381,7 +382,14 @@ class SchedulingStatements(StoreBase):
             t.c.key == key,
             t.c.name == name,
             t.c.status == JobStatus.PENDING.value,
+            # A batch that is due belongs to the worker: on PostgreSQL every append
+            # locks the row until its transaction commits, and the claim's SKIP LOCKED
+            # passes over a locked row, so a busy key's appenders would keep an
+            # overdue batch from ever being claimed. Late items open the next batch.
+            # (SQLite has no row locks: its claim waits for the write lock instead.)
         ]
+        if self.is_postgres:
+            conditions.append(t.c.run_at > now)
         values: dict[str, Any] = {"payload": appended, "updated_at": now}
         if max_items is not None:
             conditions.append(count_before < max_items)
@@ -408,6 +416,27 @@ class SchedulingStatements(StoreBase):
             # Full: wake a sleeping worker now rather than at its next poll.
             self.notify(conn, row[2])
         return result
+
+    def batch_retire_due(self, conn: Connection, *, name: str, key: str, now: datetime) -> bool:
+        """Move a due, unclaimed batch out of its slot (key ``<key>#due-<id>``); True if one was.
+
+        A batch that is due takes no more items (see :meth:`batch_append`), so the slot
+        it holds is only in the way of the next batch. It keeps its run_at and is
+        claimed like any due job; one write per due batch, by the item that needs
+        the slot, instead of every later item locking it.
+        """
+        t = self.table
+        stmt = (
+            update(t)
+            .where(
+                t.c.key == key,
+                t.c.name == name,
+                t.c.status == JobStatus.PENDING.value,
+                t.c.run_at <= now,
+            )
+            .values(key=t.c.key + literal_column("'#due-'") + cast(t.c.id, String()))
+        )
+        return bool(conn.execute(stmt).rowcount)
 
     def hold_claim(self, conn: Connection, job: Job) -> bool:
         """Lock a claimed job's row in the caller's transaction; False if the claim is lost.
