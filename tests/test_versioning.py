@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flask import Flask
 from sqlalchemy import Engine, MetaData, Table, create_engine, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
-from flask_defer import Job, SchemaMismatch
+from flask_defer import Defer, Job, SchemaMismatch
 from flask_defer.migrations import VERSION_TABLE
 from flask_defer.store import versioning
 
@@ -335,6 +336,34 @@ def test_downgrade_of_the_schedules_revision_drops_only_that_table(
     assert status.state == "behind" and status.database == "flask_defer_0001"
     assert versioning.upgrade(legacy_engine) == ["flask_defer_0002"]
     assert versioning.check(legacy_engine).ok
+
+
+def test_an_app_without_db_on_an_older_schema_leaves_the_schedules_table_to_the_upgrade(
+    legacy_engine: Engine, database_url: str
+) -> None:
+    fill(legacy_engine, legacy_rows(legacy_engine))
+    versioning.upgrade(legacy_engine)
+    _alembic_downgrade(legacy_engine, "flask_defer_0001")  # as an older release left it
+    app = Flask("own_database")
+    app.config.update(DEFER_DATABASE_URI=database_url, SECRET_KEY="test-secret")
+    defer = Defer()
+
+    @defer.job("send_email")
+    def send_email(job: Job) -> None:
+        pass
+
+    defer.init_app(app)
+    try:
+        # Creating the table at init_app would make revision 0002 fail on it.
+        assert "defer_schedules" not in inspect(legacy_engine).get_table_names()
+        with app.app_context():
+            assert defer.upgrade_schema() == ["flask_defer_0002"]
+            assert defer.schema_status().ok
+            defer.recurring("nightly", "send_email", cron="0 3 * * *")
+            defer.run_due(now=NOW)
+            assert [row.id for row in defer.list_recurring()] == ["nightly"]
+    finally:
+        app.extensions["defer"].store.engine.dispose()
 
 
 # -- the revisions and the schema code agree ---------------------------------------------
