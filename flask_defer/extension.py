@@ -672,12 +672,21 @@ class Defer:
         name: str | None = None,
         key_prefix: str | None = None,
         owner: str | None = None,
+        limit: int | None = None,
     ) -> int:
-        """How many jobs match every given filter (the filters of :meth:`list`)."""
+        """How many jobs match every given filter (the filters of :meth:`list`).
+
+        With ``limit``, counting stops there: the answer is ``min(count, limit)``, read
+        from at most ``limit`` rows, so a page over a huge history stays cheap.
+        """
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise InvalidArgument("limit", f"expected an integer ≥ 1 or None, got {limit!r}")
         where = self._job_filter(status, name, key_prefix, owner)
         state = self._state()
         with self._joined(state) as conn:
-            return state.store.count(conn, where)
+            return state.store.count(conn, where, limit=limit)
 
     def retry_many(
         self,
@@ -728,9 +737,9 @@ class Defer:
         at = as_utc(now, "now") if now is not None else utcnow()
         known = self.registry.names()
         with self._joined(state) as conn:
+            # One pass over live and failed rows, bounded counts of settled ones.
             parts = state.store.counts_by_name(conn, now=at)
-            unknown = state.store.count_unknown(conn, known)
-        return Health.from_counts(parts, known_names=known, unknown_handlers=unknown, now=at)
+        return Health.from_counts(parts, known_names=known, now=at)
 
     # -- running ------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from .claims import ClaimStatements
 from .reads import ReadStatements
 from .records import (
     NOTIFY_CHANNEL,
+    SETTLED_COUNT_CAP,
     UNKNOWN_HANDLER_NOTE,
     BatchAppend,
     JobFilter,
@@ -26,6 +27,7 @@ from .scheduling import SchedulingStatements
 
 __all__ = [
     "NOTIFY_CHANNEL",
+    "SETTLED_COUNT_CAP",
     "UNKNOWN_HANDLER_NOTE",
     "BatchAppend",
     "JobFilter",
