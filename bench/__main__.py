@@ -41,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         help="only this backend (repeatable; default both)",
     )
     parser.add_argument(
+        "--fsync-off",
+        action="store_true",
+        help="PostgreSQL with fsync=off (the test suite's setting); default: fsync on",
+    )
+    parser.add_argument(
         "--output",
         type=Path,
         default=ROOT / "docs" / "benchmarks.md",
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         else " " + shlex.join(sys.argv[1:] if argv is None else argv)
     )
     started = time.monotonic()
-    with BenchEnv() as env:
+    with BenchEnv(durable=not args.fsync_off) as env:
         ctx = Context(env, sizes, tuple(args.backend) if args.backend else BACKENDS)
         sections = []
         profile_summary: dict[str, str] = {}

@@ -135,6 +135,8 @@ class Defer:
         if engine.dialect.name == "sqlite":
             database.tune_sqlite(engine, config)
         store = JobStore(engine, table)
+        # A job due later than a worker's longest sleep needs no NOTIFY to be on time.
+        store.notify_horizon = config.max_sleep
         if db is None:
             store.create_table()
         else:

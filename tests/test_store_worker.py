@@ -161,3 +161,26 @@ def test_reschedule_notifies_listeners(
         assert waker.wait(5) is Wake.NOTIFY
     finally:
         waker.close()
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_insert_notifies_only_jobs_due_within_a_workers_longest_sleep(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    # A sleeping worker looks at the earliest run_at at least every notify_horizon, so
+    # a job due later is found in time without a wake-up; one due sooner must wake it.
+    from flask_defer.wake import Wake, Waker
+
+    store.notify_horizon = timedelta(seconds=10)
+    waker = Waker(store.open_listener)
+    waker.start()
+    try:
+        insert(store, new_job(run_at=now + timedelta(minutes=5)), now)
+        insert(store, new_job(key="later", run_at=now + timedelta(minutes=5)), now)
+        assert waker.wait(0.5) is not Wake.NOTIFY
+        insert(store, new_job(run_at=now + timedelta(seconds=3)), now)
+        assert waker.wait(5) is Wake.NOTIFY
+        insert(store, new_job(key="soon", run_at=now + timedelta(seconds=3)), now)
+        assert waker.wait(5) is Wake.NOTIFY
+    finally:
+        waker.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -55,6 +55,11 @@ class StoreBase:
         self._sqlite_pending_index: str | None = (
             pending_index if any(ix.name == pending_index for ix in table.indexes) else None
         )
+        #: Jobs due further ahead than this send no NOTIFY (see ``wants_notify``); the
+        #: extension sets it to ``DEFER_MAX_SLEEP``, the longest a worker sleeps.
+        self.notify_horizon = timedelta(seconds=10)
+        # The prebuilt keyless insert, with and without its NOTIFY (per store).
+        self._insert_sql: dict[bool, tuple[str, list[str], list[Any]]] = {}
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
