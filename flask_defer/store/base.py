@@ -60,12 +60,34 @@ class StoreBase:
         self.notify_horizon = timedelta(seconds=10)
         # The prebuilt keyless insert, with and without its NOTIFY (per store).
         self._insert_sql: dict[bool, tuple[str, list[str], list[Any]]] = {}
+        # The prebuilt batched acknowledgement, per backend.
+        self._ack_sql: dict[str, str] = {}
+        self._quoted_table = engine.dialect.identifier_preparer.format_table(table)
+        process = UTCDateTime().dialect_impl(engine.dialect).bind_processor(engine.dialect)
+        self._sqlite_time_processor = process
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
         """A short transaction of the store's own, committed on success."""
         with self.engine.begin() as conn:
             yield conn
+
+    @contextmanager
+    def autocommit(self) -> Iterator[Connection]:
+        """A connection where each statement is its own transaction (PostgreSQL).
+
+        For the worker's single-statement writes (claim, batched acknowledgement): no
+        BEGIN and COMMIT round trips around the one statement that does the work.
+        """
+        with self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    def _sqlite_time(self, value: datetime | None) -> Any:
+        """A datetime in the form the table stores on this backend (None stays None)."""
+        if value is None:
+            return None
+        process = self._sqlite_time_processor
+        return process(value) if process is not None else value
 
     @contextmanager
     def begin_immediate(self) -> Iterator[Connection]:

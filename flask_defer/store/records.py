@@ -91,3 +91,26 @@ class BatchAppend:
     job_id: int
     run_at: datetime
     items: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """One claimed job's outcome, to be written by :meth:`JobStore.acknowledge_many`.
+
+    Built by the executor when a handler returns; written later in a batch with
+    others, still compare-and-set on ``(id, claim_token)`` per row. ``status`` is
+    what the row becomes: ``done`` or ``failed`` (settled, ``finished_at`` = the
+    flush's now), or ``pending`` (a retry or a snooze at ``run_at``).
+    """
+
+    job_id: int
+    claim_token: str
+    status: str
+    run_at: datetime | None = None
+    #: A snooze that is not owed any more (``NotYet``) counts as due from ``run_at``.
+    due_at: datetime | None = None
+    #: -1 gives the attempt back (a snooze), 0 keeps it spent.
+    attempts_delta: int = 0
+    last_error: str | None = None
+    #: Only a ``done`` ack writes the result (None is a valid result there).
+    result: Any = None
