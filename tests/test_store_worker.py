@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import Engine, text
 
-from flask_defer.schema import define_jobs_table
 from flask_defer.jobs import Job, JobStatus
+from flask_defer.schema import define_jobs_table
 from flask_defer.store import UNKNOWN_HANDLER_NOTE, Ack, JobStore, NewJob
 
 MakeJob = Callable[..., NewJob]
@@ -238,7 +238,9 @@ def test_a_lost_claim_inside_a_batch_is_reported_and_keeps_the_new_owner(
             {"at": store._sqlite_time(now) if store.is_sqlite else now, "id": ids[1]},
         )
     store.reclaim_lapsed(now=lapsed - timedelta(seconds=4, microseconds=1))
-    [taken] = store.claim(now=lapsed, limit=1, token="new", lease_until=lapsed + timedelta(minutes=1))
+    [taken] = store.claim(
+        now=lapsed, limit=1, token="new", lease_until=lapsed + timedelta(minutes=1)
+    )
     assert taken.id == ids[1]
     owned = store.acknowledge_many(
         [Ack(job_id, "old", "done") for job_id in ids], now=lapsed
@@ -269,7 +271,9 @@ def test_heartbeat_extends_only_rows_this_claim_still_owns(
     ids = [insert(store, new_job(), now) for _ in range(2)]
     mine = store.claim(now=now, limit=2, token="mine", lease_until=now + timedelta(seconds=30))
     with store.begin() as conn:
-        conn.execute(text("UPDATE defer_jobs SET claim_token = 'theirs' WHERE id = :id"), {"id": ids[1]})
+        conn.execute(
+            text("UPDATE defer_jobs SET claim_token = 'theirs' WHERE id = :id"), {"id": ids[1]}
+        )
     until = now + timedelta(minutes=10)
     assert store.extend_leases(mine, now=now, lease_until=until) == 1
     assert _get(store, ids[0]).lease_expires_at == until

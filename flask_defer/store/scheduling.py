@@ -37,7 +37,6 @@ from .records import (
     NewJob,
 )
 
-
 #: A stand-in job, only to learn the column names an insert binds.
 _PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)
 
