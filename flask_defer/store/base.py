@@ -60,6 +60,8 @@ class StoreBase:
         self.notify_horizon = timedelta(seconds=10)
         # The prebuilt keyless insert, with and without its NOTIFY (per store).
         self._insert_sql: dict[bool, tuple[str, list[str], list[Any]]] = {}
+        # The prebuilt claim, per queue selection (see ClaimStatements._claim_statement).
+        self._claim_sql: dict[tuple[str, ...], Any] = {}
         # The prebuilt batched acknowledgement, per backend.
         self._ack_sql: dict[str, str] = {}
         self._quoted_table = engine.dialect.identifier_preparer.format_table(table)
@@ -155,7 +157,9 @@ class StoreBase:
             .columns(column("run_at", UTCDateTime()))
         )
 
-    def _sqlite_due_ids(self, now: datetime, limit: int, queues: Collection[str] | None) -> Any:
+    def _sqlite_due_ids(
+        self, now: datetime | None, limit: int | None, queues: Collection[str] | None
+    ) -> Any:
         sql, params = self._sqlite_pending_scan("id", queues)
         return (
             text(sql + " AND run_at <= :now ORDER BY run_at, id LIMIT :limit")
@@ -201,6 +205,7 @@ class StoreBase:
             self._sqlite_pending_index,
         )
         self._sqlite_pending_index = None
+        self._claim_sql.clear()
         return True
 
     def _acknowledge(

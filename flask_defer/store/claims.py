@@ -15,7 +15,10 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Integer,
+    String,
     and_,
+    bindparam,
     delete,
     func,
     literal,
@@ -26,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
+from ..schema import UTCDateTime
 from .base import StoreBase
 from .records import (
     NOTIFY_CHANNEL,
@@ -51,29 +55,59 @@ class ClaimStatements(StoreBase):
         without ever taking the same row. SQLite: one ``UPDATE ... RETURNING`` inside
         ``BEGIN IMMEDIATE``, serialised by the database's single write lock.
         """
-        t = self.table
         if self.is_sqlite:
             # Look before taking the write lock: an idle worker polling an empty
             # backlog must not make every web request's write wait for it.
             next_at = self.next_run_at(queues=queues)
             if next_at is None or next_at > now:
                 return []
+        stmt = self._claim_statement(tuple(queues) if queues else ())
+        params = {"now": now, "limit": limit, "token": token, "lease_until": lease_until}
+        try:
+            # PostgreSQL: the claim is one statement, so it runs as its own transaction
+            # (no BEGIN and COMMIT round trips); SQLite takes the write lock first.
+            with self.autocommit() if self.is_postgres else self.begin_immediate() as conn:
+                rows = conn.execute(stmt, params).mappings().all()
+        except OperationalError as error:
+            if not self._lost_pending_index(error):
+                raise
+            return self.claim(
+                now=now, limit=limit, token=token, lease_until=lease_until, queues=queues
+            )
+        jobs = [Job.from_row(row) for row in rows]
+        jobs.sort(key=lambda job: (job.run_at, job.id))
+        return jobs
+
+    def _claim_statement(self, queues: tuple[str, ...]) -> Any:
+        """The claim, built once per queue selection; now, limit, token, lease are binds.
+
+        Its parts are kept apart on purpose (the conditions a due row meets, its order)
+        so that priorities (``ORDER BY priority, run_at``) and paused queues (one more
+        condition) extend this one statement rather than needing a second design.
+        """
+        cached = self._claim_sql.get(queues)
+        if cached is not None:
+            return cached
+        t = self.table
+        now = bindparam("now", type_=UTCDateTime())
+        conditions: list[Any] = [self._is_pending(), t.c.run_at <= now]
+        if queues:
+            conditions.append(t.c.queue.in_(list(queues)))
+        order = [t.c.run_at, t.c.id]
         due: Any = (
             select(t.c.id)
-            .where(self._is_pending(), t.c.run_at <= now)
-            .order_by(t.c.run_at, t.c.id)
-            .limit(limit)
+            .where(*conditions)
+            .order_by(*order)
+            .limit(bindparam("limit", type_=Integer()))
             .with_for_update(skip_locked=True)
         )
-        if queues:
-            due = due.where(t.c.queue.in_(list(queues)))
         if self.is_sqlite and self._sqlite_pending_index is not None:
-            due = self._sqlite_due_ids(now, limit, queues)
+            due = self._sqlite_due_ids(None, None, queues)
         values = {
             "status": JobStatus.RUNNING.value,
             "attempts": t.c.attempts + 1,
-            "claim_token": token,
-            "lease_expires_at": lease_until,
+            "claim_token": bindparam("token", type_=String()),
+            "lease_expires_at": bindparam("lease_until", type_=UTCDateTime()),
             "updated_at": now,
         }
         if self.is_postgres:
@@ -88,18 +122,8 @@ class ClaimStatements(StoreBase):
             # every pending row through the status index instead of looking the
             # chosen ids up by rowid.
             stmt = update(t).where(t.c.id.in_(due)).values(values).returning(*t.c)
-        try:
-            with self.begin_immediate() as conn:
-                rows = conn.execute(stmt).mappings().all()
-        except OperationalError as error:
-            if not self._lost_pending_index(error):
-                raise
-            return self.claim(
-                now=now, limit=limit, token=token, lease_until=lease_until, queues=queues
-            )
-        jobs = [Job.from_row(row) for row in rows]
-        jobs.sort(key=lambda job: (job.run_at, job.id))
-        return jobs
+        self._claim_sql[queues] = stmt
+        return stmt
 
     def ack_done(
         self,
