@@ -63,6 +63,9 @@ DEFAULTS: dict[str, Any] = {
     # Longest idle sleep between looks at the table. On PostgreSQL a NOTIFY wakes the
     # worker sooner, and it always wakes exactly at the next job's run_at.
     "DEFER_MAX_SLEEP": timedelta(seconds=10),
+    # Handlers' outcomes are written in batches, at least this often (0: every loop
+    # round). A worker killed inside this window re-runs those jobs after their lease.
+    "DEFER_ACK_FLUSH": timedelta(milliseconds=5),
     # SQLite (and PostgreSQL while its LISTEN connection is down): how often the
     # worker looks for newly scheduled jobs. A job due at a time already known to
     # the worker starts on time regardless.
@@ -125,6 +128,7 @@ class DeferConfig:
     worker_concurrency: int
     job_timeout: timedelta
     max_sleep: timedelta
+    ack_flush: timedelta
     poll_interval: timedelta
     shutdown_grace: timedelta
     reclaim_interval: timedelta

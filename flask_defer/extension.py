@@ -27,7 +27,7 @@ from . import soft_delete as _soft_delete
 from .bulk import build_new_jobs
 from .config import DeferConfig, apply_defaults, load_config
 from .errors import InvalidArgument, JobNotFound, JobNotPending, NotConfigured, UnknownJob
-from .execution import Executor, RetryPolicy, RunSummary
+from .execution import Executor, PendingAck, RetryPolicy, RunSummary
 from .health import Health
 from .jobs import Job, JobStatus
 from .maintenance import prune as prune_settled
@@ -779,9 +779,19 @@ class Defer:
             fresh = [job for job in jobs if job.id not in started]
             if not fresh:
                 break
-            for job in fresh:
-                started.add(job.id)
-                summary.add(state.executor.execute(job, clock))
+            # Outcomes are written per claimed batch, in one statement (see Executor.flush).
+            pending = []
+            try:
+                for job in fresh:
+                    started.add(job.id)
+                    result = state.executor.execute(job, clock, batch=True)
+                    if isinstance(result, PendingAck):
+                        pending.append(result)
+                    else:
+                        summary.add(result)
+            finally:
+                for outcome in state.executor.flush(pending, clock):
+                    summary.add(outcome)
         return summary
 
     # -- the worker and retention -------------------------------------------------
