@@ -183,6 +183,12 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
     ):
         # Zero would make the worker spin or time every handler out at once.
         as_duration(config[name], name, allow_zero=False)
+    if values["ack_flush"] >= values["lease"]:
+        # A waiting outcome's lease is not renewed: it must be written well before.
+        raise InvalidArgument(
+            "DEFER_ACK_FLUSH", f"must be shorter than DEFER_LEASE ({values['lease']}), "
+            f"got {values['ack_flush']}"
+        )
     embedded = config["DEFER_EMBEDDED_WORKER"]
     if not isinstance(embedded, bool):
         raise InvalidArgument("DEFER_EMBEDDED_WORKER", f"expected True or False, got {embedded!r}")
