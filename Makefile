@@ -18,6 +18,7 @@ test:
 lint: venv
 	.venv/bin/ruff check flask_defer tests demo_app
 	.venv/bin/mypy --strict flask_defer
+	.venv/bin/lint-imports
 
 demo: venv
 	.venv/bin/python -m demo_app

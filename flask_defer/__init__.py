@@ -6,7 +6,6 @@ Undo is a guarded update that wins or loses cleanly against the worker's claim.
 
 from __future__ import annotations
 
-from .batching import Batched
 from .bulk import JobSpec
 from .errors import (
     DeferError,
@@ -20,9 +19,10 @@ from .errors import (
 from .execution import Outcome, RunSummary
 from .extension import Defer
 from .health import Health
+from .helpers.batching import Batched
+from .helpers.soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
 from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
 from .signals import job_cancelled, job_failed, job_scheduled, job_started, job_succeeded
-from .soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
 from .undo import Toast, UndoOutcome
 
 __all__ = [

@@ -53,6 +53,7 @@ def build_new_jobs(
     (``payloads[3]: ...``, ``payloads[3].run_at: ...``) so the caller can find it in a
     long list. Items are held to the rules of ``schedule()`` (the same validators).
     """
+    # Long on purpose: every item is validated by the rules of schedule() before any write.
     if isinstance(items, str | bytes | bytearray | Mapping) or not isinstance(items, Iterable):
         raise InvalidArgument(
             "payloads", f"expected a list of payloads or JobSpec items, got {type(items).__name__}"

@@ -14,21 +14,13 @@ from functools import wraps
 from typing import Any, TypeVar
 
 import click
-from flask import current_app
 from flask.cli import with_appcontext
 
 from .errors import DeferError, InvalidArgument
-from .extension import Defer, DeferState
+from .extension import current_defer
 from .jobs import Job, JobStatus
 
 C = TypeVar("C", bound=Callable[..., Any])
-
-
-def _defer() -> Defer:
-    state = current_app.extensions.get("defer")
-    if not isinstance(state, DeferState):
-        raise click.ClickException("flask_defer is not initialised on this app (defer.init_app)")
-    return state.extension
 
 
 def _errors_to_exit_codes(command: C) -> C:
@@ -54,9 +46,7 @@ def defer_cli() -> None:
 @_errors_to_exit_codes
 def install_command() -> None:
     """Create the jobs table and its indexes (for apps without migrations)."""
-    store = _defer().store
-    store.create_table()
-    click.echo(f"table {store.table.name} is ready")
+    click.echo(f"table {current_defer().install()} is ready")
 
 
 @defer_cli.command("list")
@@ -77,7 +67,7 @@ def list_command(
     as_json: bool,
 ) -> None:
     """List jobs, newest first."""
-    jobs = _defer().list(
+    jobs = current_defer().list(
         status=status or None, name=name, key_prefix=key_prefix, owner=owner, limit=limit
     )
     if as_json:
@@ -106,7 +96,7 @@ def cancel_command(job_id: int | None, key: str | None, key_prefix: str | None) 
 
     Exits 1 when the job was no longer pending (it is running or already settled).
     """
-    defer = _defer()
+    defer = current_defer()
     if key_prefix is not None:
         if job_id is not None or key is not None:
             raise click.UsageError("--key-prefix cannot be combined with an id or --key")
@@ -137,7 +127,7 @@ def status_command(
     as_json: bool, max_owed: int | None, max_age: float | None, max_failed: int | None
 ) -> None:
     """Show counts by status and the backlog; exit 3 when a given threshold is crossed."""
-    health = _defer().health()
+    health = current_defer().health()
     if as_json:
         click.echo(json.dumps(health.as_dict(), indent=2))
     else:
@@ -183,7 +173,7 @@ def status_command(
 def run_due_command(ahead: float) -> None:
     """Run every job that is due now, in this process, then exit (for cron)."""
     now = datetime.now(UTC) + timedelta(seconds=ahead)
-    summary = _defer().run_due(now=now)
+    summary = current_defer().run_due(now=now)
     parts = ", ".join(f"{name} {n}" for name, n in summary.counts.items() if n)
     click.echo(f"ran {summary.ran} job(s)" + (f": {parts}" if parts else ""))
 
@@ -260,11 +250,11 @@ def worker_command(
     from .logs import configure
 
     configure(log_level, log_format)
-    worker = _defer().worker(concurrency=concurrency, queues=queues or None, burst=burst)
+    worker = current_defer().worker(concurrency=concurrency, queues=queues or None, burst=burst)
     if metrics_port is None:
         worker.run()
         return
-    metrics = current_app.extensions["defer"].metrics
+    metrics = current_defer().metrics
     if metrics is None:
         raise click.UsageError("--metrics-port needs DEFER_METRICS = True in the app's config")
     server = metrics.serve(metrics_port, metrics_addr)
@@ -281,7 +271,7 @@ def worker_command(
 @_errors_to_exit_codes
 def prune_command() -> None:
     """Delete settled jobs past DEFER_RETENTION (failed: DEFER_FAILED_RETENTION)."""
-    deleted = _defer().prune()
+    deleted = current_defer().prune()
     click.echo(f"pruned {deleted} settled job(s)")
 
 
@@ -294,5 +284,5 @@ def retry_command(job_id: int) -> None:
 
     Exits 1 when the job is not failed.
     """
-    job = _defer().retry(job_id)
+    job = current_defer().retry(job_id)
     click.echo(f"job {job.id} is pending again")

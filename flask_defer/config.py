@@ -2,12 +2,14 @@
 
 ``init_app`` calls :func:`apply_defaults` once and :func:`load_config` once; the rest of
 the code reads the resulting :class:`DeferConfig` and never ``current_app.config``.
-Durations accept a ``timedelta`` or seconds and are normalised here.
+Durations accept a ``timedelta`` or seconds and are normalised here. The policies the
+engine runs by (retry backoff, maintenance, worker options) are derived from the
+config here too, in one place, so no engine module reads a ``DEFER_*`` name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Collection, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -139,6 +141,92 @@ class DeferConfig:
     dashboard_refresh: timedelta
     metrics: bool
     metrics_public: bool
+
+    def retry_policy(self) -> RetryPolicy:
+        """The executor's backoff settings."""
+        return RetryPolicy(
+            base=self.retry_base, cap=self.retry_cap, unknown_backoff=self.unknown_backoff
+        )
+
+    def maintenance_policy(self) -> MaintenancePolicy:
+        """How often workers reclaim and prune, and the retention of settled rows."""
+        return MaintenancePolicy(
+            reclaim_interval=self.reclaim_interval,
+            prune_interval=self.prune_interval,
+            retention=self.retention,
+            failed_retention=self.failed_retention,
+        )
+
+    def worker_options(
+        self,
+        *,
+        concurrency: int | None = None,
+        queues: Collection[str] | None = None,
+        burst: bool = False,
+    ) -> WorkerOptions:
+        """A worker's options from this config; explicit arguments win."""
+        return WorkerOptions.from_config(self, concurrency=concurrency, queues=queues, burst=burst)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How long to wait before trying again, from the app's configuration."""
+
+    base: timedelta
+    cap: timedelta
+    unknown_backoff: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenancePolicy:
+    """How often to reclaim and prune, and how long settled rows are kept."""
+
+    reclaim_interval: timedelta
+    prune_interval: timedelta
+    retention: timedelta
+    failed_retention: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    """How a worker runs; built from the app's config plus command-line overrides."""
+
+    concurrency: int
+    lease: timedelta
+    claim_batch: int
+    job_timeout: timedelta
+    max_sleep: timedelta
+    poll_interval: timedelta
+    shutdown_grace: timedelta
+    maintenance: MaintenancePolicy
+    queues: tuple[str, ...] | None = None
+    burst: bool = False
+    #: How long a handler's outcome may wait to be written with others (batched acks).
+    ack_flush: timedelta = timedelta(milliseconds=5)
+
+    @classmethod
+    def from_config(
+        cls,
+        config: DeferConfig,
+        *,
+        concurrency: int | None = None,
+        queues: Collection[str] | None = None,
+        burst: bool = False,
+    ) -> WorkerOptions:
+        """Options from the frozen config; explicit arguments win."""
+        return cls(
+            concurrency=concurrency if concurrency is not None else config.worker_concurrency,
+            lease=config.lease,
+            claim_batch=config.claim_batch,
+            job_timeout=config.job_timeout,
+            max_sleep=config.max_sleep,
+            poll_interval=config.poll_interval,
+            shutdown_grace=config.shutdown_grace,
+            maintenance=config.maintenance_policy(),
+            queues=tuple(queues) if queues else None,
+            burst=burst,
+            ack_flush=config.ack_flush,
+        )
 
 
 def load_config(config: Mapping[str, Any]) -> DeferConfig:

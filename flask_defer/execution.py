@@ -20,6 +20,7 @@ from typing import Any, cast
 from sqlalchemy import Connection
 
 from . import signals
+from .config import RetryPolicy
 from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
 from .registry import Registry
 from .retry import backoff_delay
@@ -29,6 +30,9 @@ logger = logging.getLogger("flask_defer")
 
 ContextFactory = Callable[[], AbstractContextManager[Any]]
 AtomicScope = Callable[[], AbstractContextManager[Connection]]
+#: Sends one of :mod:`flask_defer.signals` for a job: ``emit(signal, job=..., **extra)``.
+#: The per-app state supplies it, so signals are sent from one place with the app as sender.
+Emit = Callable[..., None]
 Clock = Callable[[], datetime]
 
 #: Longest error text kept on a row: a traceback, not a core dump.
@@ -66,15 +70,6 @@ class RunSummary:
 
     def as_dict(self) -> dict[str, int]:
         return {"ran": self.ran, **self.counts}
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How long to wait before trying again, from the app's configuration."""
-
-    base: timedelta
-    cap: timedelta
-    unknown_backoff: timedelta
 
 
 class JobLog(logging.LoggerAdapter[logging.Logger]):
@@ -118,14 +113,14 @@ class Executor:
         policy: RetryPolicy,
         context_factory: ContextFactory,
         atomic_scope: AtomicScope,
-        sender: Any = None,
+        emit: Emit,
     ) -> None:
         self.store = store
         self.registry = registry
         self.policy = policy
         self.context_factory = context_factory
         self.atomic_scope = atomic_scope
-        self.sender = sender
+        self.emit = emit
 
     def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:
         """Run *job*'s handler and acknowledge the result with compare-and-set.
@@ -153,7 +148,7 @@ class Executor:
                 last_error=f"{UNKNOWN_HANDLER_NOTE} for {job.name!r} in the worker",
             )
             return self._record(PendingAck(ack, lambda _ok: Outcome.UNKNOWN), clock, batch)
-        signals.job_started.send(self.sender, job=job)
+        self.emit(signals.job_started, job=job)
         log.info("started (attempt %d of %d)", job.attempts, job.max_attempts)
         try:
             with self.context_factory():
@@ -223,7 +218,7 @@ class Executor:
         if not acknowledged:
             return self._lost(log)
         log.info("done")
-        signals.job_succeeded.send(self.sender, job=job)
+        self.emit(signals.job_succeeded, job=job)
         return Outcome.DONE
 
     def _failed_attempt(
@@ -258,7 +253,7 @@ class Executor:
         def settle(ok: bool) -> Outcome:
             if not ok:
                 return self._lost(log)
-            signals.job_failed.send(self.sender, job=job, error=text, will_retry=will_retry)
+            self.emit(signals.job_failed, job=job, error=text, will_retry=will_retry)
             return Outcome.RETRIED if will_retry else Outcome.FAILED
 
         return self._record(PendingAck(ack, settle), clock, batch)

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from datetime import timedelta
 
+from .config import MaintenancePolicy
 from .execution import Clock
 from .store import JobStore
 
@@ -25,16 +24,6 @@ logger = logging.getLogger("flask_defer.worker")
 #: Batches deleted per round; a round that hits it prunes again soon after.
 PRUNE_BATCHES_PER_ROUND = 10
 PRUNE_BATCH_SIZE = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class MaintenancePolicy:
-    """How often to reclaim and prune, and how long settled rows are kept."""
-
-    reclaim_interval: timedelta
-    prune_interval: timedelta
-    retention: timedelta
-    failed_retention: timedelta
 
 
 def prune(store: JobStore, policy: MaintenancePolicy, clock: Clock, **limits: int) -> int:

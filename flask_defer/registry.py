@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import InvalidArgument
 from .jobs import Job
 
 Handler = Callable[[Job], Any]
+F = TypeVar("F", bound=Handler)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,37 @@ class Registry:
                 f"({existing.func.__module__}.{existing.func.__qualname__})",
             )
         self._specs[spec.name] = spec
+
+    def decorator(
+        self,
+        name: str | None,
+        *,
+        max_attempts: int | None,
+        timeout: float | None,
+        atomic: bool,
+        queue: str,
+    ) -> Callable[[F], F]:
+        """What ``@defer.job(name, ...)`` returns: registers the function it decorates.
+
+        The arguments are checked now, so a mistake points at the decorator line, not
+        at the first job; *name* ``None`` takes the function's name.
+        """
+        validate_spec(name if name is not None else "handler", max_attempts, timeout, queue)
+
+        def register(func: F) -> F:
+            self.add(
+                HandlerSpec(
+                    name=name if name is not None else func.__name__,
+                    func=func,
+                    max_attempts=max_attempts,
+                    timeout=float(timeout) if timeout is not None else None,
+                    atomic=atomic,
+                    queue=queue,
+                )
+            )
+            return func
+
+        return register
 
     def get(self, name: str) -> HandlerSpec | None:
         """The handler for *name*, or ``None`` when this process does not know it."""

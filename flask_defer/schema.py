@@ -90,6 +90,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Table:
     """Add the jobs table to *metadata* (or return it if it is already there)."""
+    # Long on purpose: one table definition with its columns and indexes, in one place.
     if name in metadata.tables:
         return metadata.tables[name]
     # BIGINT on PostgreSQL; on SQLite only INTEGER PRIMARY KEY is the fast rowid alias.

@@ -5,8 +5,9 @@ One loop, in the thread that calls :meth:`Worker.run`:
 1. record handlers that overran their timeout as failed attempts;
 2. reclaim lapsed leases and prune history when due (one worker at a time);
 3. claim as many due jobs as the pool has room for (free threads plus one prefetched
-   ``DEFER_CLAIM_BATCH``) and hand them to the pool, which runs ``Executor.execute`` —
-   the same code as ``run_due`` — inside a fresh app context;
+   ``DEFER_CLAIM_BATCH``) through the :class:`~flask_defer.runner.Runner` — the same
+   claim and execution as ``run_due`` — and hand them to the pool, which runs each
+   inside a fresh app context;
 4. sleep until the next job's ``run_at``, a free thread, a handler's timeout, the next
    maintenance round or a NOTIFY, whichever comes first (bounded by ``max_sleep``;
    SQLite, which cannot notify, polls every ``poll_interval``).
@@ -29,20 +30,19 @@ import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, replace
-from datetime import timedelta
+from dataclasses import replace
 from types import FrameType
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from .config import DeferConfig
+from .config import DeferConfig, WorkerOptions
 from .execution import Clock, Executor, JobLog, Outcome, PendingAck, RunSummary
 from .jobs import Job
-from .maintenance import Maintenance, MaintenancePolicy
+from .maintenance import Maintenance
 from .pool import HandlerPool
+from .runner import Runner
 from .store import JobStore
 from .timeutil import utcnow
 from .wake import Waker
@@ -53,53 +53,6 @@ logger = logging.getLogger("flask_defer.worker")
 MAX_ERROR_BACKOFF = 5.0
 #: Shortest sleep when work is due but could not be claimed (another worker holds it).
 MIN_SLEEP = 0.001
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerOptions:
-    """How a worker runs; built from the app's config plus command-line overrides."""
-
-    concurrency: int
-    lease: timedelta
-    claim_batch: int
-    job_timeout: timedelta
-    max_sleep: timedelta
-    poll_interval: timedelta
-    shutdown_grace: timedelta
-    maintenance: MaintenancePolicy
-    queues: tuple[str, ...] | None = None
-    burst: bool = False
-    #: How long a handler's outcome may wait to be written with others (batched acks).
-    ack_flush: timedelta = timedelta(milliseconds=5)
-
-    @classmethod
-    def from_config(
-        cls,
-        config: DeferConfig,
-        *,
-        concurrency: int | None = None,
-        queues: Collection[str] | None = None,
-        burst: bool = False,
-    ) -> WorkerOptions:
-        """Options from the frozen config; explicit arguments win."""
-        return cls(
-            concurrency=concurrency if concurrency is not None else config.worker_concurrency,
-            lease=config.lease,
-            claim_batch=config.claim_batch,
-            job_timeout=config.job_timeout,
-            max_sleep=config.max_sleep,
-            poll_interval=config.poll_interval,
-            shutdown_grace=config.shutdown_grace,
-            maintenance=MaintenancePolicy(
-                reclaim_interval=config.reclaim_interval,
-                prune_interval=config.prune_interval,
-                retention=config.retention,
-                failed_retention=config.failed_retention,
-            ),
-            queues=tuple(queues) if queues else None,
-            burst=burst,
-            ack_flush=config.ack_flush,
-        )
 
 
 class _Heartbeat(threading.Thread):
@@ -146,6 +99,10 @@ class Worker:
     ) -> None:
         self.store = store
         self.executor = executor
+        # The claim and the execution are run_due's own (one runner, one claim path).
+        self.runner = Runner(
+            store, executor, lease=options.lease, claim_batch=options.claim_batch
+        )
         self.registry = executor.registry
         self.options = options
         self.clock = clock
@@ -167,7 +124,7 @@ class Worker:
         # waits for a round trip. Other workers still get the rest of the backlog.
         self.pool = HandlerPool(
             options.concurrency,
-            lambda job: executor.execute(job, self.clock, batch=True),
+            lambda job: self.runner.execute(job, self.clock, batch=True),
             self._finished,
             prefetch=options.claim_batch,
         )
@@ -259,13 +216,7 @@ class Worker:
         claimed = 0
         if free and free >= self._claim_threshold():
             limit = min(free, opts.claim_batch)
-            jobs = self.store.claim(
-                now=now,
-                limit=limit,
-                token=uuid.uuid4().hex,
-                lease_until=now + opts.lease,
-                queues=opts.queues,
-            )
+            jobs = self.runner.claim(now, limit, queues=opts.queues)
             for job in jobs:
                 self.pool.submit(job, self._timeout_for(job.name))
             claimed = len(jobs)
@@ -319,7 +270,7 @@ class Worker:
         if not batch:
             return
         try:
-            outcomes = self.executor.flush([pending for pending, _ in batch], self.clock)
+            outcomes = self.runner.flush([pending for pending, _ in batch], self.clock)
         except BaseException:
             with self._acks_lock:
                 self._acks[:0] = batch
@@ -495,7 +446,7 @@ def make_worker(
     **overrides: Any,
 ) -> Worker:
     """A :class:`Worker` configured from *config*; *overrides* replace option fields."""
-    options = WorkerOptions.from_config(config, concurrency=concurrency, queues=queues, burst=burst)
+    options = config.worker_options(concurrency=concurrency, queues=queues, burst=burst)
     if overrides:
         options = replace(options, **overrides)
     return Worker(store, executor, options, clock=clock or utcnow)

@@ -245,3 +245,30 @@ def test_items_racing_the_worker_are_delivered_exactly_once(
         f"\n{backend} {max_items=}: {len(delivered)} items in {len(batches)} batches "
         f"({full} flushed full), slots used {slots}"
     )
+
+
+def test_batching_runs_against_the_per_app_state_without_a_defer(database_url: str) -> None:
+    """The helper needs only the app's state: no ``Defer``, no app context to add."""
+    from flask import Flask
+
+    from flask_defer.helpers import batching
+    from flask_defer.registry import HandlerSpec, Registry
+    from flask_defer.state import build_state
+
+    ran: list[list[Any]] = []
+    registry = Registry()
+    registry.add(HandlerSpec(name="digest", func=lambda job: ran.append(job.payload["items"])))
+    app = Flask("helper_without_defer")
+    app.config["DEFER_DATABASE_URI"] = database_url
+    state = build_state(app, registry=registry, table_name=f"defer_{uuid.uuid4().hex[:8]}")
+    try:
+        first = batching.batch(state, "digest", key="post:1", item={"n": 1}, now=at(0))
+        second = batching.batch(state, "digest", key="post:1", item={"n": 2}, now=at(1))
+        assert (first.opened, second.opened, second.job_id) == (True, False, first.job_id)
+        with pytest.raises(UnknownJob):
+            batching.batch(state, "nope", key="post:1", item=1, now=at(1))
+        summary = state.run_due(now=at(120))
+        assert (summary.ran, ran) == (1, [[{"n": 1}, {"n": 2}]])
+    finally:
+        state.store.table.drop(state.store.engine)
+        state.store.engine.dispose()

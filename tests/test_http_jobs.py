@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from flask_defer import InvalidArgument, Job, JobStatus
-from flask_defer.http_jobs import EXCERPT_CHARS, HTTP_JOB
+from flask_defer.helpers.http_jobs import EXCERPT_CHARS, HTTP_JOB
 
 from .conftest import AppKit
 
@@ -278,3 +278,31 @@ def test_http_settings_are_validated(make_app: Callable[..., AppKit]) -> None:
     with pytest.raises(InvalidArgument) as raised:
         make_app(DEFER_HTTP_TIMEOUT=0)
     assert raised.value.argument == "DEFER_HTTP_TIMEOUT"
+
+
+def test_schedule_http_runs_against_the_per_app_state_without_a_defer(database_url: str) -> None:
+    """The helper takes the app's state: its config decides, its registry knows the job."""
+    import uuid
+
+    from flask import Flask
+
+    from flask_defer import InvalidArgument
+    from flask_defer.helpers import http_jobs
+    from flask_defer.registry import Registry
+    from flask_defer.state import build_state
+
+    registry = Registry()
+    http_jobs.register(registry)
+    app = Flask("http_helper_without_defer")
+    app.config.update(
+        DEFER_DATABASE_URI=database_url, DEFER_HTTP_ALLOWED_HOSTS=["api.example.com"]
+    )
+    state = build_state(app, registry=registry, table_name=f"defer_{uuid.uuid4().hex[:8]}")
+    try:
+        job = http_jobs.schedule_http(state, "https://api.example.com/hook", json_body={"a": 1})
+        assert (job.name, job.payload["json"]) == (HTTP_JOB, {"a": 1})
+        with pytest.raises(InvalidArgument, match="DEFER_HTTP_ALLOWED_HOSTS"):
+            http_jobs.schedule_http(state, "https://evil.example.net/")
+    finally:
+        state.store.table.drop(state.store.engine)
+        state.store.engine.dispose()

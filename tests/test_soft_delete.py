@@ -30,7 +30,7 @@ from flask_defer import (
     UndoOutcome,
 )
 from flask_defer.execution import Outcome
-from flask_defer.soft_delete import PURGE_JOB
+from flask_defer.helpers.soft_delete import PURGE_JOB
 
 from .conftest import AppKit
 

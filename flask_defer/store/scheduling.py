@@ -367,6 +367,8 @@ class SchedulingStatements(StoreBase):
         that reaches *max_items* is made due at once and its key becomes
         ``<key>#full-<id>``. ``None`` when no such row accepts the item.
         """
+        # Long on purpose: one guarded UPDATE built for both dialects; splitting it would
+        # hide which conditions the single statement checks together.
         t = self.table
         if self.is_postgres:
             items = t.c.payload.op("->")(literal_column("'items'"))

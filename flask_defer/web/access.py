@@ -12,24 +12,14 @@ from collections.abc import Callable
 from functools import wraps
 from typing import TypeVar
 
-from flask import abort, current_app
+from flask import abort
 from flask.typing import ResponseReturnValue
 
-from ..extension import Defer, DeferState
+from ..extension import current_defer
+
+__all__ = ["current_defer", "operators_only", "require_operator"]
 
 V = TypeVar("V", bound=Callable[..., ResponseReturnValue])
-
-
-def current_state() -> DeferState:
-    """The current app's flask_defer state."""
-    state = current_app.extensions["defer"]
-    assert isinstance(state, DeferState)
-    return state
-
-
-def current_defer() -> Defer:
-    """The facade of the current app."""
-    return current_state().extension
 
 
 def require_operator() -> None:

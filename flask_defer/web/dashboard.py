@@ -16,7 +16,6 @@ from flask import (
     Blueprint,
     Response,
     abort,
-    current_app,
     get_flashed_messages,
     render_template,
     request,
@@ -30,11 +29,12 @@ from ..jobs import JobStatus
 from ..timeutil import utcnow
 from ..undo import MAX_JOB_ID
 from . import dashboard_actions, formatting, metrics_view
-from .access import current_defer, current_state, operators_only
+from .access import current_defer, operators_only
 from .csrf import csrf_token, field_name
 from .dashboard_actions import FLASH_OK, FLASH_REFUSED, ActionOutcome
 from .job_query import JobQuery
 from .redirects import path_of
+from .responses import is_htmx, no_store
 
 #: The id of the list's element; htmx names it in ``HX-Trigger`` when it refreshes.
 LIST_ID = "defer-jobs"
@@ -56,16 +56,7 @@ def _bad_request(error: BadRequest) -> ResponseReturnValue:
     if not endpoint.startswith("defer.dashboard") or not is_htmx():
         return error
     outcome = ActionOutcome(False, error.description or "The request was refused.")
-    response = current_app.make_response(
-        (render_template("defer/_dashboard_outcome.html", outcome=outcome), 400)
-    )
-    response.headers["Cache-Control"] = "no-store"
-    return response
-
-
-def is_htmx() -> bool:
-    """True for a request htmx made."""
-    return request.headers.get("HX-Request") == "true"
+    return no_store((render_template("defer/_dashboard_outcome.html", outcome=outcome), 400))
 
 
 def wants_fragment() -> bool:
@@ -73,13 +64,10 @@ def wants_fragment() -> bool:
     return is_htmx() and request.headers.get("HX-History-Restore-Request") != "true"
 
 
-def no_store(body: str) -> Response:
-    """A response that no cache keeps: the figures are only true when rendered."""
-    response = current_app.make_response(body)
-    response.headers["Cache-Control"] = "no-store"
-    # The list's URL serves both the page and its fragment.
-    response.headers["Vary"] = "HX-Request"
-    return response
+def uncached_page(body: str) -> Response:
+    """A dashboard page or fragment: never cached, and varying on ``HX-Request``
+    (the list's URL serves both the page and its fragment)."""
+    return no_store(body, vary_htmx=True)
 
 
 @operators_only
@@ -88,13 +76,13 @@ def dashboard() -> ResponseReturnValue:
     query = JobQuery.from_args(request.args)
     context = list_context(query)
     if wants_fragment():
-        response = no_store(render_template("defer/_dashboard_jobs.html", oob=True, **context))
+        response = uncached_page(render_template("defer/_dashboard_jobs.html", oob=True, **context))
         if request.headers.get("HX-Trigger") != LIST_ID:
             # The filter form or a page link: the address bar follows, so a reload or
             # a shared link shows the same list. The list's own refresh pushes nothing.
             response.headers["HX-Push-Url"] = context["here"]
         return response
-    return no_store(render_template("defer/dashboard.html", **context, **page_context()))
+    return uncached_page(render_template("defer/dashboard.html", **context, **page_context()))
 
 
 @operators_only
@@ -113,8 +101,8 @@ def job_page(job_id: int) -> ResponseReturnValue:
         **form_context(),
     }
     if wants_fragment():
-        return no_store(render_template("defer/_dashboard_job.html", **context))
-    return no_store(
+        return uncached_page(render_template("defer/_dashboard_job.html", **context))
+    return uncached_page(
         render_template(
             "defer/dashboard_job.html", back_url=_back_to_list(), **context, **page_context()
         )
@@ -123,9 +111,8 @@ def job_page(job_id: int) -> ResponseReturnValue:
 
 def list_context(query: JobQuery) -> dict[str, Any]:
     """What the list fragment and the health figures need."""
-    state = current_state()
-    defer = state.extension
-    size = state.config.dashboard_page_size
+    defer = current_defer()
+    size = defer.config.dashboard_page_size
     now = utcnow()
     health = defer.health(now=now)
     offset = (query.page - 1) * size
@@ -199,7 +186,7 @@ def page_context() -> dict[str, Any]:
 
 def refresh_seconds() -> float:
     """How often an open page refreshes itself (0: never)."""
-    return current_state().config.dashboard_refresh.total_seconds()
+    return current_defer().config.dashboard_refresh.total_seconds()
 
 
 def _back_to_list() -> str:

@@ -18,7 +18,6 @@ from typing import TypeVar
 from flask import (
     Blueprint,
     abort,
-    current_app,
     flash,
     redirect,
     render_template,
@@ -34,6 +33,7 @@ from .csrf import require_csrf
 from .formatting import relative, utc_text
 from .job_query import JobQuery
 from .redirects import safe_local_target
+from .responses import is_htmx, no_store
 
 #: The event an action's htmx answer fires on ``body``; the list and the job page
 #: listen for it and refresh themselves.
@@ -161,12 +161,11 @@ def retry_many() -> ResponseReturnValue:
 
 def answer(outcome: ActionOutcome, *, status: int = 200) -> ResponseReturnValue:
     """The outcome as an htmx fragment, or as a flashed message and a redirect back."""
-    if request.headers.get("HX-Request") == "true":
-        response = current_app.make_response(
+    if is_htmx():
+        response = no_store(
             (render_template("defer/_dashboard_outcome.html", outcome=outcome), status)
         )
         response.headers["HX-Trigger"] = JOBS_CHANGED
-        response.headers["Cache-Control"] = "no-store"
         return response
     if status >= 400:
         abort(status, description=outcome.text)

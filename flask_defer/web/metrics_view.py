@@ -10,7 +10,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, abort, request
 from flask.typing import ResponseReturnValue
 
-from .access import current_state, require_operator
+from .access import current_defer, require_operator
 
 
 def register(blueprint: Blueprint) -> None:
@@ -20,10 +20,11 @@ def register(blueprint: Blueprint) -> None:
 
 def metrics() -> ResponseReturnValue:
     """The metrics in the exposition format the scraper accepts."""
-    state = current_state()
-    if state.metrics is None:
+    defer = current_defer()
+    metrics = defer.metrics
+    if metrics is None:
         abort(404)
-    if not state.config.metrics_public:
+    if not defer.config.metrics_public:
         require_operator()
-    body, content_type = state.metrics.exposition(request.headers.get("Accept"))
+    body, content_type = metrics.exposition(request.headers.get("Accept"))
     return Response(body, content_type=content_type, headers={"Cache-Control": "no-store"})

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any, cast
 
 from flask import (
-    current_app,
     g,
     get_flashed_messages,
     has_request_context,
@@ -20,6 +19,7 @@ from flask import (
 from markupsafe import Markup
 
 from ..undo import Toast, UndoOutcome
+from .access import current_defer
 from .csrf import csrf_token, field_name
 from .redirects import path_of, safe_local_target
 
@@ -51,11 +51,7 @@ def defer_toasts(*, assets: bool = True, htmx: bool = True) -> Markup:
 
 def toast_context(*, page: str | None) -> dict[str, Any]:
     """What ``defer/_toast_list.html`` needs: the toasts, a CSRF token, the way back."""
-    from ..extension import DeferState
-
-    state = current_app.extensions["defer"]
-    assert isinstance(state, DeferState)
-    toasts: list[Toast] = state.extension.toasts()
+    toasts: list[Toast] = current_defer().toasts()
     return {
         "toasts": toasts,
         # A token is only needed (and the session only touched) when there is a form.

@@ -9,7 +9,6 @@ from __future__ import annotations
 from flask import (
     Blueprint,
     abort,
-    current_app,
     flash,
     redirect,
     render_template,
@@ -19,10 +18,11 @@ from flask import (
 from flask.typing import ResponseReturnValue
 
 from ..errors import JobNotFound
-from ..extension import Defer, DeferState
 from ..timeutil import utcnow
+from .access import current_defer
 from .csrf import csrf_token, field_name, require_csrf
 from .redirects import path_of, safe_local_target
+from .responses import is_htmx, no_store
 from .toasts import page_of_fragment_request, toast_context
 
 
@@ -48,26 +48,9 @@ def format_seconds(seconds: float) -> str:
     return f"{hours // 24} days"
 
 
-def _defer() -> Defer:
-    state = current_app.extensions["defer"]
-    assert isinstance(state, DeferState)
-    return state.extension
-
-
-def _is_htmx() -> bool:
-    return request.headers.get("HX-Request") == "true"
-
-
-def _no_store(response: ResponseReturnValue) -> ResponseReturnValue:
-    resp = current_app.make_response(response)
-    # Remaining seconds are only true at the moment of rendering.
-    resp.headers["Cache-Control"] = "no-store"
-    return resp
-
-
 def toasts_fragment() -> ResponseReturnValue:
     """The current owner's live toasts as HTML (the toast region refreshes from it)."""
-    return _no_store(
+    return no_store(
         render_template("defer/_toast_list.html", **toast_context(page=page_of_fragment_request()))
     )
 
@@ -75,7 +58,7 @@ def toasts_fragment() -> ResponseReturnValue:
 def undo(job_id: int) -> ResponseReturnValue:
     """Undo the current owner's job: an outcome fragment for htmx, else a redirect back."""
     require_csrf()
-    defer = _defer()
+    defer = current_defer()
     owner = defer.current_owner()
     if owner is None:
         abort(404)
@@ -86,8 +69,8 @@ def undo(job_id: int) -> ResponseReturnValue:
     job = defer.get(job_id)
     label = job.label if job is not None else None
     text = outcome.describe(label)
-    if _is_htmx():
-        return _no_store(
+    if is_htmx():
+        return no_store(
             render_template("defer/_outcome.html", outcome=outcome, text=text, job=job)
         )
     flash(text, f"defer-{outcome.value}")
@@ -97,10 +80,10 @@ def undo(job_id: int) -> ResponseReturnValue:
 
 def pending_page() -> ResponseReturnValue:
     """The owner's pending jobs: undoable ones with their window, scheduled ones with run_at."""
-    defer = _defer()
+    defer = current_defer()
     now = utcnow()
     jobs = defer.pending_for()
-    return _no_store(
+    return no_store(
         render_template(
             "defer/pending.html",
             jobs=jobs,

@@ -28,18 +28,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from flask import current_app
 from sqlalchemy import Connection
 
-from . import signals
-from .errors import DeferError, InvalidArgument, JobExists, UnknownJob
-from .store import BatchAppend, NewJob
-from .timeutil import Duration, as_duration, as_utc, utcnow
-
-if TYPE_CHECKING:
-    from .extension import Defer
+from ..errors import DeferError, InvalidArgument, JobExists
+from ..state import DeferState
+from ..store import BatchAppend, NewJob
+from ..timeutil import Duration, as_duration, as_utc, utcnow
 
 #: Default batching window of ``defer.batch``.
 DEFAULT_WINDOW = timedelta(minutes=1)
@@ -74,7 +70,7 @@ def slot_key(key: str, slot: int) -> str:
 
 
 def batch(
-    defer: Defer,
+    state: DeferState,
     name: str,
     *,
     key: str,
@@ -93,12 +89,9 @@ def batch(
     stream still flushes. ``max_items`` makes a full batch due at once; the next item
     opens a new one. ``now`` is when the item arrived (default: the current time).
     """
-    state = defer._state()
-    spec = defer.registry.get(name) if isinstance(name, str) else None
-    if spec is None:
-        if not isinstance(name, str):
-            raise InvalidArgument("name", f"expected a job name string, got {name!r}")
-        raise UnknownJob(name)
+    # Long on purpose: the checks, then one transaction that joins or opens a slot, read
+    # top to bottom as the single decision it is (split, the slot logic would be scattered).
+    spec = state.spec_for(name)
     if not isinstance(key, str) or not key:
         raise InvalidArgument("key", f"expected a non-empty string, got {key!r}")
     if len(key) > MAX_KEY_CHARS:
@@ -139,7 +132,7 @@ def batch(
             debounce_until=debounce_until,
         )
 
-    with defer._joined(state, writes=True) as conn:
+    with state.transactions.joined(writes=True) as conn:
         # The open batch is nearly always in slot 1, or in slot 2 while slot 1 runs.
         for slot in (1, 2):
             appended = append(conn, slot)
@@ -155,15 +148,14 @@ def batch(
                 name=name,
                 payload=payload,
                 run_at=run_at,
-                max_attempts=spec.max_attempts or state.config.max_attempts,
+                max_attempts=state.max_attempts(spec),
                 queue=spec.queue,
                 key=job_key,
             )
             try:
-                job = store.insert(conn, new, now=arrived, replace=False)
+                job = state.insert(new, now=arrived, conn=conn)
             except JobExists:
                 return None
-            signals.job_scheduled.send(current_app._get_current_object(), job=job)  # type: ignore[attr-defined]
             return Batched(job_id=job.id, position=0, run_at=job.run_at, opened=True)
 
         if max_items == 1:

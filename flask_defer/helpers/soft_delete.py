@@ -28,7 +28,6 @@ import enum
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from flask import current_app
 from sqlalchemy import inspect, select
 from sqlalchemy.orm import (
     InstanceState,
@@ -41,16 +40,18 @@ from sqlalchemy.orm import (
     with_loader_criteria,
 )
 
-from . import signals
-from .errors import DeferError, InvalidArgument, NotConfigured
-from .jobs import Fail, Job, JobStatus
-from .registry import HandlerSpec
-from .schema import UTCDateTime
-from .session_events import listen_once
-from .timeutil import Duration, as_duration, utcnow
+from .. import signals
+from ..errors import DeferError, InvalidArgument, NotConfigured
+from ..jobs import Fail, Job, JobStatus
+from ..registry import HandlerSpec
+from ..schema import UTCDateTime
+from ..session_events import listen_once
+from ..state import DeferState, current_state
+from ..timeutil import Duration, as_duration, utcnow
 
 if TYPE_CHECKING:
-    from .extension import Defer
+    from ..registry import Registry
+    from ..undo_hooks import UndoHooks
 
 #: Name of the built-in job that hard-deletes a soft-deleted row.
 PURGE_JOB = "flask_defer.purge"
@@ -121,13 +122,13 @@ def install_query_filter(session: scoped_session[Session]) -> None:
 # -- identity of a row --------------------------------------------------------------
 
 
-def _session(defer: Defer) -> scoped_session[Session]:
-    if defer.db is None:
+def _session(state: DeferState) -> scoped_session[Session]:
+    if state.db is None:
         raise NotConfigured(
             "soft delete works on the app's Flask-SQLAlchemy models: "
             "pass db to Defer(app, db=db) or defer.init_app(app, db=db)"
         )
-    session: scoped_session[Session] = defer.db.session
+    session: scoped_session[Session] = state.db.session
     return session
 
 
@@ -169,10 +170,10 @@ def _table_name(mapper: Mapper[Any]) -> str:
     return str(getattr(table, "fullname", None) or getattr(table, "name", table))
 
 
-def _model_for(defer: Defer, table: str) -> Mapper[Any]:
+def _model_for(state: DeferState, table: str) -> Mapper[Any]:
     """The base mapper of ``db.Model`` whose table is *table* (the purge payload's)."""
     mapper: Mapper[Any]
-    for mapper in defer.db.Model.registry.mappers:
+    for mapper in state.db.Model.registry.mappers:
         if mapper.base_mapper is mapper and _table_name(mapper) == table:
             return mapper
     raise Fail(f"no model of db.Model is mapped to table {table!r}; nothing to purge")
@@ -196,7 +197,7 @@ def _load(session: scoped_session[Session], mapper: Mapper[Any], pk: list[Any]) 
 
 
 def soft_delete(
-    defer: Defer,
+    state: DeferState,
     obj: Any,
     *,
     grace: Duration = DEFAULT_GRACE,
@@ -208,24 +209,23 @@ def soft_delete(
     Both writes join ``db.session``: commit to make them real. The job carries
     ``undo_until = now + grace - DEFER_UNDO_MARGIN`` and *owner*/*label*, so the Undo
     toast offers it. *owner* defaults to the current owner (as for ``undoable``), so
-    inside a request the person who deleted the row gets the toast. Soft-deleting a
-    row that already waits for its purge returns that job unchanged.
+    inside a request the person who deleted the row gets the toast (the facade
+    resolves it). Soft-deleting a row that already waits for its purge returns that
+    job unchanged.
     """
-    session = _session(defer)
-    if owner is None:
-        owner = defer.current_owner(create=True)
+    session = _session(state)
     grace = as_duration(grace, "grace")
     mapper, pk = _mapper_and_pk(session, obj)
     key = purge_key(mapper, pk)
     now = utcnow()
     if obj.deleted_at is not None:
-        existing = defer.get(key=key)
+        existing = state.get(key=key)
         if existing is not None and existing.is_live:
             return existing
     else:
         obj.deleted_at = now
-    undo_until = now + grace - defer.config.undo_margin
-    return defer.schedule(
+    undo_until = now + grace - state.config.undo_margin
+    return state.schedule(
         PURGE_JOB,
         {"table": _table_name(mapper), "pk": pk},
         run_at=now + grace,
@@ -236,18 +236,17 @@ def soft_delete(
     )
 
 
-def restore(defer: Defer, obj: Any) -> RestoreOutcome:
+def restore(state: DeferState, obj: Any) -> RestoreOutcome:
     """Bring a soft-deleted row back, unless its purge has started; joins ``db.session``.
 
     The pending purge is cancelled first (a guarded update) and ``deleted_at`` cleared
     in the same transaction; the caller commits. If the purge is running the answer is
     ``PURGING`` and nothing changes; if the row is gone, ``PURGED``.
     """
-    session = _session(defer)
+    session = _session(state)
     mapper, pk = _mapper_and_pk(session, obj)
     key = purge_key(mapper, pk)
-    state = defer._state()
-    with defer._joined(state, writes=True) as conn:
+    with state.transactions.joined(writes=True) as conn:
         cancelled = state.store.cancel(conn, now=utcnow(), key=key)
         if cancelled is None:
             holder = state.store.get(conn, key=key)
@@ -261,20 +260,24 @@ def restore(defer: Defer, obj: Any) -> RestoreOutcome:
         row.deleted_at = None
         session.flush()
     if cancelled is not None:
-        signals.job_cancelled.send(current_app._get_current_object(), job=cancelled)  # type: ignore[attr-defined]
+        state.send(signals.job_cancelled, job=cancelled)
     return RestoreOutcome.RESTORED
 
 
-def register(defer: Defer) -> None:
-    """Register the purge handler and the undo hook that restores the row."""
+def register(registry: Registry, undo_hooks: UndoHooks) -> None:
+    """Register the purge handler and the undo hook that restores the row.
 
+    Both run inside the app context of the job's app and find its state there, so one
+    ``Defer`` bound to several apps purges each app's rows in that app's database.
+    """
     def purge(job: Job) -> dict[str, Any]:
-        session = _session(defer)
-        store = defer.store
+        state = current_state()
+        session = _session(state)
+        store = state.store
         conn = session.connection(bind_arguments={"clause": store.table})
         if not store.hold_claim(conn, job):
             raise _ClaimLost()
-        mapper = _model_for(defer, job.payload["table"])
+        mapper = _model_for(state, job.payload["table"])
         row = _load(session, mapper, job.payload["pk"])
         if row is None:
             return {"purged": False, "reason": "the row no longer exists"}
@@ -286,9 +289,10 @@ def register(defer: Defer) -> None:
 
     def restore_on_undo(job: Job) -> None:
         # Runs inside defer.undo's transaction, right after the purge was cancelled.
-        session = _session(defer)
+        state = current_state()
+        session = _session(state)
         try:
-            mapper = _model_for(defer, job.payload["table"])
+            mapper = _model_for(state, job.payload["table"])
         except Fail:
             return
         row = _load(session, mapper, job.payload["pk"])
@@ -296,5 +300,5 @@ def register(defer: Defer) -> None:
             row.deleted_at = None
             session.flush()
 
-    defer.registry.add(HandlerSpec(name=PURGE_JOB, func=purge, atomic=True))
-    defer.undo_hooks.add(PURGE_JOB, restore_on_undo)
+    registry.add(HandlerSpec(name=PURGE_JOB, func=purge, atomic=True))
+    undo_hooks.add(PURGE_JOB, restore_on_undo)

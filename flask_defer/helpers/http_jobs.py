@@ -28,17 +28,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
-from .config import DeferConfig
-from .errors import InvalidArgument
-from .jobs import Fail, Job, RetryAfter
-from .registry import HandlerSpec
-from .timeutil import Duration, as_duration
-
-if TYPE_CHECKING:
-    from .extension import Defer
+from ..config import DeferConfig
+from ..errors import InvalidArgument
+from ..jobs import Fail, Job, RetryAfter
+from ..registry import HandlerSpec, Registry
+from ..state import DeferState, current_state
+from ..timeutil import Duration, as_duration
 
 #: Name of the built-in job that performs a scheduled HTTP request.
 HTTP_JOB = "flask_defer.http"
@@ -72,7 +70,7 @@ _opener = urllib.request.build_opener(_NoRedirects())
 
 
 def schedule_http(
-    defer: Defer,
+    state: DeferState,
     url: str,
     *,
     method: str = "POST",
@@ -87,7 +85,7 @@ def schedule_http(
     label: str | None = None,
 ) -> Job:
     """Schedule an HTTP request to *url*; joins ``db.session`` like ``defer.schedule``."""
-    config = defer.config
+    config = state.config
     check_url(url, config)
     if not isinstance(method, str) or method.upper() not in METHODS:
         raise InvalidArgument("method", f"expected one of {', '.join(sorted(METHODS))}")
@@ -104,7 +102,7 @@ def schedule_http(
                 f"at most DEFER_HTTP_TIMEOUT ({config.http_timeout.total_seconds():g} s)",
             )
         payload["timeout"] = limit.total_seconds()
-    return defer.schedule(
+    return state.schedule(
         HTTP_JOB,
         payload,
         run_at=run_at,
@@ -247,10 +245,10 @@ def _retry_after(value: str | None, *, cap: timedelta) -> timedelta | None:
     return min(delay, cap)
 
 
-def register(defer: Defer) -> None:
-    """Register the built-in HTTP job."""
+def register(registry: Registry) -> None:
+    """Register the built-in HTTP handler; it reads its app's config when it runs."""
 
     def call(job: Job) -> dict[str, Any]:
-        return perform(job, defer.config)
+        return perform(job, current_state().config)
 
-    defer.registry.add(HandlerSpec(name=HTTP_JOB, func=call))
+    registry.add(HandlerSpec(name=HTTP_JOB, func=call))

@@ -1,0 +1,265 @@
+"""What the facade's control, Undo and read methods do, over one app's state.
+
+``Defer``'s public methods validate nothing themselves and call these functions with
+the current app's :class:`~flask_defer.state.DeferState`, so the rules live here once:
+which transaction each operation uses (joined for reads and inserts, its own for
+anything that decides a race) and what a refused guarded change means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, TypedDict
+
+from . import signals
+from .bulk import build_new_jobs
+from .errors import InvalidArgument, JobNotFound, JobNotPending
+from .execution import Clock
+from .jobs import Job, JobStatus
+from .state import DeferState
+from .store import JobFilter
+from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
+from .undo import MAX_JOB_ID, Toast, UndoOutcome
+from .validation import checked_limit, checked_text, identity, statuses
+from .worker import Worker
+
+
+class Filters(TypedDict, total=False):
+    """The job filters of ``list``, ``count``, ``retry_many`` and ``cancel_many``."""
+
+    status: JobStatus | str | Iterable[JobStatus | str] | None
+    name: str | None
+    key_prefix: str | None
+    owner: str | None
+
+
+def job_filter(filters: Filters) -> JobFilter:
+    """Validate *filters* (each error names its argument) into the store's filter."""
+    unknown = set(filters) - set(Filters.__annotations__)
+    if unknown:
+        # What Python itself says for a misspelt keyword of an explicit signature.
+        raise TypeError(f"got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    return JobFilter(
+        statuses=statuses(filters.get("status")),
+        name=checked_text(filters.get("name"), "name"),
+        key_prefix=checked_text(filters.get("key_prefix"), "key_prefix"),
+        owner=checked_text(filters.get("owner"), "owner"),
+    )
+
+
+def schedule_many(
+    state: DeferState,
+    name: str,
+    payloads: Iterable[Any],
+    *,
+    run_at: datetime | None,
+    delay: Duration | None,
+    owner: str | None,
+    label: str | None,
+) -> int:
+    """Validate every item, then insert them in one batch joining the caller's transaction."""
+    spec = state.spec_for(name)
+    now = utcnow()
+    jobs = build_new_jobs(
+        payloads,
+        name=name,
+        queue=spec.queue,
+        max_attempts=state.max_attempts(spec),
+        now=now,
+        run_at=run_at,
+        delay=delay,
+        owner=owner,
+        label=label,
+    )
+    if not jobs:
+        return 0
+    with state.transactions.joined(writes=True) as conn:
+        return state.store.insert_many(conn, jobs, now=now)
+
+
+def undoable(
+    state: DeferState,
+    name: str,
+    payload: Any,
+    *,
+    window: Duration | None,
+    label: str | None,
+    key: str | None,
+    owner: str | None,
+    replace: bool,
+) -> Job:
+    """Schedule *name* after an Undo window (plus the margin), with a toast for *owner*."""
+    span = (
+        state.config.undo_window
+        if window is None
+        else as_duration(window, "window", allow_zero=False)
+    )
+    if owner is None:
+        raise InvalidArgument(
+            "owner",
+            "there is no current owner to show the Undo toast to; call undoable() "
+            "while handling a request, or pass owner=",
+        )
+    now = utcnow()
+    return state.schedule(
+        name,
+        payload,
+        run_at=now + span + state.config.undo_margin,
+        key=key,
+        replace=replace,
+        owner=owner,
+        label=label,
+        undo_until=now + span,
+    )
+
+
+def worker(
+    state: DeferState,
+    *,
+    concurrency: int | None,
+    queues: Iterable[str] | None,
+    burst: bool,
+    clock: Clock | None,
+) -> Worker:
+    """A worker for *state*'s app, its command-line style arguments checked."""
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise InvalidArgument("concurrency", f"expected an integer ≥ 1, got {concurrency!r}")
+    names: list[str] | None = None
+    if queues is not None:
+        if isinstance(queues, str):
+            raise InvalidArgument("queues", "expected a list of queue names, not one string")
+        names = [checked_text(q, "queues") or "" for q in queues] or None
+    return state.worker(concurrency=concurrency, queues=names, burst=bool(burst), clock=clock)
+
+
+def cancel(state: DeferState, job_id: Any, key: Any, owner: str | None) -> bool:
+    """pending → cancelled and True; anything else unchanged and False; unknown raises."""
+    job_id, key = identity(job_id, key)
+    with state.transactions.own("cancel") as conn:
+        cancelled = state.store.cancel(conn, now=utcnow(), job_id=job_id, key=key, owner=owner)
+        if cancelled is None:
+            state.refused(conn, job_id, key, owner)
+            return False
+    state.send(signals.job_cancelled, job=cancelled)
+    return True
+
+
+def cancel_many(state: DeferState, filters: Filters) -> dict[str, int]:
+    """Cancel matching pending jobs; ``{"cancelled": n, "in_flight": m}``."""
+    if all(filters.get(name) is None for name in ("key_prefix", "name", "owner")):
+        raise InvalidArgument(
+            "key_prefix", "give key_prefix, name or owner; refusing to cancel every job"
+        )
+    where = job_filter(filters)
+    with state.transactions.own("cancel_many") as conn:
+        cancelled, in_flight = state.store.cancel_many(conn, where, now=utcnow())
+    return {"cancelled": cancelled, "in_flight": in_flight}
+
+
+def reschedule(
+    state: DeferState,
+    job_id: Any,
+    key: Any,
+    run_at: datetime | None,
+    delay: Duration | None,
+) -> Job:
+    """Move a pending job; :class:`JobNotPending` / :class:`JobNotFound` otherwise."""
+    if run_at is None and delay is None:
+        raise InvalidArgument("run_at", "give run_at or delay to reschedule to")
+    job_id, key = identity(job_id, key)
+    now = utcnow()
+    when = resolve_run_at(run_at, delay, now)
+    with state.transactions.own("reschedule") as conn:
+        moved = state.store.reschedule(conn, when, now=now, job_id=job_id, key=key)
+        if moved is None:
+            existing = state.refused(conn, job_id, key)
+            raise JobNotPending(existing.id, existing.status.value)
+    return moved
+
+
+def retry(state: DeferState, job_id: Any) -> Job:
+    """failed → pending, due now, attempts reset; :class:`JobNotPending` otherwise."""
+    checked, _ = identity(job_id, None)
+    assert checked is not None
+    # No uncommitted-jobs check here: 0.1.0 never made one for retry().
+    with state.transactions.own() as conn:
+        job = state.store.retry_failed(conn, checked, now=utcnow())
+        if job is None:
+            existing = state.refused(conn, checked, None)
+            raise JobNotPending(existing.id, existing.status.value)
+    return job
+
+
+def retry_many(state: DeferState, filters: Filters) -> int:
+    """Put every matching failed job back to pending, due now; how many."""
+    where = job_filter(filters)
+    with state.transactions.own("retry_many") as conn:
+        return state.store.retry_failed_many(conn, where, now=utcnow())
+
+
+def find(state: DeferState, filters: Filters, *, limit: int, offset: int) -> list[Job]:
+    """Jobs matching *filters*, newest first."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise InvalidArgument("limit", f"expected an integer from 1 to 10000, got {limit!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidArgument("offset", f"expected an integer ≥ 0, got {offset!r}")
+    where = job_filter(filters)
+    with state.transactions.joined() as conn:
+        return state.store.find(conn, where, limit=limit, offset=offset)
+
+
+def count(state: DeferState, filters: Filters, *, limit: int | None = None) -> int:
+    """How many jobs match *filters*; with *limit*, at most that many (a bounded count)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidArgument("limit", f"expected an integer ≥ 1 or None, got {limit!r}")
+    where = job_filter(filters)
+    with state.transactions.joined() as conn:
+        return state.store.count(conn, where, limit=limit)
+
+
+def undo(state: DeferState, job_id: Any, key: Any, owner: str | None) -> UndoOutcome:
+    """The user's Undo: guarded cancel plus ``on_undo`` hooks in one own transaction."""
+    job_id, key = identity(job_id, key)
+    checked_owner = checked_text(owner, "owner")
+    if job_id is not None and not 1 <= job_id <= MAX_JOB_ID:
+        raise JobNotFound(job_id)
+    state.transactions.refuse_uncommitted("undo")
+    with state.transactions.atomic() as conn:
+        cancelled: Job | None = None
+        # A failed attempt can put the job back to pending between the cancel and
+        # the read below; cancelling again then is right, so try a few times.
+        for _ in range(3):
+            cancelled = state.store.cancel(
+                conn, now=utcnow(), job_id=job_id, key=key, owner=checked_owner
+            )
+            if cancelled is not None:
+                break
+            existing = state.refused(conn, job_id, key, checked_owner)
+            if existing.status is not JobStatus.PENDING:
+                return UndoOutcome.for_status(existing.status)
+        if cancelled is None:
+            return UndoOutcome.RUNNING
+        for hook in state.undo_hooks.for_name(cancelled.name):
+            hook(cancelled)
+    state.send(signals.job_cancelled, job=cancelled)
+    return UndoOutcome.UNDONE
+
+
+def toasts(
+    state: DeferState, owner: str, *, now: datetime | None, limit: int | None
+) -> list[Toast]:
+    """*owner*'s live Undo toasts, newest first."""
+    at = as_utc(now, "now") if now is not None else utcnow()
+    size = state.config.toast_limit if limit is None else checked_limit(limit)
+    with state.transactions.joined() as conn:
+        jobs = state.store.undoable_for(conn, owner, now=at, limit=size)
+    return [Toast.from_job(job, at) for job in jobs]
+
+
+def pending_for(state: DeferState, owner: str, *, limit: int) -> list[Job]:
+    """*owner*'s pending jobs, soonest first."""
+    with state.transactions.joined() as conn:
+        return state.store.pending_for(conn, owner, limit=checked_limit(limit))

@@ -1,0 +1,106 @@
+"""The one claim → execute → acknowledge path, used by ``run_due`` and the worker alike.
+
+A claim takes a batch of due jobs with one guarded statement and gives each a lease
+under a fresh token; the executor runs a job's handler and acknowledges the outcome
+with compare-and-set on that token. :func:`claim_due` is the only place a claim is
+built, so a fix to how jobs are claimed (their order, a paused-queue filter, claim
+batching) is made once and seen by ``defer.run_due`` and ``flask defer worker``
+both; :meth:`Runner.execute` is the only place a claimed job is handed to the
+executor, so acknowledgement has one home too.
+
+No Flask here: the executor carries the app-context factory it was handed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Sequence
+from datetime import datetime, timedelta
+
+from .execution import Clock, Executor, Outcome, PendingAck, RunSummary
+from .jobs import Job
+from .store import JobStore
+
+
+def claim_due(
+    store: JobStore,
+    *,
+    now: datetime,
+    limit: int,
+    lease: timedelta,
+    queues: Collection[str] | None = None,
+) -> list[Job]:
+    """Claim up to *limit* jobs due at *now* under a fresh token, leased for *lease*."""
+    return store.claim(
+        now=now,
+        limit=limit,
+        token=uuid.uuid4().hex,
+        lease_until=now + lease,
+        queues=queues,
+    )
+
+
+class Runner:
+    """Claims due jobs and runs them through one executor."""
+
+    def __init__(
+        self, store: JobStore, executor: Executor, *, lease: timedelta, claim_batch: int
+    ) -> None:
+        self.store = store
+        self.executor = executor
+        self.lease = lease
+        self.claim_batch = claim_batch
+
+    def claim(
+        self, now: datetime, limit: int, *, queues: Collection[str] | None = None
+    ) -> list[Job]:
+        """Claim at most ``min(limit, claim_batch)`` due jobs (see :func:`claim_due`)."""
+        return claim_due(
+            self.store,
+            now=now,
+            limit=min(limit, self.claim_batch),
+            lease=self.lease,
+            queues=queues,
+        )
+
+    def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:
+        """Run one claimed job's handler; acknowledge its outcome now, or with ``batch``
+        hand back the acknowledgement for :meth:`flush` to write with others."""
+        return self.executor.execute(job, clock, batch=batch)
+
+    def flush(self, pending: Sequence[PendingAck], clock: Clock) -> list[Outcome]:
+        """Write batched acknowledgements in one statement; their outcomes, in order.
+
+        The one place batched outcomes are written, for ``run_due`` and the worker.
+        """
+        return self.executor.flush(pending, clock)
+
+    def run_due(self, clock: Clock, *, limit: int | None = None) -> RunSummary:
+        """Claim and run, in this thread, every job due by *clock* (at most *limit*)."""
+        summary = RunSummary()
+        started: set[int] = set()
+        while limit is None or summary.ran < limit:
+            batch = self.claim_batch if limit is None else limit - summary.ran
+            jobs = self.claim(clock(), batch)
+            # Each job runs at most once per call: a handler that reschedules itself
+            # before the injected *now* (say, by wall-clock time) must not loop forever.
+            again = [job for job in jobs if job.id in started]
+            if again:
+                self.store.release(again, now=clock(), keep_run_at=True)
+            fresh = [job for job in jobs if job.id not in started]
+            if not fresh:
+                break
+            # Outcomes are written per claimed batch, in one statement (see flush).
+            pending: list[PendingAck] = []
+            try:
+                for job in fresh:
+                    started.add(job.id)
+                    result = self.execute(job, clock, batch=True)
+                    if isinstance(result, PendingAck):
+                        pending.append(result)
+                    else:
+                        summary.add(result)
+            finally:
+                for outcome in self.flush(pending, clock):
+                    summary.add(outcome)
+        return summary

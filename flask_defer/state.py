@@ -1,0 +1,294 @@
+"""The per-app state in ``app.extensions["defer"]``, and the one insert-and-signal path.
+
+``init_app`` builds one :class:`DeferState` per app with :func:`build_state`: the frozen
+config, the store over the app's engine, the app's :class:`~flask_defer.transactions.
+Transactions`, and the runner (claim → execute → acknowledge) that ``run_due`` and the
+worker share. Everything that writes a new job goes through :meth:`DeferState.insert`,
+and every signal is sent by :meth:`DeferState.send`, with the app as sender. The
+helpers (soft delete, batching, HTTP jobs) are handed this object, never ``Defer``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from blinker import Signal
+from flask import Flask, current_app, has_app_context
+from sqlalchemy import Connection, Engine, MetaData, Table, create_engine
+
+from . import signals
+from .config import DeferConfig, apply_defaults, load_config
+from .errors import InvalidArgument, JobNotFound, NotConfigured, UnknownJob
+from .execution import Clock, Executor, RunSummary
+from .health import Health
+from .jobs import Job
+from .maintenance import prune as prune_settled
+from .registry import HandlerSpec, Registry
+from .runner import Runner
+from .schema import define_jobs_table
+from .store import JobStore, NewJob
+from .store.tuning import tune_sqlite
+from .timeutil import Duration, as_utc, resolve_run_at, utcnow
+from .transactions import Transactions
+from .undo_hooks import UndoHooks
+from .validation import checked_payload, checked_text
+from .worker import Worker, make_worker
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+
+
+@dataclass(frozen=True, eq=False)
+class DeferState:
+    """What one app's ``app.extensions["defer"]`` holds (internal; use ``Defer``)."""
+
+    #: The public facade bound to this app (the web layer and the CLI call it).
+    extension: Any
+    config: DeferConfig
+    store: JobStore
+    transactions: Transactions
+    executor: Executor
+    runner: Runner
+    registry: Registry
+    undo_hooks: UndoHooks
+    #: The app, sender of every signal.
+    app: Flask
+    #: The app's Flask-SQLAlchemy ``db``, or None when flask_defer owns its engine.
+    db: Any = None
+    #: The app's Prometheus metrics (``DEFER_METRICS``), or None.
+    metrics: Metrics | None = None
+
+    # -- signals and inserts: the one path ------------------------------------------
+
+    def send(self, signal: Signal, **kwargs: Any) -> None:
+        """Send one of :mod:`flask_defer.signals` with this app as sender."""
+        signal.send(self.app, **kwargs)
+
+    def spec_for(self, name: Any) -> HandlerSpec:
+        """The registered handler of *name*; :class:`UnknownJob` if there is none."""
+        if not isinstance(name, str):
+            raise InvalidArgument("name", f"expected a job name string, got {name!r}")
+        spec = self.registry.get(name)
+        if spec is None:
+            raise UnknownJob(name)
+        return spec
+
+    def max_attempts(self, spec: HandlerSpec) -> int:
+        """Attempts of a job of *spec*: the handler's own, else ``DEFER_MAX_ATTEMPTS``."""
+        return spec.max_attempts or self.config.max_attempts
+
+    def insert(
+        self, new: NewJob, *, now: datetime, replace: bool = False, conn: Connection | None = None
+    ) -> Job:
+        """Write *new* (in *conn*, else joining the caller's transaction) and signal it.
+
+        Raises :class:`~flask_defer.JobExists` when a live job holds the key and
+        *replace* is False.
+        """
+        if conn is None:
+            with self.transactions.joined(writes=True) as joined:
+                job = self.store.insert(joined, new, now=now, replace=replace)
+        else:
+            job = self.store.insert(conn, new, now=now, replace=replace)
+        self.send(signals.job_scheduled, job=job)
+        return job
+
+    def schedule(
+        self,
+        name: str,
+        payload: Any = None,
+        *,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
+        key: str | None = None,
+        replace: bool = False,
+        owner: str | None = None,
+        label: str | None = None,
+        undo_until: datetime | None = None,
+    ) -> Job:
+        """Validate and insert one job (what ``Defer.schedule`` documents)."""
+        spec = self.spec_for(name)
+        now = utcnow()
+        new = NewJob(
+            name=name,
+            payload=checked_payload(payload),
+            run_at=resolve_run_at(run_at, delay, now),
+            max_attempts=self.max_attempts(spec),
+            queue=spec.queue,
+            key=checked_text(key, "key"),
+            owner=checked_text(owner, "owner"),
+            label=checked_text(label, "label"),
+            undo_until=as_utc(undo_until, "undo_until") if undo_until is not None else None,
+        )
+        if not isinstance(replace, bool):
+            raise InvalidArgument("replace", f"expected True or False, got {replace!r}")
+        return self.insert(new, now=now, replace=replace)
+
+    # -- reads ---------------------------------------------------------------------
+
+    def get(self, job_id: int | None = None, key: str | None = None) -> Job | None:
+        """The job with this id; for a key, its live job, else the newest settled one."""
+        with self.transactions.joined() as conn:
+            return self.store.get(conn, job_id=job_id, key=key)
+
+    def refused(
+        self, conn: Connection, job_id: int | None, key: str | None, owner: str | None = None
+    ) -> Job:
+        """The job a guarded change just left alone, read to say why.
+
+        Read after the guarded statement lost, never before it: the write decides, the
+        read only explains. No job at all, or (with *owner*) another owner's job, is
+        :class:`JobNotFound`, so other people's ids are never confirmed to exist.
+        """
+        existing = self.store.get(conn, job_id=job_id, key=key)
+        if existing is None or (owner is not None and existing.owner != owner):
+            raise JobNotFound(job_id, key)
+        return existing
+
+    def health(self, now: datetime | None = None) -> Health:
+        """Scheduled vs owed work, the oldest owed job's age, dead letters, lapsed leases."""
+        at = as_utc(now, "now") if now is not None else utcnow()
+        known = self.registry.names()
+        with self.transactions.joined() as conn:
+            # One pass over live and failed rows, bounded counts of settled ones.
+            parts = self.store.counts_by_name(conn, now=at)
+        return Health.from_counts(parts, known_names=known, now=at)
+
+    # -- running -------------------------------------------------------------------
+
+    def run_due(self, now: datetime | None = None, *, limit: int | None = None) -> RunSummary:
+        """Run every job due at *now* in this thread, through the worker's runner."""
+        fixed = as_utc(now, "now") if now is not None else None
+
+        def clock() -> datetime:
+            return fixed if fixed is not None else utcnow()
+
+        self.transactions.refuse_uncommitted("run_due")
+        return self.runner.run_due(clock, limit=limit)
+
+    def worker(self, *, clock: Clock | None = None, **options: Any) -> Worker:
+        """A worker over this app's store and executor (options as ``make_worker``)."""
+        return make_worker(self.store, self.executor, self.config, clock=clock, **options)
+
+    def prune(self, now: datetime | None = None) -> int:
+        """Delete settled jobs past their retention now; return how many."""
+        at = as_utc(now, "now") if now is not None else utcnow()
+        self.transactions.refuse_uncommitted("prune")
+        return prune_settled(self.store, self.config.maintenance_policy(), lambda: at)
+
+
+def default_sqlite_uri(app: Flask) -> str:
+    """The embedded default: ``defer.sqlite3`` in the app's instance folder."""
+    os.makedirs(app.instance_path, exist_ok=True)
+    return "sqlite:///" + os.path.join(app.instance_path, "defer.sqlite3")
+
+
+def build_state(
+    app: Flask,
+    *,
+    registry: Registry,
+    undo_hooks: UndoHooks | None = None,
+    db: Any = None,
+    table_name: str = "defer_jobs",
+    extension: Any = None,
+    on_session: Collection[Callable[[Any], None]] = (),
+) -> DeferState:
+    """Read *app*'s config, find its engine and build its state (not yet registered).
+
+    With *db* (Flask-SQLAlchemy, already bound to *app*) the table joins
+    ``db.metadata`` and the transactions join ``db.session``; each of *on_session*
+    is then called with the session (a helper installing its query filter). Without
+    one, jobs live in ``DEFER_DATABASE_URI`` or a SQLite file in the instance folder,
+    and the table is created at once.
+    """
+    apply_defaults(app.config)
+    config = load_config(app.config)
+    engine, table, session = _engine_table_session(app, config, db, table_name)
+    if engine.dialect.name == "sqlite":
+        tune_sqlite(engine, config.sqlite_busy_timeout)
+    store = JobStore(engine, table)
+    # A job due later than a worker's longest sleep needs no NOTIFY to be on time.
+    store.notify_horizon = config.max_sleep
+    if session is None:
+        store.create_table()
+    transactions = Transactions(store, session)
+    for hook in on_session if session is not None else ():
+        hook(session)
+
+    def emit(signal: Signal, **kwargs: Any) -> None:
+        state.send(signal, **kwargs)  # the executor's signals go the one way too
+
+    executor = Executor(
+        store,
+        registry,
+        policy=config.retry_policy(),
+        context_factory=app.app_context,
+        atomic_scope=transactions.atomic,
+        emit=emit,
+    )
+    runner = Runner(store, executor, lease=config.lease, claim_batch=config.claim_batch)
+    state = DeferState(
+        extension=extension,
+        config=config,
+        store=store,
+        transactions=transactions,
+        executor=executor,
+        runner=runner,
+        registry=registry,
+        undo_hooks=undo_hooks if undo_hooks is not None else UndoHooks(),
+        app=app,
+        db=db,
+    )
+    if config.metrics:
+        from .metrics import Metrics
+
+        def health() -> Health:
+            # A scrape can come from any thread (a worker's metrics server).
+            with app.app_context():
+                return state.health()
+
+        object.__setattr__(state, "metrics", Metrics(app, health=health))
+    return state
+
+
+def _engine_table_session(
+    app: Flask, config: DeferConfig, db: Any, table_name: str
+) -> tuple[Engine, Table, Any]:
+    """Where *app*'s jobs live: ``db``'s engine and session, or an engine of our own."""
+    if db is not None:
+        if "sqlalchemy" not in app.extensions:
+            raise NotConfigured(
+                "Flask-SQLAlchemy is not set up on this app yet: "
+                "call db.init_app(app) before defer.init_app(app, db=db)"
+            )
+        table = define_jobs_table(db.metadata, table_name)
+        with app.app_context():
+            engine: Engine = db.engine
+        return engine, table, db.session
+    engine = create_engine(config.database_uri or default_sqlite_uri(app))
+    return engine, define_jobs_table(MetaData(), table_name), None
+
+
+def state_of(app: Flask) -> DeferState | None:
+    """*app*'s flask_defer state, or None when ``init_app`` was not called on it."""
+    state = app.extensions.get("defer")
+    return state if isinstance(state, DeferState) else None
+
+
+def current_state() -> DeferState:
+    """The current app's state; :class:`NotConfigured` that says what to do otherwise."""
+    if not has_app_context():
+        raise NotConfigured(
+            "flask_defer needs an application context: call it inside a request, "
+            "a CLI command, or `with app.app_context():`"
+        )
+    state = state_of(current_app)
+    if state is None:
+        raise NotConfigured(
+            "flask_defer is not initialised on this app: did you forget defer.init_app(app)?"
+        )
+    return state
