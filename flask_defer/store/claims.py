@@ -196,10 +196,24 @@ class ClaimStatements(StoreBase):
         return self._acknowledge_many_sqlite(acks, now)
 
     def _acknowledge_many_pg(self, acks: Sequence[Ack], now: datetime) -> set[int]:
+        # The batch statement never waits for a row lock: rows another transaction
+        # holds (an app's UPDATE that re-checked our row under READ COMMITTED keeps a
+        # lock on it until it ends) are skipped and answered "busy". Waiting there
+        # while holding the batch's other rows could close a deadlock with that
+        # transaction; instead each busy row is written alone afterwards, holding
+        # nothing else, as single acknowledgements always were.
         sql = self._ack_sql.get("pg")
         if sql is None:
+            t = self._quoted_table
             sql = self._ack_sql["pg"] = (
-                f"UPDATE {self._quoted_table} AS t SET"
+                "WITH v AS (SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[],"
+                " %(statuses)s::text[], %(run_ats)s::timestamptz[], %(due_ats)s::timestamptz[],"
+                " %(deltas)s::int[], %(errors)s::text[], %(results)s::text[])"
+                " AS v(id, token, status, run_at, due_at, attempts_delta, last_error, result)),"
+                f" mine AS MATERIALIZED (SELECT t.id FROM {t} AS t JOIN v ON t.id = v.id"
+                " AND t.claim_token = v.token WHERE t.status = 'running'"
+                " FOR UPDATE OF t SKIP LOCKED),"
+                f" written AS (UPDATE {t} AS t SET"
                 " status = v.status,"
                 " run_at = COALESCE(v.run_at, t.run_at),"
                 " due_at = COALESCE(v.due_at, t.due_at),"
@@ -209,12 +223,11 @@ class ClaimStatements(StoreBase):
                 " finished_at = CASE WHEN v.status IN ('done', 'failed') THEN %(now)s"
                 " ELSE t.finished_at END,"
                 " claim_token = NULL, lease_expires_at = NULL, updated_at = %(now)s"
-                " FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(statuses)s::text[],"
-                " %(run_ats)s::timestamptz[], %(due_ats)s::timestamptz[], %(deltas)s::int[],"
-                " %(errors)s::text[], %(results)s::text[])"
-                " AS v(id, token, status, run_at, due_at, attempts_delta, last_error, result)"
-                " WHERE t.id = v.id AND t.claim_token = v.token AND t.status = 'running'"
-                " RETURNING t.id"
+                " FROM v, mine WHERE t.id = v.id AND t.id = mine.id RETURNING t.id)"
+                " SELECT id, true FROM written"
+                f" UNION ALL SELECT t.id, false FROM {t} AS t JOIN v ON t.id = v.id"
+                " AND t.claim_token = v.token WHERE t.status = 'running'"
+                " AND t.id NOT IN (SELECT id FROM mine)"
             )
         params = {
             "now": now,
@@ -228,7 +241,44 @@ class ClaimStatements(StoreBase):
             "results": [_result_json(a) for a in acks],
         }
         with self.autocommit() as conn:
-            return {int(row[0]) for row in conn.exec_driver_sql(sql, params)}
+            answer = [(int(row[0]), bool(row[1])) for row in conn.exec_driver_sql(sql, params)]
+        owned = {job_id for job_id, written in answer if written}
+        busy = {job_id for job_id, written in answer if not written}
+        for ack in acks:
+            if ack.job_id in busy and self._acknowledge_one_pg(ack, now):
+                owned.add(ack.job_id)
+        return owned
+
+    def _acknowledge_one_pg(self, ack: Ack, now: datetime) -> bool:
+        """One acknowledgement on its own (it may wait for the row; it holds no other)."""
+        t = self.table
+        values: dict[str, Any] = {
+            "status": ack.status,
+            "attempts": t.c.attempts + ack.attempts_delta,
+            "last_error": ack.last_error,
+            "claim_token": None,
+            "lease_expires_at": None,
+            "updated_at": now,
+        }
+        if ack.run_at is not None:
+            values["run_at"] = ack.run_at
+        if ack.due_at is not None:
+            values["due_at"] = ack.due_at
+        if ack.status == JobStatus.DONE.value:
+            values["result"] = ack.result
+        if ack.status in (JobStatus.DONE.value, JobStatus.FAILED.value):
+            values["finished_at"] = now
+        stmt = (
+            update(t)
+            .where(
+                t.c.id == ack.job_id,
+                t.c.claim_token == ack.claim_token,
+                t.c.status == JobStatus.RUNNING.value,
+            )
+            .values(values)
+        )
+        with self.autocommit() as conn:
+            return int(conn.execute(stmt).rowcount) == 1
 
     def _acknowledge_many_sqlite(self, acks: Sequence[Ack], now: datetime) -> set[int]:
         sql = self._ack_sql.get("sqlite")
