@@ -16,9 +16,10 @@ from typing import Any, TypeVar
 import click
 from flask.cli import with_appcontext
 
-from .errors import DeferError, InvalidArgument
+from .errors import DeferError, InvalidArgument, JobNotPending
 from .extension import current_defer
 from .jobs import Job, JobStatus
+from .store.schedules import ScheduleRow
 
 C = TypeVar("C", bound=Callable[..., Any])
 
@@ -41,16 +42,61 @@ def defer_cli() -> None:
     """Durable delayed jobs: install, inspect, cancel and run them."""
 
 
-@defer_cli.command("install")
+@defer_cli.command("install", short_help="Create the jobs table and its indexes.")
 @with_appcontext
 @_errors_to_exit_codes
 def install_command() -> None:
-    """Create the jobs table and its indexes (for apps without migrations)."""
-    click.echo(f"table {current_defer().install()} is ready")
+    """Create the jobs table at the newest schema revision and record it (apps without
+    migrations; an existing table is upgraded). Refused in an app that uses Flask-Migrate
+    or whose database has alembic_version: run `flask db upgrade` there."""
+    defer = current_defer()
+    name = defer.install()
+    click.echo(f"table {name} is ready ({defer.schema_status().message})")
+
+
+@defer_cli.group("db")
+def db_cli() -> None:
+    """The jobs table's schema revisions: upgrade, check, or print the SQL."""
+
+
+@db_cli.command("upgrade")
+@with_appcontext
+@_errors_to_exit_codes
+def db_upgrade_command() -> None:
+    """Upgrade flask_defer's schema to the newest revision (keeps every row)."""
+    applied = current_defer().upgrade_schema()
+    if not applied:
+        click.echo("flask_defer schema is already current")
+    for revision in applied:
+        click.echo(f"applied {revision}")
+
+
+@db_cli.command("check")
+@with_appcontext
+@_errors_to_exit_codes
+def db_check_command() -> None:
+    """Exit 0 when the schema matches this code; 1 with the command to run otherwise."""
+    status = current_defer().schema_status()
+    if not status.ok:
+        raise click.ClickException(status.message)
+    click.echo(status.message)
+
+
+@db_cli.command("sql")
+@with_appcontext
+@_errors_to_exit_codes
+def db_sql_command() -> None:
+    """Print the SQL of the pending upgrade steps without running them (for a DBA)."""
+    click.echo(current_defer().schema_sql(), nl=False)
 
 
 @defer_cli.command("list")
-@click.option("--status", type=click.Choice([s.value for s in JobStatus]), multiple=True)
+@click.option(
+    "--status",
+    type=click.Choice([s.value for s in JobStatus]),
+    multiple=True,
+    help="Only jobs in this status (repeatable: --status pending --status running).",
+)
 @click.option("--name", default=None, help="Only jobs with this name.")
 @click.option("--key-prefix", default=None, help="Only jobs whose key starts with this.")
 @click.option("--owner", default=None, help="Only jobs of this owner.")
@@ -77,15 +123,30 @@ def list_command(
     if not jobs:
         click.echo("no jobs")
         return
-    click.echo(f"{'ID':>8}  {'STATUS':<9}  {'RUN AT (UTC)':<19}  {'TRIES':>5}  NAME  KEY")
-    for job in jobs:
-        click.echo(
-            f"{job.id:>8}  {job.status.value:<9}  {job.run_at:%Y-%m-%d %H:%M:%S}  "
-            f"{job.attempts:>2}/{job.max_attempts:<2}  {job.name}  {job.key or ''}"
+    # Columns as wide as their widest cell, so every row lines up under its header.
+    rows = [
+        (
+            str(job.id),
+            job.status.value,
+            f"{job.run_at:%Y-%m-%d %H:%M:%S}",
+            f"{job.attempts}/{job.max_attempts}",
+            job.name,
+            job.key or "",
         )
+        for job in jobs
+    ]
+    header = ("ID", "STATUS", "RUN AT (UTC)", "TRIES", "NAME", "KEY")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    right = {0, 3}  # numbers align right
+    for row in [header, *rows]:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        click.echo("  ".join(cells).rstrip())
 
 
-@defer_cli.command("cancel")
+@defer_cli.command("cancel", short_help="Cancel a job by id, --key or --key-prefix.")
 @click.argument("job_id", type=int, required=False)
 @click.option("--key", default=None, help="Cancel the live job holding this key.")
 @click.option("--key-prefix", default=None, help="Cancel every pending job under this prefix.")
@@ -94,22 +155,30 @@ def list_command(
 def cancel_command(job_id: int | None, key: str | None, key_prefix: str | None) -> None:
     """Cancel a pending job by id, by --key, or all under --key-prefix.
 
-    Exits 1 when the job was no longer pending (it is running or already settled).
+    Exits 1 when the job was no longer pending (it is running or already settled),
+    2 when the arguments name no job or more than one way to find it.
     """
     defer = current_defer()
     if key_prefix is not None:
         if job_id is not None or key is not None:
-            raise click.UsageError("--key-prefix cannot be combined with an id or --key")
+            raise click.UsageError("--key-prefix cannot be combined with a JOB_ID or --key")
         outcome = defer.cancel_many(key_prefix=key_prefix)
         click.echo(f"cancelled {outcome['cancelled']}, still running {outcome['in_flight']}")
         return
+    if job_id is None and key is None:
+        raise click.UsageError("say which job: give a JOB_ID, --key KEY or --key-prefix PREFIX")
+    if job_id is not None and key is not None:
+        raise click.UsageError("give a JOB_ID or --key, not both")
+    which = f"job {job_id}" if job_id is not None else f"the job with key {key!r}"
     if defer.cancel(job_id, key=key):
-        click.echo("cancelled")
+        click.echo(f"cancelled {which}")
         return
-    raise click.ClickException("not cancelled: the job is no longer pending")
+    job = defer.get(job_id) if job_id is not None else defer.get(key=key)
+    status = job.status.value if job is not None else "no longer pending"
+    raise click.ClickException(f"not cancelled: {which} is {status}")
 
 
-@defer_cli.command("status")
+@defer_cli.command("status", short_help="Show counts by status and the backlog.")
 @click.option("--json", "as_json", is_flag=True, help="Print the health report as JSON.")
 @click.option(
     "--max-owed", type=int, default=None, help="Exit 3 if more jobs than this are owed."
@@ -161,7 +230,7 @@ def status_command(
         sys.exit(3)
 
 
-@defer_cli.command("run-due")
+@defer_cli.command("run-due", short_help="Run the jobs due now, then exit (for cron).")
 @click.option(
     "--ahead",
     type=float,
@@ -190,7 +259,7 @@ def _job_dict(job: Job) -> dict[str, Any]:
 # -- the worker, retention and retries --------------------------------------------
 
 
-@defer_cli.command("worker")
+@defer_cli.command("worker", short_help="Run due jobs until stopped.")
 @click.option(
     "--concurrency",
     "-c",
@@ -208,9 +277,10 @@ def _job_dict(job: Job) -> dict[str, Any]:
 @click.option("--burst", is_flag=True, help="Run what is due, then exit.")
 @click.option(
     "--log-level",
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    default="INFO",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
     show_default=True,
+    help="Lowest level of log line printed (any case).",
 )
 @click.option(
     "--log-format",
@@ -266,7 +336,7 @@ def worker_command(
         server.server_close()
 
 
-@defer_cli.command("prune")
+@defer_cli.command("prune", short_help="Delete settled jobs past their retention.")
 @with_appcontext
 @_errors_to_exit_codes
 def prune_command() -> None:
@@ -275,7 +345,7 @@ def prune_command() -> None:
     click.echo(f"pruned {deleted} settled job(s)")
 
 
-@defer_cli.command("retry")
+@defer_cli.command("retry", short_help="Put a failed job back to pending, due now.")
 @click.argument("job_id", type=int)
 @with_appcontext
 @_errors_to_exit_codes
@@ -284,5 +354,77 @@ def retry_command(job_id: int) -> None:
 
     Exits 1 when the job is not failed.
     """
-    job = current_defer().retry(job_id)
+    try:
+        job = current_defer().retry(job_id)
+    except JobNotPending as error:
+        raise click.ClickException(
+            f"not retried: job {job_id} is {error.status}; only a failed job can be retried"
+        ) from None
     click.echo(f"job {job.id} is pending again")
+
+
+# -- recurring schedules ---------------------------------------------------------------
+
+
+@defer_cli.group("schedules", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
+@with_appcontext
+@_errors_to_exit_codes
+def schedules_command(ctx: click.Context, as_json: bool) -> None:
+    """List recurring schedules; pause or resume one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = current_defer().list_recurring()
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(_schedule_dict(row)))
+        return
+    if not rows:
+        click.echo("no recurring schedules")
+        return
+    for row in rows:
+        state = "orphaned" if row.orphaned else "paused" if row.paused else "active"
+        last = row.last_run_at.isoformat() if row.last_run_at else "never"
+        click.echo(
+            f"{row.id}  {row.job_name}  {row.rule.describe()}  {state}  "
+            f"next {row.next_run_at.isoformat()}  last {last}"
+        )
+
+
+@schedules_command.command("pause")
+@click.argument("schedule_id")
+@with_appcontext
+@_errors_to_exit_codes
+def schedules_pause_command(schedule_id: str) -> None:
+    """Stop a schedule from ticking until it is resumed."""
+    if current_defer().pause_recurring(schedule_id):
+        click.echo(f"schedule {schedule_id} paused")
+    else:
+        click.echo(f"schedule {schedule_id} was already paused")
+
+
+@schedules_command.command("resume")
+@click.argument("schedule_id")
+@with_appcontext
+@_errors_to_exit_codes
+def schedules_resume_command(schedule_id: str) -> None:
+    """Let a paused schedule tick again, from its next tick (missed ones are not run)."""
+    if current_defer().resume_recurring(schedule_id):
+        click.echo(f"schedule {schedule_id} resumed")
+    else:
+        click.echo(f"schedule {schedule_id} was not paused")
+
+
+def _schedule_dict(row: ScheduleRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "job_name": row.job_name,
+        "cron": row.cron,
+        "every": row.every.total_seconds() if row.every is not None else None,
+        "tz": row.tz,
+        "paused": row.paused,
+        "orphaned": row.orphaned,
+        "next_run_at": row.next_run_at.isoformat(),
+        "last_run_at": row.last_run_at.isoformat() if row.last_run_at else None,
+    }

@@ -29,14 +29,20 @@ def claim_due(
     limit: int,
     lease: timedelta,
     queues: Collection[str] | None = None,
+    spend_attempt: bool = True,
 ) -> list[Job]:
-    """Claim up to *limit* jobs due at *now* under a fresh token, leased for *lease*."""
+    """Claim up to *limit* jobs due at *now* under a fresh token, leased for *lease*.
+
+    ``spend_attempt=False``: the attempt is counted when the job starts
+    (:meth:`JobStore.start_claimed`), for jobs queued behind busy threads.
+    """
     return store.claim(
         now=now,
         limit=limit,
         token=uuid.uuid4().hex,
         lease_until=now + lease,
         queues=queues,
+        spend_attempt=spend_attempt,
     )
 
 
@@ -52,7 +58,12 @@ class Runner:
         self.claim_batch = claim_batch
 
     def claim(
-        self, now: datetime, limit: int, *, queues: Collection[str] | None = None
+        self,
+        now: datetime,
+        limit: int,
+        *,
+        queues: Collection[str] | None = None,
+        spend_attempt: bool = True,
     ) -> list[Job]:
         """Claim at most ``min(limit, claim_batch)`` due jobs (see :func:`claim_due`)."""
         return claim_due(
@@ -61,6 +72,7 @@ class Runner:
             limit=min(limit, self.claim_batch),
             lease=self.lease,
             queues=queues,
+            spend_attempt=spend_attempt,
         )
 
     def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:

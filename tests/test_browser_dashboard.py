@@ -140,12 +140,20 @@ def test_a_refused_action_says_what_really_happened(
             token="worker-1",
             lease_until=live.ops.job(due_id).run_at.replace(year=2100),
         )
+    asked: list[str] = []
+
+    def accept(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.accept()
+
+    page.once("dialog", accept)
     row.get_by_role("button", name="Cancel").click()
     expect(page.locator("#defer-outcome [data-defer-result]")).to_have_attribute(
         "data-defer-result", "refused"
     )
     expect(page.locator("#defer-outcome")).to_have_text(f"Job {due_id} is running; not cancelled.")
     assert live.ops.job(due_id).status is JobStatus.RUNNING
+    assert asked == [f"Cancel job {due_id} (send_email)? It will not run."]
 
 
 # -- the screenshot ------------------------------------------------------------------------
@@ -165,3 +173,23 @@ def test_screenshot_of_the_dashboard(
     page.goto(f"{live.url}/defer/jobs/{live.jobs.failed[0]}")
     expect(page.locator("pre.defer-traceback")).to_be_visible()
     page.screenshot(path=str(artifacts / f"dashboard-job{suffix}.png"), full_page=True)
+
+
+def test_schedules_page_pauses_and_resumes_a_schedule_in_place(
+    live: Live, operator_page: Callable[..., Page], artifacts: Path
+) -> None:
+    page = operator_page()
+    page.get_by_role("link", name="Schedules").click()
+    row = page.locator("#defer-schedule-nightly-invoices")
+    expect(row).to_have_attribute("data-defer-state", "active")
+    expect(row).to_contain_text("0 3 * * * (Europe/Berlin)")
+    row.get_by_role("button", name="Pause").click()
+    expect(page.locator("#defer-outcome")).to_contain_text("Schedule nightly-invoices paused.")
+    expect(row).to_have_attribute("data-defer-state", "paused")  # the table refreshed
+    page.screenshot(path=str(artifacts / "schedules-paused.png"), full_page=True)
+    with live.ops.context():
+        assert live.ops.defer.list_recurring()[0].paused
+    row.get_by_role("button", name="Resume").click()
+    expect(row).to_have_attribute("data-defer-state", "active")
+    with live.ops.context():
+        assert not live.ops.defer.list_recurring()[0].paused

@@ -28,11 +28,12 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
-from ..schema import UTCDateTime
+from ..schema import UTCDateTime, typed_jobs_table
 from .records import (
     NOTIFY_CHANNEL,
     JobFilter,
 )
+from .versioning import record_on_create
 
 logger = logging.getLogger("flask_defer")
 
@@ -42,7 +43,12 @@ class StoreBase:
 
     def __init__(self, engine: Engine, table: Table) -> None:
         self.engine = engine
-        self.table = table
+        # Creating the table from the app's metadata (db.create_all()) or from the store
+        # records the newest revision in the same transaction.
+        record_on_create(table)
+        # The statements run on a copy with aware-UTC types (see schema.typed_jobs_table).
+        self.table = table = typed_jobs_table(table)
+        record_on_create(table)
         self.is_postgres = engine.dialect.name == "postgresql"
         self.is_sqlite = engine.dialect.name == "sqlite"
         if not (self.is_postgres or self.is_sqlite):
@@ -61,7 +67,7 @@ class StoreBase:
         # The prebuilt keyless insert, with and without its NOTIFY (per store).
         self._insert_sql: dict[bool, tuple[str, list[str], list[Any]]] = {}
         # The prebuilt claim, per queue selection (see ClaimStatements._claim_statement).
-        self._claim_sql: dict[tuple[str, ...], Any] = {}
+        self._claim_sql: dict[tuple[tuple[str, ...], bool], Any] = {}
         # The prebuilt batched acknowledgement, per backend.
         self._ack_sql: dict[str, str] = {}
         self._quoted_table = engine.dialect.identifier_preparer.format_table(table)

@@ -10,6 +10,7 @@ import json
 import zlib
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -48,12 +49,18 @@ class ClaimStatements(StoreBase):
         token: str,
         lease_until: datetime,
         queues: Collection[str] | None = None,
+        spend_attempt: bool = True,
     ) -> list[Job]:
         """Atomically move up to *limit* due pending jobs to running and return them.
 
         PostgreSQL: ``FOR UPDATE SKIP LOCKED`` lets many workers claim side by side
         without ever taking the same row. SQLite: one ``UPDATE ... RETURNING`` inside
         ``BEGIN IMMEDIATE``, serialised by the database's single write lock.
+
+        ``spend_attempt=False`` claims without counting an attempt: for jobs a worker
+        queues beside its running ones, whose attempt :meth:`start_claimed` counts
+        when a handler really starts. A worker killed before that leaves them with
+        their attempts untouched.
         """
         if self.is_sqlite:
             # Look before taking the write lock: an idle worker polling an empty
@@ -61,7 +68,7 @@ class ClaimStatements(StoreBase):
             next_at = self.next_run_at(queues=queues)
             if next_at is None or next_at > now:
                 return []
-        stmt = self._claim_statement(tuple(queues) if queues else ())
+        stmt = self._claim_statement(tuple(queues) if queues else (), spend_attempt)
         params = {"now": now, "limit": limit, "token": token, "lease_until": lease_until}
         try:
             # PostgreSQL: the claim is one statement, so it runs as its own transaction
@@ -72,20 +79,26 @@ class ClaimStatements(StoreBase):
             if not self._lost_pending_index(error):
                 raise
             return self.claim(
-                now=now, limit=limit, token=token, lease_until=lease_until, queues=queues
+                now=now,
+                limit=limit,
+                token=token,
+                lease_until=lease_until,
+                queues=queues,
+                spend_attempt=spend_attempt,
             )
         jobs = [Job.from_row(row) for row in rows]
         jobs.sort(key=lambda job: (job.run_at, job.id))
         return jobs
 
-    def _claim_statement(self, queues: tuple[str, ...]) -> Any:
+    def _claim_statement(self, queues: tuple[str, ...], spend_attempt: bool = True) -> Any:
         """The claim, built once per queue selection; now, limit, token, lease are binds.
 
         Its parts are kept apart on purpose (the conditions a due row meets, its order)
         so that priorities (``ORDER BY priority, run_at``) and paused queues (one more
         condition) extend this one statement rather than needing a second design.
         """
-        cached = self._claim_sql.get(queues)
+        key = (queues, spend_attempt)
+        cached = self._claim_sql.get(key)
         if cached is not None:
             return cached
         t = self.table
@@ -105,7 +118,7 @@ class ClaimStatements(StoreBase):
             due = self._sqlite_due_ids(None, None, queues)
         values = {
             "status": JobStatus.RUNNING.value,
-            "attempts": t.c.attempts + 1,
+            "attempts": t.c.attempts + 1 if spend_attempt else t.c.attempts,
             "claim_token": bindparam("token", type_=String()),
             "lease_expires_at": bindparam("lease_until", type_=UTCDateTime()),
             "updated_at": now,
@@ -122,8 +135,24 @@ class ClaimStatements(StoreBase):
             # every pending row through the status index instead of looking the
             # chosen ids up by rowid.
             stmt = update(t).where(t.c.id.in_(due)).values(values).returning(*t.c)
-        self._claim_sql[queues] = stmt
+        self._claim_sql[key] = stmt
         return stmt
+
+    def start_claimed(self, job: Job, *, now: datetime) -> Job | None:
+        """Count the attempt of a job claimed with ``spend_attempt=False``, as it starts.
+
+        Returns the job with its new ``attempts``, or None when this claim no longer
+        owns it (its lease lapsed while it waited): then it must not run here.
+        """
+        t = self.table
+        stmt = (
+            self._guarded_ack(job)
+            .values(attempts=t.c.attempts + 1, updated_at=now)
+            .returning(t.c.attempts)
+        )
+        with self.begin() as conn:
+            attempts = conn.execute(stmt).scalar()
+        return None if attempts is None else replace(job, attempts=int(attempts))
 
     def ack_done(
         self,
@@ -132,14 +161,16 @@ class ClaimStatements(StoreBase):
         now: datetime,
         result: Any = None,
         conn: Connection | None = None,
+        note: str | None = None,
     ) -> bool:
         """Mark a claimed job done; False if this claim no longer owns it.
 
         Pass *conn* to commit the mark together with the handler's own database work
-        (``atomic=True`` handlers).
+        (``atomic=True`` handlers). *note* is kept as ``last_error`` (a warning about
+        a run that succeeded).
         """
         values = self._settle_values(JobStatus.DONE, now)
-        values.update(last_error=None, result=result)
+        values.update(last_error=note, result=result)
         return self._acknowledge(job, values, now=now, conn=conn)
 
     def ack_retry(self, job: Job, *, now: datetime, run_at: datetime, error: str) -> bool:
@@ -315,15 +346,24 @@ class ClaimStatements(StoreBase):
                     owned.add(a.job_id)
         return owned
 
-    def release(self, jobs: Sequence[Job], *, now: datetime, keep_run_at: bool = False) -> int:
+    def release(
+        self,
+        jobs: Sequence[Job],
+        *,
+        now: datetime,
+        keep_run_at: bool = False,
+        spent: bool = True,
+    ) -> int:
         """Hand claimed jobs back to pending, attempt not spent (shutdown, ``run_due``).
 
-        They are due now, or at their old ``run_at`` with ``keep_run_at``.
+        They are due now, or at their old ``run_at`` with ``keep_run_at``. ``spent``
+        says their claim counted an attempt, which is given back; jobs claimed with
+        ``spend_attempt=False`` and never started pass ``spent=False``.
         """
         t = self.table
         values: dict[str, Any] = {
             "status": JobStatus.PENDING.value,
-            "attempts": t.c.attempts - 1,
+            "attempts": t.c.attempts - 1 if spent else t.c.attempts,
             "claim_token": None,
             "lease_expires_at": None,
             "updated_at": now,
