@@ -42,19 +42,20 @@ def defer_cli() -> None:
     """Durable delayed jobs: install, inspect, cancel and run them."""
 
 
-@defer_cli.command("install", short_help="Create the jobs table and its indexes.")
+@defer_cli.command("install", short_help="Create or upgrade flask_defer's tables.")
 @with_appcontext
 @_errors_to_exit_codes
 def install_command() -> None:
-    """Create the jobs table at the newest schema revision and record it (apps without
-    migrations; an existing table is upgraded). Refused in an app that uses Flask-Migrate
-    or whose database has alembic_version: run `flask db upgrade` there."""
+    """Create the jobs and schedules tables at the newest schema revision and record it
+    (apps without migrations; an existing schema is upgraded). Refused in an app that
+    uses Flask-Migrate or whose database has alembic_version: run `flask db upgrade`
+    there."""
     defer = current_defer()
     name = defer.install()
     click.echo(f"table {name} is ready ({defer.schema_status().message})")
 
 
-@defer_cli.group("db")
+@defer_cli.group("db", short_help="Schema revisions: upgrade, check, print the SQL.")
 def db_cli() -> None:
     """The jobs table's schema revisions: upgrade, check, or print the SQL."""
 

@@ -175,9 +175,12 @@ class Defer:
         """
         state = self._state()
         store = state.store
-        versioning.install(store.engine, store.table.name, app_migrations=_uses_flask_migrate())
-        if state.recurring is not None:
-            state.recurring.store.create_table()
+        versioning.install(
+            store.engine,
+            store.table.name,
+            app_migrations=_uses_flask_migrate(),
+            schedules_table=self.schedules_table_name,
+        )
         return store.table.name
 
     @property
@@ -579,7 +582,10 @@ class Defer:
         state = self._state()
         # A worker on a schema behind or ahead of the code would fail on every claim.
         versioning.require_current(
-            state.store.engine, state.store.table.name, app_migrations=_uses_flask_migrate()
+            state.store.engine,
+            state.store.table.name,
+            app_migrations=_uses_flask_migrate(),
+            schedules_table=self.schedules_table_name,
         )
         return operations.worker(
             state, concurrency=concurrency, queues=queues, burst=burst, clock=clock
@@ -591,21 +597,30 @@ class Defer:
         """How this app's database's flask_defer schema compares with the code's."""
         store = self._state().store
         return versioning.check(
-            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+            store.engine,
+            store.table.name,
+            app_migrations=_uses_flask_migrate(),
+            schedules_table=self.schedules_table_name,
         )
 
     def upgrade_schema(self) -> Revisions:
         """Upgrade the schema to the newest revision; return the revisions applied."""
         store = self._state().store
         return versioning.upgrade(
-            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+            store.engine,
+            store.table.name,
+            app_migrations=_uses_flask_migrate(),
+            schedules_table=self.schedules_table_name,
         )
 
     def schema_sql(self) -> str:
         """The SQL the upgrade would run, not executed (``flask defer db sql``)."""
         store = self._state().store
         return versioning.pending_sql(
-            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+            store.engine,
+            store.table.name,
+            app_migrations=_uses_flask_migrate(),
+            schedules_table=self.schedules_table_name,
         )
 
     def prune(self, now: datetime | None = None) -> int:
@@ -620,7 +635,10 @@ class Defer:
 
     def _ticker_for(self, state: DeferState) -> _recurring.Ticker:
         """The recurring schedules of *state*'s app, over a table beside the jobs table."""
-        table = define_schedules_table(state.store.table.metadata, self.schedules_table_name)
+        # In the app's metadata, beside the jobs table, so db.create_all() and Alembic
+        # autogenerate see it also when the db was passed to init_app only.
+        metadata = state.db.metadata if state.db is not None else state.store.table.metadata
+        table = define_schedules_table(metadata, self.schedules_table_name)
         ticker = _recurring.Ticker(
             ScheduleStore(state.store.engine, table, state.store),
             self.schedules,
@@ -629,9 +647,21 @@ class Defer:
             max_catch_up=state.config.recurring_max_catch_up,
             on_written=lambda job: state.send(signals.job_scheduled, job=job),
         )
-        if state.db is None:
+        if state.db is None and self._schema_at_head(state):
+            # A jobs table created just now (by build_state) was recorded at the newest
+            # revision, which includes this table. On an older recorded schema the table
+            # comes from `flask defer db upgrade` (revision flask_defer_0002): creating it
+            # here would make that revision fail on an existing table.
             ticker.store.create_table()
         return ticker
+
+    def _schema_at_head(self, state: DeferState) -> bool:
+        status = versioning.check(
+            state.store.engine,
+            state.store.table.name,
+            schedules_table=self.schedules_table_name,
+        )
+        return status.ok
 
     def recurring(
         self,
