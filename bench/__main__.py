@@ -18,7 +18,7 @@ from .env import ROOT, BenchEnv, git_revision, machine, versions
 from .results import log
 from .sizes import DEFAULT, QUICK
 
-SUITES = ("enqueue", "drain", "lateness", "future", "undo", "profile")
+SUITES = ("enqueue", "drain", "lateness", "future", "reads", "undo", "profile")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +39,15 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=("postgresql", "sqlite"),
         help="only this backend (repeatable; default both)",
+    )
+    parser.add_argument("--drain", type=int, help="jobs per drain round")
+    parser.add_argument("--enqueue-each", type=int, help="jobs per one-by-one enqueue round")
+    parser.add_argument("--reads-settled", type=int, help="settled rows of the reads table")
+    parser.add_argument("--reads-pending", type=int, help="pending rows of the reads table")
+    parser.add_argument(
+        "--fsync-off",
+        action="store_true",
+        help="PostgreSQL with fsync=off (the test suite's setting); default: fsync on",
     )
     parser.add_argument(
         "--output",
@@ -62,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             enqueue_rounds=rounds,
             future_rounds=max(rounds, sizes.future_rounds),
         )
+    for option in ("drain", "enqueue_each", "reads_settled", "reads_pending"):
+        value = getattr(args, option)
+        if value is not None:
+            sizes = replace(sizes, **{option: value})
     selected = [name for name in SUITES if not args.only or name in args.only]
     command = "python -m bench" + (
         ""
@@ -69,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         else " " + shlex.join(sys.argv[1:] if argv is None else argv)
     )
     started = time.monotonic()
-    with BenchEnv() as env:
+    with BenchEnv(durable=not args.fsync_off) as env:
         ctx = Context(env, sizes, tuple(args.backend) if args.backend else BACKENDS)
         sections = []
         profile_summary: dict[str, str] = {}

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -24,10 +24,10 @@ from sqlalchemy import Connection
 from . import signals
 from .config import RetryPolicy
 from .errors import InvalidArgument
-from .jobs import Fail, Job, NotYet, RetryAfter
+from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
 from .registry import Registry
 from .retry import backoff_delay
-from .store import UNKNOWN_HANDLER_NOTE, JobStore
+from .store import UNKNOWN_HANDLER_NOTE, Ack, JobStore
 from .validation import payload_text
 
 logger = logging.getLogger("flask_defer")
@@ -96,6 +96,18 @@ class JobLog(logging.LoggerAdapter[logging.Logger]):
         return f"job {job.id} {job.name}{key}: {msg}", kwargs
 
 
+@dataclass(frozen=True, slots=True)
+class PendingAck:
+    """A handler's outcome waiting to be written in a batch (see ``Executor.flush``).
+
+    ``settle`` is called after the write with whether the claim still owned the row;
+    it logs, sends the signal and returns the :class:`Outcome`.
+    """
+
+    ack: Ack
+    settle: Callable[[bool], Outcome]
+
+
 class HandlerTimeout(Exception):
     """A handler ran longer than its timeout; recorded as the attempt's error."""
 
@@ -138,23 +150,32 @@ class Executor:
         # done mark commits; past the busy timeout other writers have started failing.
         self.lock_warning = sqlite_busy_timeout if store.is_sqlite else None
 
-    def execute(self, job: Job, clock: Clock) -> Outcome:
-        """Run *job*'s handler and acknowledge the result with compare-and-set."""
+    def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:
+        """Run *job*'s handler and acknowledge the result with compare-and-set.
+
+        With ``batch=True`` the acknowledgement of a non-atomic handler is not written
+        here: a :class:`PendingAck` is returned, to be written with others by
+        :meth:`flush` (one statement for the batch), which then logs the outcome,
+        sends its signal and says whether the claim was lost. ``atomic=True`` handlers
+        always acknowledge in their own transaction and return the :class:`Outcome`.
+        """
         log = JobLog(logger, {"job": job})
+        token = job.claim_token or ""
         spec = self.registry.get(job.name)
         if spec is None:
             # A rolling deploy can put a job in the table before the worker that knows
             # it is up: wait, loudly, rather than failing it.
             run_at = clock() + self.policy.unknown_backoff
             log.warning("no handler registered in this worker; retrying at %s", run_at)
-            self.store.ack_snooze(
-                job,
-                now=clock(),
+            ack = Ack(
+                job.id,
+                token,
+                JobStatus.PENDING.value,
                 run_at=run_at,
-                note=f"{UNKNOWN_HANDLER_NOTE} for {job.name!r} in the worker",
-                still_owed=True,
+                attempts_delta=-1,
+                last_error=f"{UNKNOWN_HANDLER_NOTE} for {job.name!r} in the worker",
             )
-            return Outcome.UNKNOWN
+            return self._record(PendingAck(ack, lambda _ok: Outcome.UNKNOWN), clock, batch)
         self.emit(signals.job_started, job=job)
         log.info("started (attempt %d of %d)", job.attempts, job.max_attempts)
         note: str | None = None
@@ -179,13 +200,17 @@ class Executor:
             now = clock()
             until = wait.resume_at(now)
             log.info("not yet; runs again at %s", until.isoformat())
-            ok = self.store.ack_snooze(job, now=now, run_at=until, note=None, still_owed=False)
-            return Outcome.SNOOZED if ok else self._lost(log)
+            ack = Ack(
+                job.id, token, JobStatus.PENDING.value, run_at=until, due_at=until,
+                attempts_delta=-1,
+            )  # fmt: skip
+            snoozed = PendingAck(ack, lambda ok: Outcome.SNOOZED if ok else self._lost(log))
+            return self._record(snoozed, clock, batch)
         except Fail as error:
-            return self._failed_attempt(job, log, error, None, clock, final=True)
+            return self._failed_attempt(job, log, error, None, clock, final=True, batch=batch)
         except Exception as error:  # noqa: BLE001 - a handler may raise anything
             delay = error.delay if isinstance(error, RetryAfter) else None
-            return self._failed_attempt(job, log, error, delay, clock)
+            return self._failed_attempt(job, log, error, delay, clock, batch=batch)
         except BaseException as error:  # noqa: BLE001 - SystemExit, KeyboardInterrupt...
             # Recorded like any failure: left unrecorded, the job would sit running for
             # a lease, run again and end as "lease lapsed" with the real error lost.
@@ -195,8 +220,27 @@ class Executor:
             ):
                 raise  # run_due under Ctrl-C or sys.exit(): the process means to stop
             return outcome
-        ok = self.store.ack_done(job, now=clock(), result=result, note=note)
-        return self._succeeded(job, log, acknowledged=ok)
+        done = Ack(job.id, token, JobStatus.DONE.value, result=result, last_error=note)
+        return self._record(
+            PendingAck(done, lambda ok: self._succeeded(job, log, acknowledged=ok)), clock, batch
+        )
+
+    def flush(self, pending: Sequence[PendingAck], clock: Clock) -> list[Outcome]:
+        """Write *pending* acknowledgements in one batch; their outcomes, in order.
+
+        A row whose claim no longer owns it (its lease lapsed and another worker took
+        the job) is absent from the store's answer and comes back :attr:`Outcome.LOST`,
+        exactly as a single acknowledgement would.
+        """
+        if not pending:
+            return []
+        owned = self.store.acknowledge_many([p.ack for p in pending], now=clock())
+        return [p.settle(p.ack.job_id in owned) for p in pending]
+
+    def _record(self, pending: PendingAck, clock: Clock, batch: bool) -> Outcome | PendingAck:
+        if batch:
+            return pending
+        return self.flush([pending], clock)[0]
 
     def _warn_if_lock_held(self, conn: Connection, log: JobLog, held: float) -> None:
         """SQLite: warn when an atomic handler kept the write lock past the busy timeout."""
@@ -223,7 +267,9 @@ class Executor:
         """
         log = JobLog(logger, {"job": job})
         error = HandlerTimeout(f"handler ran longer than its timeout of {timeout:g} s")
-        return self._failed_attempt(job, log, error, None, clock)
+        outcome = self._failed_attempt(job, log, error, None, clock)
+        assert isinstance(outcome, Outcome)
+        return outcome
 
     def _succeeded(self, job: Job, log: JobLog, *, acknowledged: bool) -> Outcome:
         if not acknowledged:
@@ -241,9 +287,11 @@ class Executor:
         clock: Clock,
         *,
         final: bool = False,
-    ) -> Outcome:
+        batch: bool = False,
+    ) -> Outcome | PendingAck:
         text = _error_text(error)
         now = clock()
+        token = job.claim_token or ""
         # ``final``: the handler raised Fail, so attempts left do not matter.
         will_retry = not final and job.attempts < job.max_attempts
         if will_retry:
@@ -251,17 +299,21 @@ class Executor:
                 delay = backoff_delay(job.attempts, base=self.policy.base, cap=self.policy.cap)
             run_at = now + delay
             log.warning("attempt %d failed, retrying at %s: %s", job.attempts, run_at, error)
-            ok = self.store.ack_retry(job, now=now, run_at=run_at, error=text)
+            ack = Ack(job.id, token, JobStatus.PENDING.value, run_at=run_at, last_error=text)
         else:
             if final:
                 log.error("failed without retry (attempt %d): %s", job.attempts, error)
             else:
                 log.error("failed after %d attempts: %s", job.attempts, error)
-            ok = self.store.ack_failed(job, now=now, error=text)
-        if not ok:
-            return self._lost(log)
-        self.emit(signals.job_failed, job=job, error=text, will_retry=will_retry)
-        return Outcome.RETRIED if will_retry else Outcome.FAILED
+            ack = Ack(job.id, token, JobStatus.FAILED.value, last_error=text)
+
+        def settle(ok: bool) -> Outcome:
+            if not ok:
+                return self._lost(log)
+            self.emit(signals.job_failed, job=job, error=text, will_retry=will_retry)
+            return Outcome.RETRIED if will_retry else Outcome.FAILED
+
+        return self._record(PendingAck(ack, settle), clock, batch)
 
     @staticmethod
     def _lost(log: JobLog) -> Outcome:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .execution import JobLog, Outcome
+from .execution import JobLog, Outcome, PendingAck
 from .jobs import Job
 
 logger = logging.getLogger("flask_defer.worker")
@@ -62,8 +62,11 @@ class _PoolThread(threading.Thread):
 class HandlerPool:
     """Runs claimed jobs on ``size`` threads, with per-job timeouts.
 
-    *run* executes one job and acknowledges it (``Executor.execute``); *on_done* is
-    called after every job, so the worker can wake up and claim another. Up to
+    *run* executes one job (``Executor.execute``) and returns its outcome, or the
+    acknowledgement still to be written in a batch; *on_done* is called after every
+    job with that and whether the job was still the pool's (False once abandoned at
+    its timeout, whose failed attempt the worker already counted), so the worker can
+    batch the acknowledgement and claim another. Up to
     *prefetch* claimed jobs may wait in the queue beside the running ones, so a thread
     that finishes starts the next job without waiting for a claim's round trip.
     """
@@ -71,8 +74,8 @@ class HandlerPool:
     def __init__(
         self,
         size: int,
-        run: Callable[[Job], Outcome],
-        on_done: Callable[[Outcome], None],
+        run: Callable[[Job], Outcome | PendingAck],
+        on_done: Callable[[Outcome | PendingAck, bool], None],
         *,
         prefetch: int = 0,
         start: Callable[[Job], Job | None] | None = None,
@@ -204,7 +207,7 @@ class HandlerPool:
             task.state = "running"
             task.started_at = time.monotonic()
             task.thread = thread
-        outcome = Outcome.LOST
+        outcome: Outcome | PendingAck = Outcome.LOST
         try:
             if not task.spent and self._start is not None:
                 started = self._start(task.job)
@@ -225,14 +228,23 @@ class HandlerPool:
         finally:
             self._forget(task, outcome)
 
-    def _forget(self, task: Task, outcome: Outcome) -> None:
-        """The task's thread is done with it: drop it and tell the worker."""
+    def _forget(self, task: Task, outcome: Outcome | PendingAck) -> None:
+        """The task's thread is done with it: tell the worker, then drop it.
+
+        Handed over before the task leaves the pool, so a worker that waited for the
+        pool to go idle finds every acknowledgement in its batch. An abandoned job's
+        late acknowledgement is handed over too: written, it is refused by the
+        compare-and-set unless recording the timeout failed.
+        """
         with self._lock:
             was_ours = task.state == "running"
             if was_ours:
-                task.state = "finished"
+                task.state = "finished"  # no longer expires nor withdraws
+        try:
+            if was_ours or isinstance(outcome, PendingAck):
+                self._on_done(outcome, was_ours)
+        finally:
+            with self._lock:
                 self._tasks.discard(task)
-            if not self._tasks:
-                self._idle.notify_all()
-        if was_ours:
-            self._on_done(outcome)
+                if not self._tasks:
+                    self._idle.notify_all()

@@ -17,12 +17,12 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from .execution import Clock, Executor, Outcome, RunSummary
+from .execution import Clock, Executor, Outcome, PendingAck, RunSummary
 from .jobs import Job
 from .leases import LeaseHeartbeat, brief
 from .store import JobStore
@@ -84,9 +84,17 @@ class Runner:
             spend_attempt=spend_attempt,
         )
 
-    def execute(self, job: Job, clock: Clock) -> Outcome:
-        """Run one claimed job's handler and acknowledge its outcome."""
-        return self.executor.execute(job, clock)
+    def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:
+        """Run one claimed job's handler; acknowledge its outcome now, or with ``batch``
+        hand back the acknowledgement for :meth:`flush` to write with others."""
+        return self.executor.execute(job, clock, batch=batch)
+
+    def flush(self, pending: Sequence[PendingAck], clock: Clock) -> list[Outcome]:
+        """Write batched acknowledgements in one statement; their outcomes, in order.
+
+        The one place batched outcomes are written, for ``run_due`` and the worker.
+        """
+        return self.executor.flush(pending, clock)
 
     def run_due(
         self, clock: Clock, *, limit: int | None = None, deadline: float | None = None
@@ -101,7 +109,7 @@ class Runner:
         """
         summary = RunSummary()
         started: set[int] = set()
-        held: list[Job] = []  # claimed by this call, outcome not recorded yet
+        held: list[Job] = []  # claimed by this call, outcome not written yet
         lock = threading.Lock()
 
         def in_flight() -> list[Job]:
@@ -132,14 +140,27 @@ class Runner:
                     held[:] = fresh
                 if heartbeat.ident is None:
                     heartbeat.start()  # only once something is held: most calls hold nothing
-                for job in fresh:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        summary.out_of_time = True
-                        return summary  # the rest is handed back below
-                    started.add(job.id)
-                    summary.add(self.execute(job, clock))
-                    with lock:
-                        held.remove(job)
+                # Outcomes are written per claimed batch, in one statement (see flush);
+                # until then the finished jobs stay held, their leases renewed.
+                pending: list[PendingAck] = []
+                try:
+                    for job in fresh:
+                        if deadline is not None and time.monotonic() >= deadline:
+                            summary.out_of_time = True
+                            break  # the rest is handed back below
+                        started.add(job.id)
+                        result = self.execute(job, clock, batch=True)
+                        if isinstance(result, PendingAck):
+                            pending.append(result)
+                        else:
+                            summary.add(result)
+                finally:
+                    for outcome in self.flush(pending, clock):
+                        summary.add(outcome)
+                with lock:
+                    held[:] = [job for job in held if job.id not in started]
+                if summary.out_of_time:
+                    break
         finally:
             heartbeat.stop()
             self._hand_back([job for job in held if job.id not in started], clock)

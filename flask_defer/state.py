@@ -169,8 +169,8 @@ class DeferState:
         at = as_utc(now, "now") if now is not None else utcnow()
         known = self.registry.names()
         with self.transactions.joined() as conn:
+            # One pass over live and failed rows, bounded counts of settled ones.
             parts = self.store.counts_by_name(conn, now=at)
-            unknown = self.store.count_unknown(conn, known)
         late, oldest_late = 0, None
         if self.recurring is not None:
             found = self.recurring.late(at)
@@ -178,7 +178,6 @@ class DeferState:
         return Health.from_counts(
             parts,
             known_names=known,
-            unknown_handlers=unknown,
             now=at,
             late_schedules=late,
             oldest_late_tick=oldest_late,
@@ -260,6 +259,8 @@ def build_state(
     if engine.dialect.name == "sqlite":
         tune_sqlite(engine, config.sqlite_busy_timeout)
     store = JobStore(engine, table)
+    # A job due later than a worker's longest sleep needs no NOTIFY to be on time.
+    store.notify_horizon = config.max_sleep
     if session is None:
         store.create_table()
     transactions = Transactions(store, session)

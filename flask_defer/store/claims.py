@@ -6,6 +6,7 @@ lapsed can never overwrite the outcome of the worker that took the job over.
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -15,7 +16,10 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Integer,
+    String,
     and_,
+    bindparam,
     delete,
     func,
     literal,
@@ -26,9 +30,11 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
+from ..schema import UTCDateTime
 from .base import StoreBase
 from .records import (
     NOTIFY_CHANNEL,
+    Ack,
 )
 
 
@@ -56,47 +62,19 @@ class ClaimStatements(StoreBase):
         when a handler really starts. A worker killed before that leaves them with
         their attempts untouched.
         """
-        # Long on purpose: one guarded statement per dialect, side by side so they stay alike.
-        t = self.table
         if self.is_sqlite:
             # Look before taking the write lock: an idle worker polling an empty
             # backlog must not make every web request's write wait for it.
             next_at = self.next_run_at(queues=queues)
             if next_at is None or next_at > now:
                 return []
-        due: Any = (
-            select(t.c.id)
-            .where(self._is_pending(), t.c.run_at <= now)
-            .order_by(t.c.run_at, t.c.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-        if queues:
-            due = due.where(t.c.queue.in_(list(queues)))
-        if self.is_sqlite and self._sqlite_pending_index is not None:
-            due = self._sqlite_due_ids(now, limit, queues)
-        values = {
-            "status": JobStatus.RUNNING.value,
-            "attempts": t.c.attempts + 1 if spend_attempt else t.c.attempts,
-            "claim_token": token,
-            "lease_expires_at": lease_until,
-            "updated_at": now,
-        }
-        if self.is_postgres:
-            # A materialised CTE runs the locking SELECT exactly once. As an IN (...)
-            # subquery PostgreSQL may re-run it per row, claiming more than *limit*.
-            due_cte = due.cte("due").prefix_with("MATERIALIZED")
-            stmt = update(t).where(t.c.id == due_cte.c.id).values(values).returning(*t.c)
-        else:
-            # No second "status = 'pending'" test on the outer UPDATE: the subquery
-            # picks pending rows inside the same BEGIN IMMEDIATE transaction, which no
-            # other writer can interleave with, and the extra term made SQLite walk
-            # every pending row through the status index instead of looking the
-            # chosen ids up by rowid.
-            stmt = update(t).where(t.c.id.in_(due)).values(values).returning(*t.c)
+        stmt = self._claim_statement(tuple(queues) if queues else (), spend_attempt)
+        params = {"now": now, "limit": limit, "token": token, "lease_until": lease_until}
         try:
-            with self.begin_immediate() as conn:
-                rows = conn.execute(stmt).mappings().all()
+            # PostgreSQL: the claim is one statement, so it runs as its own transaction
+            # (no BEGIN and COMMIT round trips); SQLite takes the write lock first.
+            with self.autocommit() if self.is_postgres else self.begin_immediate() as conn:
+                rows = conn.execute(stmt, params).mappings().all()
         except OperationalError as error:
             if not self._lost_pending_index(error):
                 raise
@@ -111,6 +89,54 @@ class ClaimStatements(StoreBase):
         jobs = [Job.from_row(row) for row in rows]
         jobs.sort(key=lambda job: (job.run_at, job.id))
         return jobs
+
+    def _claim_statement(self, queues: tuple[str, ...], spend_attempt: bool = True) -> Any:
+        """The claim, built once per queue selection; now, limit, token, lease are binds.
+
+        Its parts are kept apart on purpose (the conditions a due row meets, its order)
+        so that priorities (``ORDER BY priority, run_at``) and paused queues (one more
+        condition) extend this one statement rather than needing a second design.
+        """
+        key = (queues, spend_attempt)
+        cached = self._claim_sql.get(key)
+        if cached is not None:
+            return cached
+        t = self.table
+        now = bindparam("now", type_=UTCDateTime())
+        conditions: list[Any] = [self._is_pending(), t.c.run_at <= now]
+        if queues:
+            conditions.append(t.c.queue.in_(list(queues)))
+        order = [t.c.run_at, t.c.id]
+        due: Any = (
+            select(t.c.id)
+            .where(*conditions)
+            .order_by(*order)
+            .limit(bindparam("limit", type_=Integer()))
+            .with_for_update(skip_locked=True)
+        )
+        if self.is_sqlite and self._sqlite_pending_index is not None:
+            due = self._sqlite_due_ids(None, None, queues)
+        values = {
+            "status": JobStatus.RUNNING.value,
+            "attempts": t.c.attempts + 1 if spend_attempt else t.c.attempts,
+            "claim_token": bindparam("token", type_=String()),
+            "lease_expires_at": bindparam("lease_until", type_=UTCDateTime()),
+            "updated_at": now,
+        }
+        if self.is_postgres:
+            # A materialised CTE runs the locking SELECT exactly once. As an IN (...)
+            # subquery PostgreSQL may re-run it per row, claiming more than *limit*.
+            due_cte = due.cte("due").prefix_with("MATERIALIZED")
+            stmt = update(t).where(t.c.id == due_cte.c.id).values(values).returning(*t.c)
+        else:
+            # No second "status = 'pending'" test on the outer UPDATE: the subquery
+            # picks pending rows inside the same BEGIN IMMEDIATE transaction, which no
+            # other writer can interleave with, and the extra term made SQLite walk
+            # every pending row through the status index instead of looking the
+            # chosen ids up by rowid.
+            stmt = update(t).where(t.c.id.in_(due)).values(values).returning(*t.c)
+        self._claim_sql[key] = stmt
+        return stmt
 
     def start_claimed(self, job: Job, *, now: datetime) -> Job | None:
         """Count the attempt of a job claimed with ``spend_attempt=False``, as it starts.
@@ -182,6 +208,143 @@ class ClaimStatements(StoreBase):
         if not still_owed:
             values["due_at"] = run_at
         return self._acknowledge(job, values, now=now)
+
+    def acknowledge_many(self, acks: Sequence[Ack], *, now: datetime) -> set[int]:
+        """Write a batch of outcomes; return the ids whose claim still owned the row.
+
+        Compare-and-set per row, as a single acknowledgement: a row is changed only if
+        it is still ``running`` under the ack's claim token, so a worker whose lease
+        lapsed changes nothing, and an id missing from the answer is a lost claim.
+        PostgreSQL: one statement over the whole batch (``UPDATE ... FROM unnest(...)
+        ... RETURNING id``) on an autocommit connection: one round trip and one commit
+        for any number of jobs. SQLite: one prebuilt UPDATE per row, all in one
+        ``BEGIN IMMEDIATE`` transaction: one commit (one fsync) for the batch.
+        """
+        if not acks:
+            return set()
+        if self.is_postgres:
+            return self._acknowledge_many_pg(acks, now)
+        return self._acknowledge_many_sqlite(acks, now)
+
+    def _acknowledge_many_pg(self, acks: Sequence[Ack], now: datetime) -> set[int]:
+        # The batch statement never waits for a row lock: rows another transaction
+        # holds (an app's UPDATE that re-checked our row under READ COMMITTED keeps a
+        # lock on it until it ends) are skipped and answered "busy". Waiting there
+        # while holding the batch's other rows could close a deadlock with that
+        # transaction; instead each busy row is written alone afterwards, holding
+        # nothing else, as single acknowledgements always were.
+        sql = self._ack_sql.get("pg")
+        if sql is None:
+            t = self._quoted_table
+            sql = self._ack_sql["pg"] = (
+                "WITH v AS (SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[],"
+                " %(statuses)s::text[], %(run_ats)s::timestamptz[], %(due_ats)s::timestamptz[],"
+                " %(deltas)s::int[], %(errors)s::text[], %(results)s::text[])"
+                " AS v(id, token, status, run_at, due_at, attempts_delta, last_error, result)),"
+                f" mine AS MATERIALIZED (SELECT t.id FROM {t} AS t JOIN v ON t.id = v.id"
+                " AND t.claim_token = v.token WHERE t.status = 'running'"
+                " FOR UPDATE OF t SKIP LOCKED),"
+                f" written AS (UPDATE {t} AS t SET"
+                " status = v.status,"
+                " run_at = COALESCE(v.run_at, t.run_at),"
+                " due_at = COALESCE(v.due_at, t.due_at),"
+                " attempts = t.attempts + v.attempts_delta,"
+                " last_error = v.last_error,"
+                " result = CASE WHEN v.status = 'done' THEN v.result::jsonb ELSE t.result END,"
+                " finished_at = CASE WHEN v.status IN ('done', 'failed') THEN %(now)s"
+                " ELSE t.finished_at END,"
+                " claim_token = NULL, lease_expires_at = NULL, updated_at = %(now)s"
+                " FROM v, mine WHERE t.id = v.id AND t.id = mine.id RETURNING t.id)"
+                " SELECT id, true FROM written"
+                f" UNION ALL SELECT t.id, false FROM {t} AS t JOIN v ON t.id = v.id"
+                " AND t.claim_token = v.token WHERE t.status = 'running'"
+                " AND t.id NOT IN (SELECT id FROM mine)"
+            )
+        params = {
+            "now": now,
+            "ids": [a.job_id for a in acks],
+            "tokens": [a.claim_token for a in acks],
+            "statuses": [a.status for a in acks],
+            "run_ats": [a.run_at for a in acks],
+            "due_ats": [a.due_at for a in acks],
+            "deltas": [a.attempts_delta for a in acks],
+            "errors": [a.last_error for a in acks],
+            "results": [_result_json(a) for a in acks],
+        }
+        with self.autocommit() as conn:
+            answer = [(int(row[0]), bool(row[1])) for row in conn.exec_driver_sql(sql, params)]
+        owned = {job_id for job_id, written in answer if written}
+        busy = {job_id for job_id, written in answer if not written}
+        for ack in acks:
+            if ack.job_id in busy and self._acknowledge_one_pg(ack, now):
+                owned.add(ack.job_id)
+        return owned
+
+    def _acknowledge_one_pg(self, ack: Ack, now: datetime) -> bool:
+        """One acknowledgement on its own (it may wait for the row; it holds no other)."""
+        t = self.table
+        values: dict[str, Any] = {
+            "status": ack.status,
+            "attempts": t.c.attempts + ack.attempts_delta,
+            "last_error": ack.last_error,
+            "claim_token": None,
+            "lease_expires_at": None,
+            "updated_at": now,
+        }
+        if ack.run_at is not None:
+            values["run_at"] = ack.run_at
+        if ack.due_at is not None:
+            values["due_at"] = ack.due_at
+        if ack.status == JobStatus.DONE.value:
+            values["result"] = ack.result
+        if ack.status in (JobStatus.DONE.value, JobStatus.FAILED.value):
+            values["finished_at"] = now
+        stmt = (
+            update(t)
+            .where(
+                t.c.id == ack.job_id,
+                t.c.claim_token == ack.claim_token,
+                t.c.status == JobStatus.RUNNING.value,
+            )
+            .values(values)
+        )
+        with self.autocommit() as conn:
+            return int(conn.execute(stmt).rowcount) == 1
+
+    def _acknowledge_many_sqlite(self, acks: Sequence[Ack], now: datetime) -> set[int]:
+        sql = self._ack_sql.get("sqlite")
+        if sql is None:
+            sql = self._ack_sql["sqlite"] = (
+                f"UPDATE {self._quoted_table} SET"
+                " status = ?, run_at = COALESCE(?, run_at), due_at = COALESCE(?, due_at),"
+                " attempts = attempts + ?, last_error = ?,"
+                " result = CASE WHEN ? = 'done' THEN ? ELSE result END,"
+                " finished_at = CASE WHEN ? IN ('done', 'failed') THEN ? ELSE finished_at END,"
+                " claim_token = NULL, lease_expires_at = NULL, updated_at = ?"
+                " WHERE id = ? AND claim_token = ? AND status = 'running'"
+            )
+        stamp = self._sqlite_time
+        at = stamp(now)
+        owned: set[int] = set()
+        with self.begin_immediate() as conn:
+            for a in acks:
+                params = (
+                    a.status,
+                    stamp(a.run_at),
+                    stamp(a.due_at),
+                    a.attempts_delta,
+                    a.last_error,
+                    a.status,
+                    _result_json(a),
+                    a.status,
+                    at,
+                    at,
+                    a.job_id,
+                    a.claim_token,
+                )
+                if conn.exec_driver_sql(sql, params).rowcount == 1:
+                    owned.add(a.job_id)
+        return owned
 
     def release(
         self,
@@ -336,3 +499,10 @@ class ClaimStatements(StoreBase):
             conn.close()
             raise
         return conn
+
+
+def _result_json(ack: Ack) -> str | None:
+    """The stored form of a done ack's result: JSON text, as the JSON column writes it."""
+    if ack.status != JobStatus.DONE.value:
+        return None
+    return json.dumps(ack.result, allow_nan=False)

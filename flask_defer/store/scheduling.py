@@ -7,7 +7,7 @@ cancel that races the worker's claim either wins or cleanly loses.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -31,10 +31,14 @@ from ..jobs import Job, JobStatus
 from ..schema import LIVE_STATUSES, UTCDateTime
 from .base import StoreBase
 from .records import (
+    NOTIFY_CHANNEL,
     BatchAppend,
     JobFilter,
     NewJob,
 )
+
+#: A stand-in job, only to learn the column names an insert binds.
+_PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)
 
 
 class SchedulingStatements(StoreBase):
@@ -50,39 +54,123 @@ class SchedulingStatements(StoreBase):
         """
         t = self.table
         values = self._row_values(new, now)
+        notify = self.is_postgres and self.wants_notify(new.run_at, now)
         if new.key is None:
-            row = conn.execute(insert(t).values(values).returning(*t.c)).mappings().one()
-        else:
-            if replace:
-                conn.execute(
-                    update(t)
-                    .where(t.c.key == new.key, t.c.status == JobStatus.PENDING.value)
-                    .values(self._settle_values(JobStatus.CANCELLED, now))
-                )
-            dialect_insert = postgresql.insert if self.is_postgres else sqlite.insert
-            stmt = (
-                dialect_insert(t)
-                .values(values)
-                .on_conflict_do_nothing(
-                    index_elements=[t.c.key],
-                    # Literal values, not bound parameters: once psycopg prepares the
-                    # statement (from its 6th run on a connection), PostgreSQL cannot
-                    # match "status IN ($1, $2)" to the partial index and refuses it.
-                    index_where=t.c.status.in_(
-                        [literal_column(f"'{status}'") for status in LIVE_STATUSES]
-                    ),
-                )
-                .returning(*t.c)
+            job_id = self._insert_one(conn, values, notify=notify)
+            return self._inserted_job(job_id, values)
+        if replace:
+            conn.execute(
+                update(t)
+                .where(t.c.key == new.key, t.c.status == JobStatus.PENDING.value)
+                .values(self._settle_values(JobStatus.CANCELLED, now))
             )
-            found = conn.execute(stmt).mappings().first()
-            if found is None:
-                holder = conn.execute(
-                    select(t.c.id).where(t.c.key == new.key, t.c.status.in_(LIVE_STATUSES))
-                ).scalar()
-                raise JobExists(new.key, holder)
-            row = found
-        self.notify(conn, new.queue)
-        return Job.from_row(row)
+        dialect_insert = postgresql.insert if self.is_postgres else sqlite.insert
+        stmt = (
+            dialect_insert(t)
+            .values(values)
+            .on_conflict_do_nothing(
+                index_elements=[t.c.key],
+                # Literal values, not bound parameters: once psycopg prepares the
+                # statement (from its 6th run on a connection), PostgreSQL cannot
+                # match "status IN ($1, $2)" to the partial index and refuses it.
+                index_where=t.c.status.in_(
+                    [literal_column(f"'{status}'") for status in LIVE_STATUSES]
+                ),
+            )
+            .returning(t.c.id)
+        )
+        found = conn.execute(stmt).scalar()
+        if found is None:
+            holder = conn.execute(
+                select(t.c.id).where(t.c.key == new.key, t.c.status.in_(LIVE_STATUSES))
+            ).scalar()
+            raise JobExists(new.key, holder)
+        if notify:
+            self.notify(conn, new.queue)
+        return self._inserted_job(int(found), values)
+
+    def wants_notify(self, run_at: datetime, now: datetime) -> bool:
+        """Whether a job due at *run_at* must wake the workers when it commits.
+
+        A listening worker never sleeps longer than ``notify_horizon`` (its
+        ``DEFER_MAX_SLEEP``) without looking at the earliest ``run_at`` again, so a job
+        due later than that is found by that look in time and its NOTIFY would only
+        cost the commit a lock on the notification queue and every worker a wake-up.
+        """
+        return run_at <= now + self.notify_horizon
+
+    def _insert_one(self, conn: Connection, values: dict[str, Any], *, notify: bool) -> int:
+        """The keyless insert: one prebuilt statement, values as parameters.
+
+        Compiled once per store (the statement never changes), executed through the
+        driver with each column type's own bind conversion; RETURNING only the id,
+        since the caller's :class:`Job` is built from the values it already has. On
+        PostgreSQL the NOTIFY rides in the same statement (a data-modifying CTE), so a
+        job due soon costs one round trip, not two; it is delivered at commit.
+        """
+        sql, order, processors = self._prebuilt_insert(conn, notify=notify)
+        params = tuple(
+            value if process is None else process(value)
+            for process, value in zip(processors, (values[name] for name in order), strict=True)
+        )
+        if notify:
+            params += (values["queue"],)
+        return int(conn.exec_driver_sql(sql, params).scalar_one())
+
+    def _prebuilt_insert(
+        self, conn: Connection, *, notify: bool
+    ) -> tuple[str, list[str], list[Any]]:
+        cached = self._insert_sql.get(notify)
+        if cached is not None:
+            return cached
+        dialect = conn.dialect
+        names = list(self._row_values(_PROBE, _PROBE.run_at))
+        compiled = (
+            insert(self.table)
+            .returning(self.table.c.id)
+            .compile(dialect=dialect, column_keys=names)
+        )
+        positional = compiled.positional
+        order = list(compiled.positiontup or ()) if positional else names
+        sql = compiled.string
+        if not positional:
+            # Named (pyformat) placeholders, turned positional so the tuple above fits.
+            for name in order:
+                sql = sql.replace(f"%({name})s", "%s")
+        if notify:
+            placeholder = "?" if dialect.paramstyle == "qmark" else "%s"
+            sql = (
+                f"WITH inserted AS ({sql}) SELECT inserted.id, "
+                f"pg_notify('{NOTIFY_CHANNEL}', {placeholder}) FROM inserted"
+            )
+        processors = [
+            self.table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
+            for name in order
+        ]
+        built = (sql, order, processors)
+        self._insert_sql[notify] = built
+        return built
+
+    @staticmethod
+    def _inserted_job(job_id: int, values: dict[str, Any]) -> Job:
+        """The :class:`Job` just written, from the values written (no read back)."""
+        return Job(
+            id=job_id,
+            name=values["name"],
+            payload=values["payload"],
+            status=JobStatus.PENDING,
+            run_at=values["run_at"],
+            due_at=values["due_at"],
+            attempts=values["attempts"],
+            max_attempts=values["max_attempts"],
+            queue=values["queue"],
+            key=values["key"],
+            owner=values["owner"],
+            label=values["label"],
+            undo_until=values["undo_until"],
+            created_at=values["created_at"],
+            updated_at=values["updated_at"],
+        )
 
     def insert_many(self, conn: Connection, jobs: Sequence[NewJob], *, now: datetime) -> int:
         """Insert many keyless jobs in one statement batch (the bulk enqueue path)."""
@@ -93,7 +181,7 @@ class SchedulingStatements(StoreBase):
             self._sqlite_executemany(conn, rows)
         else:
             conn.execute(insert(self.table), rows)
-        for queue in {job.queue for job in jobs}:
+        for queue in {job.queue for job in jobs if self.wants_notify(job.run_at, now)}:
             self.notify(conn, queue)
         return len(jobs)
 
