@@ -360,7 +360,12 @@ class Defer:
         return operations.hold(self._state(), id, seconds, owner)
 
     def undo(
-        self, id: int | None = None, *, key: str | None = None, owner: str | None = None
+        self,
+        id: int | None = None,
+        *,
+        key: str | None = None,
+        owner: str | None = None,
+        commit: bool = True,
     ) -> UndoOutcome:
         """The user's Undo: cancel a pending job, run its ``on_undo`` hooks, say what happened.
 
@@ -371,8 +376,13 @@ class Defer:
         it), a job of another owner raises :class:`JobNotFound`, as does no job at
         all: other people's ids are never confirmed to exist. Runs and commits a
         transaction of its own on ``db.session``, like :meth:`cancel`.
+
+        ``commit=False`` cancels and runs the hooks in the caller's ``db.session``
+        transaction and commits nothing (see :meth:`cancel`): a rollback undoes the
+        cancel and every hook's writes together. If a hook raises, the error
+        propagates and the caller rolls back.
         """
-        return operations.undo(self._state(), id, key, owner)
+        return operations.undo(self._state(), id, key, owner, commit=commit)
 
     def toasts(
         self,
@@ -437,7 +447,12 @@ class Defer:
     # -- control ------------------------------------------------------------------
 
     def cancel(
-        self, id: int | None = None, *, key: str | None = None, owner: str | None = None
+        self,
+        id: int | None = None,
+        *,
+        key: str | None = None,
+        owner: str | None = None,
+        commit: bool = True,
     ) -> bool:
         """Cancel a pending job; True only if this call cancelled it.
 
@@ -445,11 +460,27 @@ class Defer:
         False (a running job is in flight and cannot be stopped). Unknown id or key →
         :class:`JobNotFound`. ``owner`` restricts the cancel to that owner's job; a job
         of another owner counts as not found.
+
+        By default the cancel runs and commits a transaction of its own.
+        ``commit=False`` runs the same guarded statement in ``db.session``'s current
+        transaction and leaves the commit to the caller, so a business change and the
+        cancel it implies commit together or not at all::
+
+            offer.status = "accepted"
+            defer.cancel(key=f"offer:{offer.id}:expire", commit=False)
+            db.session.commit()
+
+        The answer is decided when the call returns: True means "this transaction
+        cancelled it". Until the caller commits, the job's row is locked (PostgreSQL;
+        workers skip it) or the database's write lock is held (SQLite; workers wait
+        for it); a rollback leaves the job exactly as it was, and a worker may then
+        take it. ``job_cancelled`` is sent after the commit, never on a rollback.
+        Needs a ``db`` (:class:`InvalidArgument` naming ``commit`` otherwise).
         """
-        return operations.cancel(self._state(), id, key, owner)
+        return operations.cancel(self._state(), id, key, owner, commit=commit)
 
     def cancel_many(
-        self, **filters: Unpack[Filters]
+        self, *, commit: bool = True, **filters: Unpack[Filters]
     ) -> dict[str, int]:
         """Cancel every pending job matching the filters; report what was still running.
 
@@ -457,8 +488,9 @@ class Defer:
         running, so they could not be stopped. At least one of ``key_prefix``, ``name``
         or ``owner`` is required; ``status`` narrows further (the dashboard passes its
         status filter, so a bulk cancel never reaches rows the operator did not see).
+        ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
         """
-        return operations.cancel_many(self._state(), filters)
+        return operations.cancel_many(self._state(), filters, commit=commit)
 
     def reschedule(
         self,
@@ -467,17 +499,22 @@ class Defer:
         key: str | None = None,
         run_at: datetime | None = None,
         delay: Duration | None = None,
+        commit: bool = True,
     ) -> Job:
         """Move a pending job to ``run_at`` or ``now + delay`` and return it.
 
         Only a waiting job moves: a running or settled one raises
         :class:`JobNotPending`; an unknown id or key raises :class:`JobNotFound`.
+        ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
         """
-        return operations.reschedule(self._state(), id, key, run_at, delay)
+        return operations.reschedule(self._state(), id, key, run_at, delay, commit=commit)
 
-    def retry(self, id: int) -> Job:
-        """Put a failed job back to pending, due now, with its attempts reset."""
-        return operations.retry(self._state(), id)
+    def retry(self, id: int, *, commit: bool = True) -> Job:
+        """Put a failed job back to pending, due now, with its attempts reset.
+
+        ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
+        """
+        return operations.retry(self._state(), id, commit=commit)
 
     # -- reads --------------------------------------------------------------------
 
@@ -520,13 +557,16 @@ class Defer:
             return True
         return self._dashboard_auth is not None and bool(self._dashboard_auth())
 
-    def run_now(self, id: int) -> Job:
+    def run_now(self, id: int, *, commit: bool = True) -> Job:
         """Make a pending job due now and return it (the dashboard's "Run now").
 
         One guarded statement, like :meth:`reschedule`: pending → due now. A running or
         settled job raises :class:`JobNotPending`; an unknown id :class:`JobNotFound`.
+        ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
         """
-        return self.reschedule(id, run_at=utcnow())
+        return operations.reschedule(
+            self._state(), id, None, utcnow(), None, commit=commit, operation="run_now"
+        )
 
     def count(self, *, limit: int | None = None, **filters: Unpack[Filters]) -> int:
         """How many jobs match every given filter (the filters of :meth:`list`).
@@ -553,14 +593,27 @@ class Defer:
 
     # -- running ------------------------------------------------------------------
 
-    def run_due(self, now: datetime | None = None, *, limit: int | None = None) -> RunSummary:
+    def run_due(
+        self,
+        now: datetime | None = None,
+        *,
+        limit: int | None = None,
+        max_seconds: Duration | None = None,
+    ) -> RunSummary:
         """Claim and run every job due at *now* in this thread, then return a summary.
 
         For tests and cron: ``defer.run_due(now=datetime.now(UTC) + timedelta(hours=1))``
         runs what would be due in an hour. Retries are scheduled relative to *now*.
-        The claim, execution and acknowledgement are the worker's own code.
+        The claim, execution and acknowledgement are the worker's own code, and so are
+        the two steps that make it a complete cron runner: before claiming it returns
+        jobs with lapsed leases to pending (a run that was killed, with no worker
+        anywhere to notice), and while it runs it renews the leases of the jobs it
+        holds, so a worker beside it never starts one of them a second time.
+        ``max_seconds`` stops claiming and starting jobs once that much time has
+        passed (claimed jobs not started yet go back to pending): a cron run cannot
+        overlap the next, except for the handler running at the limit.
         """
-        return self._state().run_due(now, limit=limit)
+        return self._state().run_due(now, limit=limit, max_seconds=max_seconds)
 
     # -- the worker and retention -------------------------------------------------
 
