@@ -153,23 +153,13 @@ class SchedulingStatements(StoreBase):
 
     @staticmethod
     def _inserted_job(job_id: int, values: dict[str, Any]) -> Job:
-        """The :class:`Job` just written, from the values written (no read back)."""
-        return Job(
-            id=job_id,
-            name=values["name"],
-            payload=values["payload"],
-            status=JobStatus.PENDING,
-            run_at=values["run_at"],
-            due_at=values["due_at"],
-            attempts=values["attempts"],
-            max_attempts=values["max_attempts"],
-            queue=values["queue"],
-            key=values["key"],
-            owner=values["owner"],
-            label=values["label"],
-            undo_until=values["undo_until"],
-            created_at=values["created_at"],
-            updated_at=values["updated_at"],
+        """The :class:`Job` just written, from the values written (no read back).
+
+        Built through :meth:`Job.from_row`, the one place that reads a stored row, so a
+        ``label`` column holding the toast's state texts is split exactly as on a read.
+        """
+        return Job.from_row(
+            {**values, "id": job_id, "status": JobStatus.PENDING.value}
         )
 
     def insert_many(self, conn: Connection, jobs: Sequence[NewJob], *, now: datetime) -> int:
