@@ -21,7 +21,7 @@ from .extension import Defer
 from .health import Health
 from .helpers.batching import Batched
 from .helpers.soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
-from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
+from .jobs import Fail, Job, JobEvent, JobStatus, NotYet, RetryAfter
 from .signals import job_cancelled, job_failed, job_scheduled, job_started, job_succeeded
 from .undo import Toast, UndoOutcome
 
@@ -34,6 +34,7 @@ __all__ = [
     "Health",
     "InvalidArgument",
     "Job",
+    "JobEvent",
     "JobExists",
     "JobNotFound",
     "JobNotPending",

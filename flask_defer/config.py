@@ -45,6 +45,9 @@ DEFAULTS: dict[str, Any] = {
     # Settled rows are pruned after these ages (done/cancelled, and failed).
     "DEFER_RETENTION": timedelta(days=7),
     "DEFER_FAILED_RETENTION": timedelta(days=30),
+    # Keep every state change of a job (who, when, which attempt, its error) in the
+    # history table, pruned with its job. False: the jobs table alone.
+    "DEFER_HISTORY": True,
     # -- Undo UI (blueprint) --
     # Where the blueprint's pages, fragments and assets are mounted.
     "DEFER_URL_PREFIX": "/defer",
@@ -117,6 +120,7 @@ class DeferConfig:
     undo_window: timedelta
     retention: timedelta
     failed_retention: timedelta
+    history: bool
     # -- Undo UI (blueprint) --
     url_prefix: str
     toast_limit: int
@@ -273,7 +277,7 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         raise InvalidArgument(
             "DEFER_DASHBOARD_PAGE_SIZE", f"expected an integer from 1 to 1000, got {page_size!r}"
         )
-    for name in ("DEFER_METRICS", "DEFER_METRICS_PUBLIC"):
+    for name in ("DEFER_METRICS", "DEFER_METRICS_PUBLIC", "DEFER_HISTORY"):
         if not isinstance(config[name], bool):
             raise InvalidArgument(name, f"expected True or False, got {config[name]!r}")
     return DeferConfig(**values)

@@ -110,8 +110,12 @@ class Executor:
         self.atomic_scope = atomic_scope
         self.emit = emit
 
-    def execute(self, job: Job, clock: Clock) -> Outcome:
-        """Run *job*'s handler and acknowledge the result with compare-and-set."""
+    def execute(self, job: Job, clock: Clock, *, actor: str = "app") -> Outcome:
+        """Run *job*'s handler and acknowledge the result with compare-and-set.
+
+        *actor* (the worker, or ``app`` for ``run_due``) is who the outcome's history
+        event names.
+        """
         log = JobLog(logger, {"job": job})
         spec = self.registry.get(job.name)
         if spec is None:
@@ -125,6 +129,7 @@ class Executor:
                 run_at=run_at,
                 note=f"{UNKNOWN_HANDLER_NOTE} for {job.name!r} in the worker",
                 still_owed=True,
+                actor=actor,
             )
             return Outcome.UNKNOWN
         self.emit(signals.job_started, job=job)
@@ -135,7 +140,7 @@ class Executor:
                     with self.atomic_scope() as conn:
                         result = spec.func(job)
                         if not self.store.ack_done(
-                            job, now=clock(), result=_jsonable(result), conn=conn
+                            job, now=clock(), result=_jsonable(result), conn=conn, actor=actor
                         ):
                             raise _LeaseLost()
                     return self._succeeded(job, log, acknowledged=True)
@@ -146,17 +151,19 @@ class Executor:
             now = clock()
             until = wait.resume_at(now)
             log.info("not yet; runs again at %s", until.isoformat())
-            ok = self.store.ack_snooze(job, now=now, run_at=until, note=None, still_owed=False)
+            ok = self.store.ack_snooze(
+                job, now=now, run_at=until, note=None, still_owed=False, actor=actor
+            )
             return Outcome.SNOOZED if ok else self._lost(log)
         except Fail as error:
-            return self._failed_attempt(job, log, error, None, clock, final=True)
+            return self._failed_attempt(job, log, error, None, clock, actor, final=True)
         except Exception as error:  # noqa: BLE001 - a handler may raise anything
             delay = error.delay if isinstance(error, RetryAfter) else None
-            return self._failed_attempt(job, log, error, delay, clock)
-        ok = self.store.ack_done(job, now=clock(), result=_jsonable(result))
+            return self._failed_attempt(job, log, error, delay, clock, actor)
+        ok = self.store.ack_done(job, now=clock(), result=_jsonable(result), actor=actor)
         return self._succeeded(job, log, acknowledged=ok)
 
-    def time_out(self, job: Job, timeout: float, clock: Clock) -> Outcome:
+    def time_out(self, job: Job, timeout: float, clock: Clock, *, actor: str = "app") -> Outcome:
         """Record that *job*'s handler overran *timeout* seconds: a failed attempt.
 
         The worker calls this from its loop while the handler's thread may still be
@@ -166,7 +173,7 @@ class Executor:
         """
         log = JobLog(logger, {"job": job})
         error = HandlerTimeout(f"handler ran longer than its timeout of {timeout:g} s")
-        return self._failed_attempt(job, log, error, None, clock)
+        return self._failed_attempt(job, log, error, None, clock, actor)
 
     def _succeeded(self, job: Job, log: JobLog, *, acknowledged: bool) -> Outcome:
         if not acknowledged:
@@ -182,6 +189,7 @@ class Executor:
         error: BaseException,
         delay: timedelta | None,
         clock: Clock,
+        actor: str,
         *,
         final: bool = False,
     ) -> Outcome:
@@ -194,13 +202,13 @@ class Executor:
                 delay = backoff_delay(job.attempts, base=self.policy.base, cap=self.policy.cap)
             run_at = now + delay
             log.warning("attempt %d failed, retrying at %s: %s", job.attempts, run_at, error)
-            ok = self.store.ack_retry(job, now=now, run_at=run_at, error=text)
+            ok = self.store.ack_retry(job, now=now, run_at=run_at, error=text, actor=actor)
         else:
             if final:
                 log.error("failed without retry (attempt %d): %s", job.attempts, error)
             else:
                 log.error("failed after %d attempts: %s", job.attempts, error)
-            ok = self.store.ack_failed(job, now=now, error=text)
+            ok = self.store.ack_failed(job, now=now, error=text, actor=actor)
         if not ok:
             return self._lost(log)
         self.emit(signals.job_failed, job=job, error=text, will_retry=will_retry)

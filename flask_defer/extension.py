@@ -23,7 +23,7 @@ from .execution import RunSummary
 from .health import Health
 from .helpers import batching, builtin_handlers, http_jobs
 from .helpers import soft_delete as _soft_delete
-from .jobs import Job
+from .jobs import Job, JobEvent
 from .operations import Filters
 from .owner import OwnerLoader, resolve_owner
 from .registry import Handler, Registry
@@ -33,7 +33,7 @@ from .store import JobStore
 from .timeutil import Duration, utcnow
 from .undo import Toast, UndoOutcome
 from .undo_hooks import UndoHook, UndoHooks
-from .validation import checked_text, identity
+from .validation import checked_actor, checked_text, identity
 from .worker import Worker
 
 if TYPE_CHECKING:
@@ -205,6 +205,7 @@ class Defer:
         owner: str | None = None,
         label: str | None = None,
         undo_until: datetime | None = None,
+        actor: str | None = None,
     ) -> Job:
         """Schedule job *name* to run at ``run_at`` (aware) or after ``delay``; default now.
 
@@ -213,10 +214,12 @@ class Defer:
         business change it belongs to. ``key`` names the intent ("message:7:send"); only
         one live job may hold a key (:class:`JobExists`), unless ``replace=True`` swaps
         out the pending holder. ``owner`` and ``label`` are what the Undo UI shows.
+        ``actor`` is who the job's history says scheduled it (default ``"app"``); every
+        control method below takes it too.
         """
         return self._state().schedule(
             name, payload, run_at=run_at, delay=delay, key=key, replace=replace,
-            owner=owner, label=label, undo_until=undo_until,
+            owner=owner, label=label, undo_until=undo_until, actor=actor,
         )
 
     # -- Undo (the facade of the Undo UI) ---------------------------------------------
@@ -298,7 +301,8 @@ class Defer:
         cancelled → ``ALREADY_UNDONE``. With ``owner`` (the web layer always passes
         it), a job of another owner raises :class:`JobNotFound`, as does no job at
         all: other people's ids are never confirmed to exist. Runs and commits a
-        transaction of its own on ``db.session``, like :meth:`cancel`.
+        transaction of its own on ``db.session``, like :meth:`cancel`. The history
+        records it as ``undone`` by the owner.
         """
         return operations.undo(self._state(), id, key, owner)
 
@@ -357,7 +361,12 @@ class Defer:
     # -- control ------------------------------------------------------------------
 
     def cancel(
-        self, id: int | None = None, *, key: str | None = None, owner: str | None = None
+        self,
+        id: int | None = None,
+        *,
+        key: str | None = None,
+        owner: str | None = None,
+        actor: str | None = None,
     ) -> bool:
         """Cancel a pending job; True only if this call cancelled it.
 
@@ -366,10 +375,10 @@ class Defer:
         :class:`JobNotFound`. ``owner`` restricts the cancel to that owner's job; a job
         of another owner counts as not found.
         """
-        return operations.cancel(self._state(), id, key, owner)
+        return operations.cancel(self._state(), id, key, owner, checked_actor(actor))
 
     def cancel_many(
-        self, **filters: Unpack[Filters]
+        self, *, actor: str | None = None, **filters: Unpack[Filters]
     ) -> dict[str, int]:
         """Cancel every pending job matching the filters; report what was still running.
 
@@ -378,7 +387,7 @@ class Defer:
         or ``owner`` is required; ``status`` narrows further (the dashboard passes its
         status filter, so a bulk cancel never reaches rows the operator did not see).
         """
-        return operations.cancel_many(self._state(), filters)
+        return operations.cancel_many(self._state(), filters, checked_actor(actor))
 
     def reschedule(
         self,
@@ -387,17 +396,30 @@ class Defer:
         key: str | None = None,
         run_at: datetime | None = None,
         delay: Duration | None = None,
+        actor: str | None = None,
     ) -> Job:
         """Move a pending job to ``run_at`` or ``now + delay`` and return it.
 
         Only a waiting job moves: a running or settled one raises
         :class:`JobNotPending`; an unknown id or key raises :class:`JobNotFound`.
         """
-        return operations.reschedule(self._state(), id, key, run_at, delay)
+        return operations.reschedule(
+            self._state(), id, key, run_at, delay, checked_actor(actor)
+        )
 
-    def retry(self, id: int) -> Job:
+    def retry(self, id: int, *, actor: str | None = None) -> Job:
         """Put a failed job back to pending, due now, with its attempts reset."""
-        return operations.retry(self._state(), id)
+        return operations.retry(self._state(), id, checked_actor(actor))
+
+    def history(self, job_id: int) -> list[JobEvent]:
+        """Every state change of job *job_id*, oldest first: what, when, who, which attempt.
+
+        Written in the same transaction as each change, so it never disagrees with the
+        row; pruned with its job. Empty for an unknown id or with ``DEFER_HISTORY = False``.
+        """
+        checked, _ = identity(job_id, None)
+        assert checked is not None
+        return self._state().history(checked)
 
     # -- reads --------------------------------------------------------------------
 
@@ -437,13 +459,15 @@ class Defer:
             return True
         return self._dashboard_auth is not None and bool(self._dashboard_auth())
 
-    def run_now(self, id: int) -> Job:
+    def run_now(self, id: int, *, actor: str | None = None) -> Job:
         """Make a pending job due now and return it (the dashboard's "Run now").
 
         One guarded statement, like :meth:`reschedule`: pending → due now. A running or
         settled job raises :class:`JobNotPending`; an unknown id :class:`JobNotFound`.
         """
-        return self.reschedule(id, run_at=utcnow())
+        return operations.reschedule(
+            self._state(), id, None, utcnow(), None, checked_actor(actor), event="run_now"
+        )
 
     def count(
         self, **filters: Unpack[Filters]
@@ -452,7 +476,7 @@ class Defer:
         return operations.count(self._state(), filters)
 
     def retry_many(
-        self, **filters: Unpack[Filters]
+        self, *, actor: str | None = None, **filters: Unpack[Filters]
     ) -> int:
         """Put every failed job matching the filters back to pending, due now; how many.
 
@@ -460,7 +484,7 @@ class Defer:
         alone (one guarded statement), so a ``status`` filter without ``failed`` in it
         retries nothing. Without filters, every failed job is retried.
         """
-        return operations.retry_many(self._state(), filters)
+        return operations.retry_many(self._state(), filters, checked_actor(actor))
 
     def health(self, now: datetime | None = None) -> Health:
         """Scheduled vs owed work, the oldest owed job's age, dead letters, lapsed leases."""

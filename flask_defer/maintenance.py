@@ -1,9 +1,9 @@
-"""Housekeeping that one worker at a time does: reclaim lapsed leases, prune history.
+"""Housekeeping that one worker at a time does: reclaim lapsed leases, prune old jobs.
 
 *Reclaim* returns the jobs of crashed workers to pending once their lease lapsed, so
 they run again within about a lease (not after a fixed quarter of an hour). *Prune*
-deletes settled rows past their retention, in bounded batches so a worker catching up
-on a large history goes back to claiming jobs in between.
+deletes settled rows past their retention, with their history events, in bounded
+batches so a worker catching up on a large backlog goes back to claiming jobs between.
 
 Both are guarded statements, so two workers doing them at once would be merely
 wasteful; on PostgreSQL an advisory lock (``JobStore.maintenance_lock``) makes one
@@ -39,8 +39,12 @@ def prune(store: JobStore, policy: MaintenancePolicy, clock: Clock, **limits: in
 class Maintenance:
     """Runs reclaim and prune when they are due; the worker calls it every loop."""
 
-    def __init__(self, store: JobStore, policy: MaintenancePolicy, clock: Clock) -> None:
+    def __init__(
+        self, store: JobStore, policy: MaintenancePolicy, clock: Clock, *, actor: str = "app"
+    ) -> None:
         self.store = store
+        #: Who the history says reclaimed a lapsed job (the worker doing maintenance).
+        self.actor = actor
         self.policy = policy
         self.clock = clock
         # Both are due at start: a restarted worker should pick up the jobs its
@@ -76,7 +80,7 @@ class Maintenance:
                 self._prune(now)
 
     def _reclaim(self) -> None:
-        returned, failed = self.store.reclaim_lapsed(now=self.clock())
+        returned, failed = self.store.reclaim_lapsed(now=self.clock(), actor=self.actor)
         if returned or failed:
             logger.warning(
                 "reclaimed jobs with lapsed leases: %d back to pending, %d failed "

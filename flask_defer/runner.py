@@ -29,6 +29,7 @@ def claim_due(
     limit: int,
     lease: timedelta,
     queues: Collection[str] | None = None,
+    actor: str = "app",
 ) -> list[Job]:
     """Claim up to *limit* jobs due at *now* under a fresh token, leased for *lease*."""
     return store.claim(
@@ -37,19 +38,31 @@ def claim_due(
         token=uuid.uuid4().hex,
         lease_until=now + lease,
         queues=queues,
+        actor=actor,
     )
 
 
 class Runner:
-    """Claims due jobs and runs them through one executor."""
+    """Claims due jobs and runs them through one executor.
+
+    *actor* is who the history says claimed and acknowledged the jobs: the worker
+    (``worker:<host>:<pid>``), or ``app`` for ``run_due``.
+    """
 
     def __init__(
-        self, store: JobStore, executor: Executor, *, lease: timedelta, claim_batch: int
+        self,
+        store: JobStore,
+        executor: Executor,
+        *,
+        lease: timedelta,
+        claim_batch: int,
+        actor: str = "app",
     ) -> None:
         self.store = store
         self.executor = executor
         self.lease = lease
         self.claim_batch = claim_batch
+        self.actor = actor
 
     def claim(
         self, now: datetime, limit: int, *, queues: Collection[str] | None = None
@@ -61,11 +74,12 @@ class Runner:
             limit=min(limit, self.claim_batch),
             lease=self.lease,
             queues=queues,
+            actor=self.actor,
         )
 
     def execute(self, job: Job, clock: Clock) -> Outcome:
         """Run one claimed job's handler and acknowledge its outcome."""
-        return self.executor.execute(job, clock)
+        return self.executor.execute(job, clock, actor=self.actor)
 
     def run_due(self, clock: Clock, *, limit: int | None = None) -> RunSummary:
         """Claim and run, in this thread, every job due by *clock* (at most *limit*)."""

@@ -99,14 +99,20 @@ class Worker:
     ) -> None:
         self.store = store
         self.executor = executor
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        #: Who this worker's claims, outcomes and reclaims are in the job history.
+        self.actor = f"worker:{self.name}"
         # The claim and the execution are run_due's own (one runner, one claim path).
         self.runner = Runner(
-            store, executor, lease=options.lease, claim_batch=options.claim_batch
+            store,
+            executor,
+            lease=options.lease,
+            claim_batch=options.claim_batch,
+            actor=self.actor,
         )
         self.registry = executor.registry
         self.options = options
         self.clock = clock
-        self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.summary = RunSummary()
         self._summary_lock = threading.Lock()
         self._stop = threading.Event()
@@ -128,7 +134,7 @@ class Worker:
             self._finished,
             prefetch=options.claim_batch,
         )
-        self.maintenance = Maintenance(store, options.maintenance, clock)
+        self.maintenance = Maintenance(store, options.maintenance, clock, actor=self.actor)
         self._heartbeat = _Heartbeat(self)
         self._db_failures = 0
 
@@ -232,7 +238,9 @@ class Worker:
     def _record_timeouts(self) -> None:
         for task in self.pool.expire():
             try:
-                outcome = self.executor.time_out(task.job, task.timeout or 0.0, self.clock)
+                outcome = self.executor.time_out(
+                    task.job, task.timeout or 0.0, self.clock, actor=self.actor
+                )
             except SQLAlchemyError as error:
                 JobLog(logger, {"job": task.job}).warning(
                     "could not record the timeout (%s); the job returns to pending "

@@ -17,7 +17,6 @@ from sqlalchemy import (
     and_,
     delete,
     func,
-    literal,
     or_,
     select,
     update,
@@ -25,13 +24,14 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
-from .base import StoreBase
+from .history import HistoryStatements
 from .records import (
     NOTIFY_CHANNEL,
+    HistoryEvent,
 )
 
 
-class ClaimStatements(StoreBase):
+class ClaimStatements(HistoryStatements):
     """The worker's statements: claim, acknowledge, leases, reclaim, prune, LISTEN."""
 
     def claim(
@@ -42,12 +42,15 @@ class ClaimStatements(StoreBase):
         token: str,
         lease_until: datetime,
         queues: Collection[str] | None = None,
+        actor: str = "app",
     ) -> list[Job]:
         """Atomically move up to *limit* due pending jobs to running and return them.
 
         PostgreSQL: ``FOR UPDATE SKIP LOCKED`` lets many workers claim side by side
         without ever taking the same row. SQLite: one ``UPDATE ... RETURNING`` inside
-        ``BEGIN IMMEDIATE``, serialised by the database's single write lock.
+        ``BEGIN IMMEDIATE``, serialised by the database's single write lock. Each
+        claimed job's ``started`` event, by *actor*, is one INSERT in the same
+        transaction.
         """
         # Long on purpose: one guarded statement per dialect, side by side so they stay alike.
         t = self.table
@@ -90,11 +93,23 @@ class ClaimStatements(StoreBase):
         try:
             with self.begin_immediate() as conn:
                 rows = conn.execute(stmt).mappings().all()
+                self.record_events(
+                    conn,
+                    [
+                        HistoryEvent(row["id"], "started", now, actor, row["attempts"])
+                        for row in rows
+                    ],
+                )
         except OperationalError as error:
             if not self._lost_pending_index(error):
                 raise
             return self.claim(
-                now=now, limit=limit, token=token, lease_until=lease_until, queues=queues
+                now=now,
+                limit=limit,
+                token=token,
+                lease_until=lease_until,
+                queues=queues,
+                actor=actor,
             )
         jobs = [Job.from_row(row) for row in rows]
         jobs.sort(key=lambda job: (job.run_at, job.id))
@@ -107,6 +122,7 @@ class ClaimStatements(StoreBase):
         now: datetime,
         result: Any = None,
         conn: Connection | None = None,
+        actor: str = "app",
     ) -> bool:
         """Mark a claimed job done; False if this claim no longer owns it.
 
@@ -115,18 +131,23 @@ class ClaimStatements(StoreBase):
         """
         values = self._settle_values(JobStatus.DONE, now)
         values.update(last_error=None, result=result)
-        return self._acknowledge(job, values, now=now, conn=conn)
+        event = HistoryEvent(job.id, "done", now, actor, job.attempts)
+        return self._acknowledge(job, values, now=now, event=event, conn=conn)
 
-    def ack_retry(self, job: Job, *, now: datetime, run_at: datetime, error: str) -> bool:
+    def ack_retry(
+        self, job: Job, *, now: datetime, run_at: datetime, error: str, actor: str = "app"
+    ) -> bool:
         """Return a claimed job to pending at *run_at* after a failed attempt."""
         values = {"status": JobStatus.PENDING.value, "run_at": run_at, "last_error": error}
-        return self._acknowledge(job, values, now=now)
+        event = HistoryEvent(job.id, "retried", now, actor, job.attempts, error, run_at)
+        return self._acknowledge(job, values, now=now, event=event)
 
-    def ack_failed(self, job: Job, *, now: datetime, error: str) -> bool:
+    def ack_failed(self, job: Job, *, now: datetime, error: str, actor: str = "app") -> bool:
         """Settle a claimed job as failed (out of attempts): the dead letter."""
         values = self._settle_values(JobStatus.FAILED, now)
         values["last_error"] = error
-        return self._acknowledge(job, values, now=now)
+        event = HistoryEvent(job.id, "failed", now, actor, job.attempts, error)
+        return self._acknowledge(job, values, now=now, event=event)
 
     def ack_snooze(
         self,
@@ -136,6 +157,7 @@ class ClaimStatements(StoreBase):
         run_at: datetime,
         note: str | None,
         still_owed: bool,
+        actor: str = "app",
     ) -> bool:
         """Return a claimed job to pending at *run_at* without spending its attempt.
 
@@ -151,12 +173,15 @@ class ClaimStatements(StoreBase):
         }
         if not still_owed:
             values["due_at"] = run_at
-        return self._acknowledge(job, values, now=now)
+        event = HistoryEvent(job.id, "snoozed", now, actor, job.attempts, note, run_at)
+        return self._acknowledge(job, values, now=now, event=event)
 
     def release(self, jobs: Sequence[Job], *, now: datetime, keep_run_at: bool = False) -> int:
         """Hand claimed jobs back to pending, attempt not spent (shutdown, ``run_due``).
 
-        They are due now, or at their old ``run_at`` with ``keep_run_at``.
+        They are due now, or at their old ``run_at`` with ``keep_run_at``. The claim
+        is undone, attempt and all, so its ``started`` event goes too: the handler was
+        never given the job.
         """
         t = self.table
         values: dict[str, Any] = {
@@ -168,11 +193,13 @@ class ClaimStatements(StoreBase):
         }
         if not keep_run_at:
             values["run_at"] = now
-        released = 0
+        released: list[Job] = []
         with self.begin() as conn:
             for job in jobs:
-                released += conn.execute(self._guarded_ack(job).values(values)).rowcount
-        return int(released)
+                if conn.execute(self._guarded_ack(job).values(values)).rowcount == 1:
+                    released.append(job)
+            self._forget_started(conn, released)
+        return len(released)
 
     def extend_leases(self, jobs: Sequence[Job], *, now: datetime, lease_until: datetime) -> int:
         """Heartbeat: push the lease of still-owned claims to *lease_until*."""
@@ -189,21 +216,24 @@ class ClaimStatements(StoreBase):
         with self.begin() as conn:
             return int(conn.execute(stmt).rowcount)
 
-    def reclaim_lapsed(self, *, now: datetime) -> tuple[int, int]:
+    def reclaim_lapsed(self, *, now: datetime, actor: str = "app") -> tuple[int, int]:
         """Return jobs whose lease lapsed to pending (or failed when out of attempts).
 
         The attempt the crashed worker started stays counted, so a job that kills its
-        worker every time ends as a dead letter instead of looping forever.
+        worker every time ends as a dead letter instead of looping forever. Each job
+        gets a ``reclaimed`` event by *actor* naming the worker that lost it (the
+        actor of its last ``started``), and ``failed`` too when it was out of attempts.
         """
         t = self.table
         lapsed = (t.c.status == JobStatus.RUNNING.value) & (t.c.lease_expires_at < now)
-        note = literal("lease lapsed: the worker running this job stopped renewing it")
+        note = "lease lapsed: the worker running this job stopped renewing it"
         with self.begin_immediate() as conn:
             failed = conn.execute(
                 update(t)
                 .where(lapsed, t.c.attempts >= t.c.max_attempts)
                 .values({**self._settle_values(JobStatus.FAILED, now), "last_error": note})
-            ).rowcount
+                .returning(t.c.id, t.c.attempts)
+            ).all()
             returned = conn.execute(
                 update(t)
                 .where(lapsed)
@@ -215,10 +245,35 @@ class ClaimStatements(StoreBase):
                     last_error=note,
                     updated_at=now,
                 )
-            ).rowcount
+                .returning(t.c.id, t.c.attempts)
+            ).all()
             if returned:
                 self.notify(conn, "default")
-        return int(returned), int(failed)
+            if self.history_table is not None and (failed or returned):
+                self._record_reclaimed(conn, now, actor, note, returned=returned, failed=failed)
+        return len(returned), len(failed)
+
+    def _record_reclaimed(
+        self,
+        conn: Connection,
+        now: datetime,
+        actor: str,
+        note: str,
+        *,
+        returned: Sequence[Any],
+        failed: Sequence[Any],
+    ) -> None:
+        lost_by = self._last_started_by(conn, [int(r[0]) for r in (*returned, *failed)])
+        events: list[HistoryEvent] = []
+        for job_id, attempts in (*returned, *failed):
+            worker = lost_by.get(int(job_id), "an unknown worker")
+            why = f"lease lapsed: {worker} stopped renewing it"
+            events.append(HistoryEvent(int(job_id), "reclaimed", now, actor, attempts, why, now))
+        events.extend(
+            HistoryEvent(int(job_id), "failed", now, actor, attempts, note)
+            for job_id, attempts in failed
+        )
+        self.record_events(conn, events)
 
     def prune(
         self,
@@ -243,7 +298,11 @@ class ClaimStatements(StoreBase):
         while True:
             batch = select(t.c.id).where(old).limit(batch_size).scalar_subquery()
             with self.begin_immediate() as conn:
-                deleted = int(conn.execute(delete(t).where(t.c.id.in_(batch))).rowcount)
+                # The job's history goes in the same transaction as the job.
+                gone = conn.execute(delete(t).where(t.c.id.in_(batch)).returning(t.c.id))
+                ids = [int(job_id) for job_id in gone.scalars()]
+                self._forget_history(conn, ids)
+                deleted = len(ids)
             total += deleted
             batches += 1
             if deleted < batch_size or (max_batches is not None and batches >= max_batches):

@@ -75,3 +75,28 @@ class BatchAppend:
     job_id: int
     run_at: datetime
     items: int
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEvent:
+    """One row for the history table, written with the transition it records."""
+
+    job_id: int
+    event: str
+    at: datetime
+    actor: str
+    attempt: int
+    error: str | None = None
+    run_at: datetime | None = None
+
+    def row(self) -> dict[str, Any]:
+        """The insert's parameters."""
+        return {
+            "job_id": self.job_id,
+            "event": self.event,
+            "at": self.at,
+            "actor": self.actor,
+            "attempt": self.attempt,
+            "error": self.error,
+            "run_at": self.run_at,
+        }
