@@ -22,6 +22,9 @@ from .jobs import Job, JobStatus
 
 C = TypeVar("C", bound=Callable[..., Any])
 
+#: Who a CLI command is in the job history.
+CLI_ACTOR = "cli"
+
 
 def _errors_to_exit_codes(command: C) -> C:
     @wraps(command)
@@ -100,10 +103,10 @@ def cancel_command(job_id: int | None, key: str | None, key_prefix: str | None) 
     if key_prefix is not None:
         if job_id is not None or key is not None:
             raise click.UsageError("--key-prefix cannot be combined with an id or --key")
-        outcome = defer.cancel_many(key_prefix=key_prefix)
+        outcome = defer.cancel_many(actor=CLI_ACTOR, key_prefix=key_prefix)
         click.echo(f"cancelled {outcome['cancelled']}, still running {outcome['in_flight']}")
         return
-    if defer.cancel(job_id, key=key):
+    if defer.cancel(job_id, key=key, actor=CLI_ACTOR):
         click.echo("cancelled")
         return
     raise click.ClickException("not cancelled: the job is no longer pending")
@@ -284,5 +287,5 @@ def retry_command(job_id: int) -> None:
 
     Exits 1 when the job is not failed.
     """
-    job = current_defer().retry(job_id)
+    job = current_defer().retry(job_id, actor=CLI_ACTOR)
     click.echo(f"job {job.id} is pending again")
