@@ -18,7 +18,7 @@ from .env import ROOT, BenchEnv, git_revision, machine, versions
 from .results import log
 from .sizes import DEFAULT, QUICK
 
-SUITES = ("enqueue", "drain", "lateness", "future", "undo", "profile")
+SUITES = ("enqueue", "drain", "lateness", "future", "reads", "undo", "profile")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=("postgresql", "sqlite"),
         help="only this backend (repeatable; default both)",
+    )
+    parser.add_argument(
+        "--fsync-off",
+        action="store_true",
+        help="PostgreSQL with fsync=off (the test suite's setting); default: fsync on",
     )
     parser.add_argument(
         "--output",
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         else " " + shlex.join(sys.argv[1:] if argv is None else argv)
     )
     started = time.monotonic()
-    with BenchEnv() as env:
+    with BenchEnv(durable=not args.fsync_off) as env:
         ctx = Context(env, sizes, tuple(args.backend) if args.backend else BACKENDS)
         sections = []
         profile_summary: dict[str, str] = {}

@@ -42,9 +42,14 @@ class Database:
 class BenchEnv:
     """Owns the PostgreSQL cluster and the temp directory for one benchmark run."""
 
-    cluster: PostgresCluster = field(default_factory=PostgresCluster)
+    #: fsync on: the PostgreSQL users run (``--fsync-off`` for the test suite's setting).
+    durable: bool = True
+    cluster: PostgresCluster = field(init=False)
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="flask-defer-bench-")))
     _numbers: itertools.count[int] = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        self.cluster = PostgresCluster(durable=self.durable)
 
     def __enter__(self) -> BenchEnv:
         return self

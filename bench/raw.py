@@ -351,3 +351,61 @@ def claim_plan(db: Database) -> str:
     finally:
         conn.close()
     return "; ".join(str(row[-1]) for row in rows)
+
+
+def fill_history(db: Database, settled: int, pending: int, *, names: int = 5) -> None:
+    """A table the size the reads targets name: *settled* done/cancelled rows of history
+    (1 in 20 cancelled) and *pending* live rows (9 in 10 due next week, the rest due
+    now), spread over *names* job names. Set-based, as :func:`fill`; then ``ANALYZE``
+    and, on PostgreSQL, ``VACUUM`` (the visibility map autovacuum would set on a table
+    that has been sitting there).
+    """
+    week = timedelta(days=7)
+    now = datetime.now(UTC)
+    if db.backend == "postgresql":
+        assert db.dsn is not None
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute(
+                f"INSERT INTO defer_jobs ({_COLUMNS}, finished_at) "
+                "SELECT 'job_' || (g %% %(names)s), 'default', jsonb_build_object('n', g),"
+                " CASE WHEN g %% 20 = 0 THEN 'cancelled' ELSE 'done' END,"
+                " %(old)s, %(old)s, 1, 3, %(old)s, %(old)s,"
+                " %(old)s + g * interval '1 millisecond'"
+                " FROM generate_series(1, %(settled)s) AS g",
+                {"names": names, "old": now - week, "settled": settled},
+            )
+            conn.execute(
+                f"INSERT INTO defer_jobs ({_COLUMNS}) "
+                "SELECT 'job_' || (g %% %(names)s), 'default', jsonb_build_object('n', g),"
+                " 'pending', CASE WHEN g %% 10 = 0 THEN %(now)s ELSE %(later)s END,"
+                " CASE WHEN g %% 10 = 0 THEN %(now)s ELSE %(later)s END, 0, 3, %(now)s, %(now)s"
+                " FROM generate_series(1, %(pending)s) AS g",
+                {"names": names, "now": now, "later": now + week, "pending": pending},
+            )
+            conn.execute("VACUUM ANALYZE defer_jobs")
+        return
+    conn = sqlite_connect(db)
+    try:
+        old, at, later = sqlite_time(now - week), sqlite_time(now), sqlite_time(now + week)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ?) "
+            f"INSERT INTO defer_jobs ({_COLUMNS}, finished_at) "
+            "SELECT 'job_' || (n % ?), 'default', json_object('n', n),"
+            " CASE WHEN n % 20 = 0 THEN 'cancelled' ELSE 'done' END, ?, ?, 1, 3, ?, ?,"
+            " strftime('%Y-%m-%d %H:%M:%S', ?, '+' || (n / 1000) || ' seconds')"
+            " || printf('.%06d', (n % 1000) * 1000) FROM g",
+            (settled, names, old, old, old, old, old[:19]),
+        )
+        conn.execute(
+            "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ?) "
+            f"INSERT INTO defer_jobs ({_COLUMNS}) "
+            "SELECT 'job_' || (n % ?), 'default', json_object('n', n), 'pending',"
+            " CASE WHEN n % 10 = 0 THEN ? ELSE ? END, CASE WHEN n % 10 = 0 THEN ? ELSE ? END,"
+            " 0, 3, ?, ? FROM g",
+            (pending, names, at, later, at, later, at, at),
+        )
+        conn.execute("COMMIT")
+        conn.execute("ANALYZE")
+    finally:
+        conn.close()

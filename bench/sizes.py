@@ -24,6 +24,10 @@ class Sizes:
     undo_clients: int
     undo_pairs_per_client: int
     profile_jobs: int
+    #: The reads measurement's table: settled history and pending backlog, and calls.
+    reads_settled: int = 1_000_000
+    reads_pending: int = 100_000
+    reads_calls: int = 30
 
 
 #: The default run: the issue's sizes where a round takes seconds, fewer jobs where
@@ -59,4 +63,7 @@ QUICK = Sizes(
     undo_clients=5,
     undo_pairs_per_client=5,
     profile_jobs=200,
+    reads_settled=20_000,
+    reads_pending=2_000,
+    reads_calls=5,
 )

@@ -45,7 +45,7 @@ def worker_available() -> bool:
     return worker_options() is not None
 
 
-def worker_argv(*, concurrency: int, burst: bool) -> list[str]:
+def worker_argv(*, concurrency: int | None, burst: bool) -> list[str]:
     """The command line of one worker process."""
     options = worker_options()
     if options is None:
@@ -53,7 +53,7 @@ def worker_argv(*, concurrency: int, burst: bool) -> list[str]:
     argv = [sys.executable, "-m", "flask", "--app", APP_IMPORT, "defer", "worker"]
     if burst and "burst" in options:
         argv.append("--burst")
-    if concurrency != 1 and "concurrency" in options:
+    if concurrency is not None and "concurrency" in options:
         argv += ["--concurrency", str(concurrency)]
     return argv
 
@@ -75,7 +75,17 @@ def processes_for(concurrency: int) -> int:
 class WorkerProcesses:
     """Worker subprocesses on one database, their output in a log file."""
 
-    def __init__(self, database: Database, log_dir: Path, *, concurrency: int, burst: bool):
+    def __init__(
+        self,
+        database: Database,
+        log_dir: Path,
+        *,
+        concurrency: int | None,
+        burst: bool,
+        processes: int | None = None,
+    ):
+        """*processes* worker processes (default: as many as *concurrency* needs), each
+        with ``--concurrency`` when given, else the worker's own default."""
         self.database = database
         self.burst = burst and "burst" in (worker_options() or set())
         env = dict(os.environ, BENCH_DATABASE_URL=database.url, PYTHONPATH=str(ROOT))
@@ -84,7 +94,7 @@ class WorkerProcesses:
         self._log = self.log_path.open("wb")
         self.procs = [
             subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-            for _ in range(processes_for(concurrency))
+            for _ in range(processes or processes_for(concurrency or 1))
         ]
 
     def wait(self, settled: Callable[[], bool], timeout: float) -> None:

@@ -68,6 +68,9 @@ DEFAULTS: dict[str, Any] = {
     # Longest idle sleep between looks at the table. On PostgreSQL a NOTIFY wakes the
     # worker sooner, and it always wakes exactly at the next job's run_at.
     "DEFER_MAX_SLEEP": timedelta(seconds=10),
+    # Handlers' outcomes are written in batches, at least this often (0: every loop
+    # round). A worker killed inside this window re-runs those jobs after their lease.
+    "DEFER_ACK_FLUSH": timedelta(milliseconds=5),
     # SQLite (and PostgreSQL while its LISTEN connection is down): how often the
     # worker looks for newly scheduled jobs. A job due at a time already known to
     # the worker starts on time regardless.
@@ -131,6 +134,7 @@ class DeferConfig:
     worker_concurrency: int
     job_timeout: timedelta
     max_sleep: timedelta
+    ack_flush: timedelta
     poll_interval: timedelta
     shutdown_grace: timedelta
     reclaim_interval: timedelta
@@ -201,6 +205,8 @@ class WorkerOptions:
     maintenance: MaintenancePolicy
     queues: tuple[str, ...] | None = None
     burst: bool = False
+    #: How long a handler's outcome may wait to be written with others (batched acks).
+    ack_flush: timedelta = timedelta(milliseconds=5)
 
     @classmethod
     def from_config(
@@ -223,6 +229,7 @@ class WorkerOptions:
             maintenance=config.maintenance_policy(),
             queues=tuple(queues) if queues else None,
             burst=burst,
+            ack_flush=config.ack_flush,
         )
 
 
@@ -268,6 +275,12 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
     ):
         # Zero would make the worker spin or time every handler out at once.
         as_duration(config[name], name, allow_zero=False)
+    if values["ack_flush"] >= values["lease"]:
+        # A waiting outcome's lease is not renewed: it must be written well before.
+        raise InvalidArgument(
+            "DEFER_ACK_FLUSH", f"must be shorter than DEFER_LEASE ({values['lease']}), "
+            f"got {values['ack_flush']}"
+        )
     embedded = config["DEFER_EMBEDDED_WORKER"]
     if not isinstance(embedded, bool):
         raise InvalidArgument("DEFER_EMBEDDED_WORKER", f"expected True or False, got {embedded!r}")

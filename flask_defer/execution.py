@@ -11,7 +11,7 @@ import enum
 import json
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -21,10 +21,10 @@ from sqlalchemy import Connection
 
 from . import signals
 from .config import RetryPolicy
-from .jobs import Fail, Job, NotYet, RetryAfter
+from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
 from .registry import Registry
 from .retry import backoff_delay
-from .store import UNKNOWN_HANDLER_NOTE, JobStore
+from .store import UNKNOWN_HANDLER_NOTE, Ack, JobStore
 
 logger = logging.getLogger("flask_defer")
 
@@ -82,6 +82,18 @@ class JobLog(logging.LoggerAdapter[logging.Logger]):
         return f"job {job.id} {job.name}{key}: {msg}", kwargs
 
 
+@dataclass(frozen=True, slots=True)
+class PendingAck:
+    """A handler's outcome waiting to be written in a batch (see ``Executor.flush``).
+
+    ``settle`` is called after the write with whether the claim still owned the row;
+    it logs, sends the signal and returns the :class:`Outcome`.
+    """
+
+    ack: Ack
+    settle: Callable[[bool], Outcome]
+
+
 class HandlerTimeout(Exception):
     """A handler ran longer than its timeout; recorded as the attempt's error."""
 
@@ -110,28 +122,38 @@ class Executor:
         self.atomic_scope = atomic_scope
         self.emit = emit
 
-    def execute(self, job: Job, clock: Clock, *, actor: str = "app") -> Outcome:
+    def execute(
+        self, job: Job, clock: Clock, *, batch: bool = False, actor: str = "app"
+    ) -> Outcome | PendingAck:
         """Run *job*'s handler and acknowledge the result with compare-and-set.
 
+        With ``batch=True`` the acknowledgement of a non-atomic handler is not written
+        here: a :class:`PendingAck` is returned, to be written with others by
+        :meth:`flush` (one statement for the batch), which then logs the outcome,
+        sends its signal and says whether the claim was lost. ``atomic=True`` handlers
+        always acknowledge in their own transaction and return the :class:`Outcome`.
         *actor* (the worker, or ``app`` for ``run_due``) is who the outcome's history
-        event names.
+        event names when it is written here; a batch names its actor at :meth:`flush`.
         """
         log = JobLog(logger, {"job": job})
+        token = job.claim_token or ""
         spec = self.registry.get(job.name)
         if spec is None:
             # A rolling deploy can put a job in the table before the worker that knows
             # it is up: wait, loudly, rather than failing it.
             run_at = clock() + self.policy.unknown_backoff
             log.warning("no handler registered in this worker; retrying at %s", run_at)
-            self.store.ack_snooze(
-                job,
-                now=clock(),
+            ack = Ack(
+                job.id,
+                token,
+                JobStatus.PENDING.value,
                 run_at=run_at,
-                note=f"{UNKNOWN_HANDLER_NOTE} for {job.name!r} in the worker",
-                still_owed=True,
-                actor=actor,
+                attempts_delta=-1,
+                last_error=f"{UNKNOWN_HANDLER_NOTE} for {job.name!r} in the worker",
+                attempt=job.attempts,
             )
-            return Outcome.UNKNOWN
+            unknown = PendingAck(ack, lambda _ok: Outcome.UNKNOWN)
+            return self._record(unknown, clock, batch, actor)
         self.emit(signals.job_started, job=job)
         log.info("started (attempt %d of %d)", job.attempts, job.max_attempts)
         try:
@@ -151,17 +173,46 @@ class Executor:
             now = clock()
             until = wait.resume_at(now)
             log.info("not yet; runs again at %s", until.isoformat())
-            ok = self.store.ack_snooze(
-                job, now=now, run_at=until, note=None, still_owed=False, actor=actor
-            )
-            return Outcome.SNOOZED if ok else self._lost(log)
+            ack = Ack(
+                job.id, token, JobStatus.PENDING.value, run_at=until, due_at=until,
+                attempts_delta=-1, attempt=job.attempts,
+            )  # fmt: skip
+            snoozed = PendingAck(ack, lambda ok: Outcome.SNOOZED if ok else self._lost(log))
+            return self._record(snoozed, clock, batch, actor)
         except Fail as error:
-            return self._failed_attempt(job, log, error, None, clock, actor, final=True)
+            return self._failed_attempt(
+                job, log, error, None, clock, actor, final=True, batch=batch
+            )
         except Exception as error:  # noqa: BLE001 - a handler may raise anything
             delay = error.delay if isinstance(error, RetryAfter) else None
-            return self._failed_attempt(job, log, error, delay, clock, actor)
-        ok = self.store.ack_done(job, now=clock(), result=_jsonable(result), actor=actor)
-        return self._succeeded(job, log, acknowledged=ok)
+            return self._failed_attempt(job, log, error, delay, clock, actor, batch=batch)
+        done = Ack(
+            job.id, token, JobStatus.DONE.value, result=_jsonable(result), attempt=job.attempts
+        )
+        succeeded = PendingAck(done, lambda ok: self._succeeded(job, log, acknowledged=ok))
+        return self._record(succeeded, clock, batch, actor)
+
+    def flush(
+        self, pending: Sequence[PendingAck], clock: Clock, *, actor: str = "app"
+    ) -> list[Outcome]:
+        """Write *pending* acknowledgements in one batch; their outcomes, in order.
+
+        A row whose claim no longer owns it (its lease lapsed and another worker took
+        the job) is absent from the store's answer and comes back :attr:`Outcome.LOST`,
+        exactly as a single acknowledgement would. The owned rows' history events, by
+        *actor*, are written in the same statement (PostgreSQL) or transaction (SQLite).
+        """
+        if not pending:
+            return []
+        owned = self.store.acknowledge_many([p.ack for p in pending], now=clock(), actor=actor)
+        return [p.settle(p.ack.job_id in owned) for p in pending]
+
+    def _record(
+        self, pending: PendingAck, clock: Clock, batch: bool, actor: str
+    ) -> Outcome | PendingAck:
+        if batch:
+            return pending
+        return self.flush([pending], clock, actor=actor)[0]
 
     def time_out(self, job: Job, timeout: float, clock: Clock, *, actor: str = "app") -> Outcome:
         """Record that *job*'s handler overran *timeout* seconds: a failed attempt.
@@ -173,7 +224,9 @@ class Executor:
         """
         log = JobLog(logger, {"job": job})
         error = HandlerTimeout(f"handler ran longer than its timeout of {timeout:g} s")
-        return self._failed_attempt(job, log, error, None, clock, actor)
+        outcome = self._failed_attempt(job, log, error, None, clock, actor)
+        assert isinstance(outcome, Outcome)
+        return outcome
 
     def _succeeded(self, job: Job, log: JobLog, *, acknowledged: bool) -> Outcome:
         if not acknowledged:
@@ -192,9 +245,11 @@ class Executor:
         actor: str,
         *,
         final: bool = False,
-    ) -> Outcome:
+        batch: bool = False,
+    ) -> Outcome | PendingAck:
         text = _error_text(error)
         now = clock()
+        token = job.claim_token or ""
         # ``final``: the handler raised Fail, so attempts left do not matter.
         will_retry = not final and job.attempts < job.max_attempts
         if will_retry:
@@ -202,17 +257,26 @@ class Executor:
                 delay = backoff_delay(job.attempts, base=self.policy.base, cap=self.policy.cap)
             run_at = now + delay
             log.warning("attempt %d failed, retrying at %s: %s", job.attempts, run_at, error)
-            ok = self.store.ack_retry(job, now=now, run_at=run_at, error=text, actor=actor)
+            ack = Ack(
+                job.id, token, JobStatus.PENDING.value, run_at=run_at, last_error=text,
+                attempt=job.attempts,
+            )  # fmt: skip
         else:
             if final:
                 log.error("failed without retry (attempt %d): %s", job.attempts, error)
             else:
                 log.error("failed after %d attempts: %s", job.attempts, error)
-            ok = self.store.ack_failed(job, now=now, error=text, actor=actor)
-        if not ok:
-            return self._lost(log)
-        self.emit(signals.job_failed, job=job, error=text, will_retry=will_retry)
-        return Outcome.RETRIED if will_retry else Outcome.FAILED
+            ack = Ack(
+                job.id, token, JobStatus.FAILED.value, last_error=text, attempt=job.attempts
+            )
+
+        def settle(ok: bool) -> Outcome:
+            if not ok:
+                return self._lost(log)
+            self.emit(signals.job_failed, job=job, error=text, will_retry=will_retry)
+            return Outcome.RETRIED if will_retry else Outcome.FAILED
+
+        return self._record(PendingAck(ack, settle), clock, batch, actor)
 
     @staticmethod
     def _lost(log: JobLog) -> Outcome:

@@ -469,11 +469,13 @@ class Defer:
             self._state(), id, None, utcnow(), None, checked_actor(actor), event="run_now"
         )
 
-    def count(
-        self, **filters: Unpack[Filters]
-    ) -> int:
-        """How many jobs match every given filter (the filters of :meth:`list`)."""
-        return operations.count(self._state(), filters)
+    def count(self, *, limit: int | None = None, **filters: Unpack[Filters]) -> int:
+        """How many jobs match every given filter (the filters of :meth:`list`).
+
+        With ``limit``, counting stops there: the answer is ``min(count, limit)``, read
+        from at most ``limit`` rows, so a page over a huge history stays cheap.
+        """
+        return operations.count(self._state(), filters, limit=limit)
 
     def retry_many(
         self, *, actor: str | None = None, **filters: Unpack[Filters]

@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from .store import StatusCounts
+from .store import SETTLED_COUNT_CAP, StatusCounts
+
+__all__ = ["SETTLED_COUNT_CAP", "Health", "NameHealth"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,8 @@ class NameHealth:
     lapsed_leases: int
     #: True when no handler for this name is registered in this process.
     unknown: bool
+    #: Statuses whose count is a lower bound (settled history past the count cap).
+    lower_bounds: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +39,10 @@ class Health:
     """One snapshot of the jobs table, as ``defer.health()`` returns it.
 
     ``by_name`` lists the same figures per job name, worst backlog first (most owed,
-    then oldest owed).
+    then oldest owed). Live and failed figures are exact; the settled ones (done,
+    cancelled) are counted up to ``SETTLED_COUNT_CAP`` rows, and a status whose count
+    reached it is in ``lower_bounds``: "at least this many". So a health check costs
+    the same with a million rows of history as with ten.
     """
 
     counts: dict[str, int]
@@ -47,6 +54,7 @@ class Health:
     unknown_handlers: int
     measured_at: datetime
     by_name: tuple[NameHealth, ...] = ()
+    lower_bounds: frozenset[str] = frozenset()
 
     @classmethod
     def from_counts(
@@ -54,10 +62,13 @@ class Health:
         parts: list[StatusCounts],
         *,
         known_names: Collection[str],
-        unknown_handlers: int,
         now: datetime,
+        unknown_handlers: int | None = None,
     ) -> Health:
+        """Health from per-name counts; *unknown_handlers* defaults to the counts' own."""
         total = StatusCounts.total(parts)
+        if unknown_handlers is None:
+            unknown_handlers = sum(part.unknown(known_names) for part in parts)
         by_name = [
             NameHealth(
                 name=part.name or "",
@@ -68,6 +79,7 @@ class Health:
                 failed=part.by_status.get("failed", 0),
                 lapsed_leases=part.lapsed_leases,
                 unknown=part.name not in known_names,
+                lower_bounds=part.lower_bounds,
             )
             for part in parts
         ]
@@ -82,6 +94,7 @@ class Health:
             unknown_handlers=unknown_handlers,
             measured_at=now,
             by_name=tuple(by_name),
+            lower_bounds=total.lower_bounds,
         )
 
     @property
@@ -93,7 +106,10 @@ class Health:
         """A JSON-ready form (``flask defer status --json``)."""
         data = asdict(self)
         data["measured_at"] = self.measured_at.isoformat()
-        data["by_name"] = [asdict(h) for h in self.by_name]
+        data["lower_bounds"] = sorted(self.lower_bounds)
+        data["by_name"] = [
+            {**asdict(h), "lower_bounds": sorted(h.lower_bounds)} for h in self.by_name
+        ]
         return data
 
 

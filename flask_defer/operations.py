@@ -225,11 +225,13 @@ def find(state: DeferState, filters: Filters, *, limit: int, offset: int) -> lis
         return state.store.find(conn, where, limit=limit, offset=offset)
 
 
-def count(state: DeferState, filters: Filters) -> int:
-    """How many jobs match *filters*."""
+def count(state: DeferState, filters: Filters, *, limit: int | None = None) -> int:
+    """How many jobs match *filters*; with *limit*, at most that many (a bounded count)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidArgument("limit", f"expected an integer ≥ 1 or None, got {limit!r}")
     where = job_filter(filters)
     with state.transactions.joined() as conn:
-        return state.store.count(conn, where)
+        return state.store.count(conn, where, limit=limit)
 
 
 def undo(state: DeferState, job_id: Any, key: Any, owner: str | None) -> UndoOutcome:

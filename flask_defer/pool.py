@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .execution import JobLog, Outcome
+from .execution import JobLog, Outcome, PendingAck
 from .jobs import Job
 
 logger = logging.getLogger("flask_defer.worker")
@@ -59,8 +59,11 @@ class _PoolThread(threading.Thread):
 class HandlerPool:
     """Runs claimed jobs on ``size`` threads, with per-job timeouts.
 
-    *run* executes one job and acknowledges it (``Executor.execute``); *on_done* is
-    called after every job, so the worker can wake up and claim another. Up to
+    *run* executes one job (``Executor.execute``) and returns its outcome, or the
+    acknowledgement still to be written in a batch; *on_done* is called after every
+    job with that and whether the job was still the pool's (False once abandoned at
+    its timeout, whose failed attempt the worker already counted), so the worker can
+    batch the acknowledgement and claim another. Up to
     *prefetch* claimed jobs may wait in the queue beside the running ones, so a thread
     that finishes starts the next job without waiting for a claim's round trip.
     """
@@ -68,8 +71,8 @@ class HandlerPool:
     def __init__(
         self,
         size: int,
-        run: Callable[[Job], Outcome],
-        on_done: Callable[[Outcome], None],
+        run: Callable[[Job], Outcome | PendingAck],
+        on_done: Callable[[Outcome | PendingAck, bool], None],
         *,
         prefetch: int = 0,
     ) -> None:
@@ -190,7 +193,7 @@ class HandlerPool:
             task.state = "running"
             task.started_at = time.monotonic()
             task.thread = thread
-        outcome = Outcome.LOST
+        outcome: Outcome | PendingAck = Outcome.LOST
         try:
             outcome = self._execute(task.job)
         except BaseException:  # noqa: BLE001 - the worker must outlive any one job
@@ -204,9 +207,16 @@ class HandlerPool:
             with self._lock:
                 was_ours = task.state == "running"
                 if was_ours:
-                    task.state = "finished"
+                    task.state = "finished"  # no longer expires nor withdraws
+            # Handed over before the task leaves the pool, so a worker that waited for
+            # the pool to go idle finds every acknowledgement in its batch. An abandoned
+            # job's late acknowledgement is handed over too: written, it is refused by
+            # the compare-and-set unless recording the timeout failed.
+            try:
+                if was_ours or isinstance(outcome, PendingAck):
+                    self._on_done(outcome, was_ours)
+            finally:
+                with self._lock:
                     self._tasks.discard(task)
-                if not self._tasks:
-                    self._idle.notify_all()
-            if was_ours:
-                self._on_done(outcome)
+                    if not self._tasks:
+                        self._idle.notify_all()

@@ -14,10 +14,10 @@ No Flask here: the executor carries the app-context factory it was handed.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 
-from .execution import Clock, Executor, Outcome, RunSummary
+from .execution import Clock, Executor, Outcome, PendingAck, RunSummary
 from .jobs import Job
 from .store import JobStore
 
@@ -77,9 +77,17 @@ class Runner:
             actor=self.actor,
         )
 
-    def execute(self, job: Job, clock: Clock) -> Outcome:
-        """Run one claimed job's handler and acknowledge its outcome."""
-        return self.executor.execute(job, clock, actor=self.actor)
+    def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:
+        """Run one claimed job's handler; acknowledge its outcome now, or with ``batch``
+        hand back the acknowledgement for :meth:`flush` to write with others."""
+        return self.executor.execute(job, clock, batch=batch, actor=self.actor)
+
+    def flush(self, pending: Sequence[PendingAck], clock: Clock) -> list[Outcome]:
+        """Write batched acknowledgements in one statement; their outcomes, in order.
+
+        The one place batched outcomes are written, for ``run_due`` and the worker.
+        """
+        return self.executor.flush(pending, clock, actor=self.actor)
 
     def run_due(self, clock: Clock, *, limit: int | None = None) -> RunSummary:
         """Claim and run, in this thread, every job due by *clock* (at most *limit*)."""
@@ -96,7 +104,17 @@ class Runner:
             fresh = [job for job in jobs if job.id not in started]
             if not fresh:
                 break
-            for job in fresh:
-                started.add(job.id)
-                summary.add(self.execute(job, clock))
+            # Outcomes are written per claimed batch, in one statement (see flush).
+            pending: list[PendingAck] = []
+            try:
+                for job in fresh:
+                    started.add(job.id)
+                    result = self.execute(job, clock, batch=True)
+                    if isinstance(result, PendingAck):
+                        pending.append(result)
+                    else:
+                        summary.add(result)
+            finally:
+                for outcome in self.flush(pending, clock):
+                    summary.add(outcome)
         return summary

@@ -166,9 +166,9 @@ class DeferState:
         at = as_utc(now, "now") if now is not None else utcnow()
         known = self.registry.names()
         with self.transactions.joined() as conn:
+            # One pass over live and failed rows, bounded counts of settled ones.
             parts = self.store.counts_by_name(conn, now=at)
-            unknown = self.store.count_unknown(conn, known)
-        return Health.from_counts(parts, known_names=known, unknown_handlers=unknown, now=at)
+        return Health.from_counts(parts, known_names=known, now=at)
 
     # -- running -------------------------------------------------------------------
 
@@ -225,6 +225,8 @@ def build_state(
     # The history table joins the jobs table's metadata (db.create_all, autogenerate).
     history = define_history_table(table.metadata, table.name) if config.history else None
     store = JobStore(engine, table, history)
+    # A job due later than a worker's longest sleep needs no NOTIFY to be on time.
+    store.notify_horizon = config.max_sleep
     if session is None:
         store.create_table()
     transactions = Transactions(store, session)

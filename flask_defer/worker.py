@@ -38,7 +38,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from .config import DeferConfig, WorkerOptions
-from .execution import Clock, Executor, JobLog, Outcome, RunSummary
+from .execution import Clock, Executor, JobLog, Outcome, PendingAck, RunSummary
 from .jobs import Job
 from .maintenance import Maintenance
 from .pool import HandlerPool
@@ -130,10 +130,19 @@ class Worker:
         # waits for a round trip. Other workers still get the rest of the backlog.
         self.pool = HandlerPool(
             options.concurrency,
-            lambda job: self.runner.execute(job, self.clock),
+            lambda job: self.runner.execute(job, self.clock, batch=True),
             self._finished,
             prefetch=options.claim_batch,
         )
+        # Handlers' outcomes waiting for the loop to write them in one batch, each
+        # with whether it counts in the summary (False: abandoned at its timeout).
+        self._acks: list[tuple[PendingAck, bool]] = []
+        self._acks_lock = threading.Lock()
+        self._ack_deadline: float | None = None
+        # Claim a batch only once a batch of slots is free, unless the last claim
+        # found fewer due jobs than it asked for (then a job that comes due must not
+        # wait for others to finish).
+        self._backlog = False
         self.maintenance = Maintenance(store, options.maintenance, clock, actor=self.actor)
         self._heartbeat = _Heartbeat(self)
         self._db_failures = 0
@@ -198,42 +207,84 @@ class Worker:
                 self.waker.wait(sleep)
 
     def _step(self) -> float | None:
-        """One round: time-outs, maintenance, claim. Returns how long to sleep."""
+        """One round: time-outs, maintenance, acks, claim. Returns how long to sleep."""
         self._record_timeouts()
         self.maintenance.run_if_due()
+        mono = time.monotonic()
+        deadline = self._ack_deadline
+        if deadline is not None and (deadline <= mono or self._stop.is_set()):
+            self._flush_acks()
         if self._stop.is_set():
             return 0.0
         opts = self.options
         now = self.clock()
         free = self.pool.free()
         claimed = 0
-        if free:
+        if free and free >= self._claim_threshold():
             limit = min(free, opts.claim_batch)
             jobs = self.runner.claim(now, limit, queues=opts.queues)
             for job in jobs:
                 self.pool.submit(job, self._timeout_for(job.name))
             claimed = len(jobs)
-            if claimed == limit:
-                return 0.0  # a full batch: more may be due right now
+            self._backlog = claimed == limit
+            if claimed == limit and self.pool.free() >= self._claim_threshold():
+                return 0.0  # a full batch and room for another: more may be due now
             free -= claimed
         waits = [opts.max_sleep.total_seconds()]
         next_run_at = None
-        if free:
+        if free and not self._backlog:
             next_run_at = self.store.next_run_at(queues=opts.queues)
             if next_run_at is not None:
                 waits.append((next_run_at - self.clock()).total_seconds())
             if not self.waker.listening:
                 waits.append(opts.poll_interval.total_seconds())
-        # With every thread busy there is nothing to claim; a finishing handler wakes us.
+        # With the pool full there is nothing to claim; a finishing handler wakes us.
         mono = time.monotonic()
         deadline = self.pool.next_deadline()
         if deadline is not None:
             waits.append(deadline - mono)
+        ack_deadline = self._ack_deadline
+        if ack_deadline is not None:
+            waits.append(ack_deadline - mono)
         if not opts.burst:
             waits.append(self.maintenance.next_due() - mono)
-        elif not claimed and not self.pool.busy() and (next_run_at is None or next_run_at > now):
+        elif (
+            not claimed
+            and not self.pool.busy()
+            and ack_deadline is None
+            and (next_run_at is None or next_run_at > now)
+        ):
             return None
         return max(min(waits), 0.0 if claimed else MIN_SLEEP)
+
+    def _claim_threshold(self) -> int:
+        """Free slots worth a claim: a whole batch while the backlog lasts, else one."""
+        if not self._backlog or not self.pool.busy():
+            return 1
+        return min(self.options.claim_batch, self.pool.size + self.pool.prefetch)
+
+    def _flush_acks(self) -> None:
+        """Write every handed-in outcome in one batch (compare-and-set per row).
+
+        The one place acknowledgements are written: on a database error the batch is
+        kept and written on a later round (its leases lapse meanwhile only if the
+        outage outlasts them, and then the compare-and-set reports the claims lost).
+        """
+        with self._acks_lock:
+            batch, self._acks = self._acks, []
+            self._ack_deadline = None
+        if not batch:
+            return
+        try:
+            outcomes = self.runner.flush([pending for pending, _ in batch], self.clock)
+        except BaseException:
+            with self._acks_lock:
+                self._acks[:0] = batch
+                self._ack_deadline = time.monotonic()
+            raise
+        for outcome, (_, counted) in zip(outcomes, batch, strict=True):
+            if counted:
+                self._count(outcome)
 
     def _record_timeouts(self) -> None:
         for task in self.pool.expire():
@@ -258,9 +309,23 @@ class Worker:
             return spec.timeout
         return self.options.job_timeout.total_seconds()
 
-    def _finished(self, outcome: Outcome) -> None:
-        self._count(outcome)
-        self.waker.wake()  # a thread is free: claim the next job now
+    def _finished(self, result: Outcome | PendingAck, counted: bool) -> None:
+        """A handler returned (on its thread): batch its acknowledgement, maybe wake."""
+        wake = False
+        if isinstance(result, PendingAck):
+            with self._acks_lock:
+                self._acks.append((result, counted))
+                if self._ack_deadline is None:
+                    # The first of a batch: the loop must learn when to flush it.
+                    self._ack_deadline = time.monotonic() + self.options.ack_flush.total_seconds()
+                    wake = True
+        else:
+            if counted:
+                self._count(result)
+        # A thread is free; the loop claims once a batch of slots is (or at once when
+        # the backlog is short), so finishing handlers do not each cost a claim.
+        if wake or self.pool.free() >= self._claim_threshold():
+            self.waker.wake()
 
     def _count(self, outcome: Outcome) -> None:
         with self._summary_lock:
@@ -300,6 +365,15 @@ class Worker:
             if deadline is not None:
                 wait = min(wait, max(deadline - now, MIN_SLEEP))
             self.pool.wait_idle(wait)
+        try:
+            self._flush_acks()
+        except SQLAlchemyError as error:
+            logger.error(
+                "could not write %d outcome(s) at shutdown (%s); those jobs run again "
+                "when their leases lapse",
+                len(self._acks),
+                _brief(error),
+            )
         self._release(self.pool.in_flight(), "still running after the shutdown grace period")
         self._heartbeat.stopped.set()
         self.pool.close()

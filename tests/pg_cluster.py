@@ -100,7 +100,10 @@ class PostgresCluster:
     through ``runuser`` and the temp directory is handed to that user.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, durable: bool = False) -> None:
+        #: ``durable=True`` keeps PostgreSQL's defaults (fsync, full page writes), as
+        #: users run it: what a benchmark must measure. Tests turn both off for speed.
+        self.durable = durable
         self._bindir: Path | None = None
         self._tmpdir: Path | None = None
         self._port: int | None = None
@@ -281,9 +284,9 @@ class PostgresCluster:
                 "port": str(self._port),
                 "unix_socket_directories": f"'{self._tmpdir}'",
                 "max_connections": "200",
-                "fsync": "off",
-                "full_page_writes": "off",
             }
+            if not self.durable:
+                settings.update(fsync="off", full_page_writes="off")
             with (self._datadir / "postgresql.conf").open("a") as conf:
                 conf.write("\n# throwaway test cluster\n")
                 for key, value in settings.items():

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import inspect
 
 from flask_defer import JobExists, JobStatus
-from flask_defer.store import JobFilter, JobStore, NewJob
+from flask_defer.store import UNKNOWN_HANDLER_NOTE, JobFilter, JobStore, NewJob
 
 MakeJob = Callable[..., NewJob]
 
@@ -360,3 +360,58 @@ def test_sqlite_bulk_insert_stores_exactly_what_sqlalchemy_executemany_stores(
 
     assert stored(paths["store"]) == stored(paths["sqlalchemy"])
     assert len(stored(paths["store"])) == len(jobs)
+
+
+def _settle(store: JobStore, new_job: MakeJob, now: datetime, name: str, n: int) -> None:
+    for _ in range(n):
+        job_id = insert(store, new_job(name=name), now)
+        with store.begin() as conn:
+            assert store.cancel(conn, now=now, job_id=job_id) is not None
+
+
+def test_settled_counts_stop_at_the_cap_and_say_they_are_lower_bounds(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    _settle(store, new_job, now, "a", 3)
+    _settle(store, new_job, now, "b", 2)
+    insert(store, new_job(name="a", run_at=now + timedelta(days=1)), now)
+    with store.begin() as conn:
+        capped = {p.name: p for p in store.counts_by_name(conn, now=now, settled_cap=3)}
+        exact = {p.name: p for p in store.counts_by_name(conn, now=now, settled_cap=5)}
+    # One row past the cap is read, to know there are more: "at least 4".
+    assert sum(p.by_status["cancelled"] for p in capped.values()) == 4
+    assert all(p.lower_bounds == frozenset({"cancelled"}) for p in capped.values())
+    # Live figures stay exact either way.
+    assert capped["a"].scheduled == 1 and capped["a"].by_status["pending"] == 1
+    assert exact["a"].by_status["cancelled"] == 3 and exact["b"].by_status["cancelled"] == 2
+    assert all(not p.lower_bounds for p in exact.values())
+
+
+def test_counts_by_name_counts_jobs_a_worker_left_without_a_handler(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    insert(store, new_job(name="send_email"), now)
+    insert(store, new_job(name="old_name"), now)
+    [claimed] = store.claim(now=now, limit=1, token="t", lease_until=now)
+    store.ack_snooze(
+        claimed,
+        now=now,
+        run_at=now + timedelta(seconds=30),
+        note=f"{UNKNOWN_HANDLER_NOTE} for {claimed.name!r} in the worker",
+        still_owed=True,
+    )
+    with store.begin() as conn:
+        parts = store.counts_by_name(conn, now=now)
+        for known in ({"send_email"}, {"send_email", "old_name"}, set()):
+            assert sum(p.unknown(known) for p in parts) == store.count_unknown(conn, known)
+
+
+def test_bounded_count_reads_no_further_than_its_limit(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    for _ in range(5):
+        insert(store, new_job(), now)
+    with store.begin() as conn:
+        assert store.count(conn, JobFilter(), limit=3) == 3
+        assert store.count(conn, JobFilter(), limit=10) == 5
+        assert store.count(conn, JobFilter()) == 5

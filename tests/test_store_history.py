@@ -16,7 +16,7 @@ from sqlalchemy import Engine, MetaData, event, func, inspect, select
 
 from flask_defer import InvalidArgument, Job, JobEvent, JobStatus, NotYet
 from flask_defer.schema import define_history_table, define_jobs_table
-from flask_defer.store import JobFilter, JobStore, NewJob
+from flask_defer.store import Ack, JobFilter, JobStore, NewJob
 from flask_defer.timeutil import utcnow
 
 from .conftest import AppKit
@@ -38,12 +38,16 @@ def history_store(engine: Engine) -> JobStore:
 
 @pytest.fixture
 def history_inserts(history_store: JobStore) -> Iterator[list[str]]:
-    """Every INSERT into the history table sent to the database, as SQL text."""
+    """Every statement sent to the database that inserts history rows, as SQL text.
+
+    On PostgreSQL the insert rides inside the claim's or the flush's own statement (a
+    CTE), on SQLite it is an INSERT of its own: either way, one per batch.
+    """
     seen: list[str] = []
     name = history_store.history_table.name  # type: ignore[union-attr]
 
     def listen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT") and name in statement:
+        if f"INSERT INTO {name}" in statement.replace('"', ""):
             seen.append(statement)
 
     event.listen(history_store.engine, "before_cursor_execute", listen)
@@ -261,6 +265,48 @@ def test_a_claim_batch_writes_its_started_events_in_one_insert(
         ]
 
 
+def test_a_flush_of_outcomes_writes_their_events_in_one_statement(
+    history_store: JobStore,
+    history_inserts: list[str],
+    new_job: Callable[..., NewJob],
+    now: datetime,
+) -> None:
+    with history_store.begin() as conn:
+        history_store.insert_many(conn, [new_job(run_at=now) for _ in range(3)], now=now)
+    done, retried, snoozed = history_store.claim(
+        now=now, limit=3, token="t", lease_until=now + timedelta(seconds=30)
+    )
+    later = now + timedelta(hours=1)
+    history_inserts.clear()
+
+    owned = history_store.acknowledge_many(
+        [
+            Ack(done.id, "t", "done", result={"ok": True}, attempt=1),
+            Ack(retried.id, "t", "pending", run_at=later, last_error="boom", attempt=1),
+            Ack(snoozed.id, "t", "pending", run_at=later, due_at=later, attempts_delta=-1,
+                attempt=1),
+            Ack(snoozed.id + 1000, "t", "done", attempt=1),  # not ours: no event
+        ],
+        now=now,
+        actor="worker:h:1",
+    )  # fmt: skip
+
+    assert owned == {done.id, retried.id, snoozed.id}
+    assert len(history_inserts) == 1
+    last = {job.id: history_of(history_store, job.id)[-1] for job in (done, retried, snoozed)}
+    assert (last[done.id].event, last[done.id].actor, last[done.id].error) == (
+        "done",
+        "worker:h:1",
+        None,
+    )
+    assert (last[retried.id].event, last[retried.id].error, last[retried.id].run_at) == (
+        "retried",
+        "boom",
+        later,
+    )
+    assert (last[snoozed.id].event, last[snoozed.id].run_at) == ("snoozed", later)
+
+
 def test_a_lost_claim_records_no_outcome(
     history_store: JobStore, new_job: Callable[..., NewJob], now: datetime
 ) -> None:
@@ -317,7 +363,8 @@ def test_release_takes_back_the_started_event_of_a_claim_never_run(
     history_store: JobStore, new_job: Callable[..., NewJob], now: datetime
 ) -> None:
     job = one_job(history_store, new_job, now)
-    claimed = history_store.claim(now=now, limit=1, token="a", lease_until=now + timedelta(seconds=30))
+    lease = now + timedelta(seconds=30)
+    claimed = history_store.claim(now=now, limit=1, token="a", lease_until=lease)
     assert history_store.release(claimed, now=now) == 1
     assert [e.event for e in history_of(history_store, job.id)] == ["scheduled"]
 

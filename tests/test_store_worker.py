@@ -13,8 +13,9 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import Engine, text
 
+from flask_defer.jobs import Job, JobStatus
 from flask_defer.schema import define_jobs_table
-from flask_defer.store import UNKNOWN_HANDLER_NOTE, JobStore, NewJob
+from flask_defer.store import UNKNOWN_HANDLER_NOTE, Ack, JobStore, NewJob
 
 MakeJob = Callable[..., NewJob]
 
@@ -161,3 +162,119 @@ def test_reschedule_notifies_listeners(
         assert waker.wait(5) is Wake.NOTIFY
     finally:
         waker.close()
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_insert_notifies_only_jobs_due_within_a_workers_longest_sleep(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    # A sleeping worker looks at the earliest run_at at least every notify_horizon, so
+    # a job due later is found in time without a wake-up; one due sooner must wake it.
+    from flask_defer.wake import Wake, Waker
+
+    store.notify_horizon = timedelta(seconds=10)
+    waker = Waker(store.open_listener)
+    waker.start()
+    try:
+        insert(store, new_job(run_at=now + timedelta(minutes=5)), now)
+        insert(store, new_job(key="later", run_at=now + timedelta(minutes=5)), now)
+        assert waker.wait(0.5) is not Wake.NOTIFY
+        insert(store, new_job(run_at=now + timedelta(seconds=3)), now)
+        assert waker.wait(5) is Wake.NOTIFY
+        insert(store, new_job(key="soon", run_at=now + timedelta(seconds=3)), now)
+        assert waker.wait(5) is Wake.NOTIFY
+    finally:
+        waker.close()
+
+
+# -- batched acknowledgements ---------------------------------------------------------
+
+
+def _get(store: JobStore, job_id: int) -> Job:
+    with store.begin() as conn:
+        job = store.get(conn, job_id=job_id)
+    assert job is not None
+    return job
+
+
+def test_a_batched_ack_writes_each_outcome_as_a_single_ack_would(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    ids = [insert(store, new_job(max_attempts=3), now) for _ in range(4)]
+    jobs = store.claim(now=now, limit=4, token="me", lease_until=now + timedelta(minutes=1))
+    assert [job.id for job in jobs] == ids
+    later = now + timedelta(seconds=2)
+    retry_at = now + timedelta(minutes=5)
+    acks = [
+        Ack(ids[0], "me", "done", result={"sent": True}),
+        Ack(ids[1], "me", "pending", run_at=retry_at, last_error="boom"),
+        Ack(ids[2], "me", "failed", last_error="gave up"),
+        Ack(ids[3], "me", "pending", run_at=retry_at, due_at=retry_at, attempts_delta=-1),
+    ]
+    assert store.acknowledge_many(acks, now=later) == set(ids)
+    done, retried, failed, snoozed = (_get(store, i) for i in ids)
+    assert done.status is JobStatus.DONE and done.result == {"sent": True}
+    assert done.finished_at == later and done.claim_token is None
+    assert retried.status is JobStatus.PENDING and retried.run_at == retry_at
+    assert retried.due_at == now and retried.attempts == 1 and retried.last_error == "boom"
+    assert retried.finished_at is None and retried.lease_expires_at is None
+    assert failed.status is JobStatus.FAILED and failed.last_error == "gave up"
+    assert failed.finished_at == later
+    assert snoozed.status is JobStatus.PENDING and snoozed.attempts == 0
+    assert snoozed.due_at == retry_at and snoozed.last_error is None
+    assert all(job.updated_at == later for job in (done, retried, failed, snoozed))
+
+
+def test_a_lost_claim_inside_a_batch_is_reported_and_keeps_the_new_owner(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    ids = [insert(store, new_job(), now) for _ in range(3)]
+    store.claim(now=now, limit=3, token="old", lease_until=now + timedelta(seconds=1))
+    # The old worker stalls past its lease: one job is reclaimed and taken by another.
+    lapsed = now + timedelta(seconds=5)
+    with store.begin() as conn:
+        conn.execute(
+            text("UPDATE defer_jobs SET lease_expires_at = :at WHERE id = :id"),
+            {"at": store._sqlite_time(now) if store.is_sqlite else now, "id": ids[1]},
+        )
+    store.reclaim_lapsed(now=lapsed - timedelta(seconds=4, microseconds=1))
+    [taken] = store.claim(
+        now=lapsed, limit=1, token="new", lease_until=lapsed + timedelta(minutes=1)
+    )
+    assert taken.id == ids[1]
+    owned = store.acknowledge_many(
+        [Ack(job_id, "old", "done") for job_id in ids], now=lapsed
+    )
+    assert owned == {ids[0], ids[2]}
+    kept = _get(store, ids[1])
+    assert kept.status is JobStatus.RUNNING and kept.claim_token == "new"
+    assert store.acknowledge_many([Ack(ids[1], "new", "done")], now=lapsed) == {ids[1]}
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_claim_skips_a_row_another_transaction_holds_without_waiting(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    ids = [insert(store, new_job(), now) for _ in range(3)]
+    with store.engine.connect() as holder, holder.begin():
+        holder.execute(text("SELECT id FROM defer_jobs WHERE id = :id FOR UPDATE"), {"id": ids[0]})
+        started = time.monotonic()
+        claimed = store.claim(now=now, limit=3, token="t", lease_until=now + timedelta(minutes=1))
+        took = time.monotonic() - started
+    assert [job.id for job in claimed] == ids[1:]
+    assert took < 2.0  # a blocking claim would wait for the holder, which never lets go here
+
+
+def test_heartbeat_extends_only_rows_this_claim_still_owns(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    ids = [insert(store, new_job(), now) for _ in range(2)]
+    mine = store.claim(now=now, limit=2, token="mine", lease_until=now + timedelta(seconds=30))
+    with store.begin() as conn:
+        conn.execute(
+            text("UPDATE defer_jobs SET claim_token = 'theirs' WHERE id = :id"), {"id": ids[1]}
+        )
+    until = now + timedelta(minutes=10)
+    assert store.extend_leases(mine, now=now, lease_until=until) == 1
+    assert _get(store, ids[0]).lease_expires_at == until
+    assert _get(store, ids[1]).lease_expires_at == now + timedelta(seconds=30)

@@ -636,3 +636,19 @@ def test_an_action_never_redirects_off_the_site(ops: OpsApp, jobs: Seeded, targe
     response = act(client, f"/defer/jobs/{jobs.scheduled[0]}/run-now", htmx=False, next=target)
     assert response.status_code == 303
     assert response.headers["Location"] == "/defer/"
+
+
+def test_past_the_settled_cap_figures_and_the_total_say_at_least(
+    make_ops: Callable[..., OpsApp], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flask_defer.store import JobStore
+    from flask_defer.web import dashboard
+
+    monkeypatch.setattr(JobStore, "settled_cap", 1)
+    monkeypatch.setattr(dashboard, "SETTLED_COUNT_CAP", 4)
+    ops = make_ops(DEFER_DASHBOARD_PAGE_SIZE=2)
+    seed(ops)  # 13 jobs, several done and cancelled
+    html = signed_in(ops).get("/defer/").get_data(as_text=True)
+    assert re.search(r'data-defer-figure="done">2\+<', html), html
+    assert "Figures with a + are lower bounds" in html
+    assert "1–2 of 4+" in html and "Page 1 of 3+" in html

@@ -475,19 +475,19 @@ def test_prefetched_jobs_go_back_at_stop_without_waiting_for_the_grace(
         entered.set()
         go.wait(10)
 
-    jobs = [kit.defer.schedule("held", {"n": n}) for n in range(6)]
+    jobs = [kit.defer.schedule("held", {"n": n}) for n in range(5)]
     kit.db.session.commit()
     worker = kit.defer.worker(concurrency=1)
     with worker_thread(worker):
         assert entered.wait(10)
-        # One thread runs a job; the rest of the claim waits in the pool, leased.
-        wait_until(lambda: len(worker.pool.in_flight()) == 6)
+        # One claim of a batch: one thread runs a job, the rest waits in the pool, leased.
+        wait_until(lambda: len(worker.pool.in_flight()) == 5)
         worker.stop()
-        # The queued five are handed back at once, while the running one goes on.
+        # The queued four are handed back at once, while the running one goes on.
         wait_until(lambda: len(worker.pool.in_flight()) == 1)
         go.set()
     after = [load(kit, job.id) for job in jobs]
-    assert sorted(job.status.value for job in after) == ["done"] + ["pending"] * 5
+    assert sorted(job.status.value for job in after) == ["done"] + ["pending"] * 4
     assert all(job.attempts == 0 for job in after if job.status is JobStatus.PENDING)
 
 

@@ -168,6 +168,42 @@ def test_kill_9_mid_handler_is_reclaimed_after_the_lease_and_finished_elsewhere(
     assert rescuer.wait() == 0
 
 
+def test_kill_9_between_handler_and_batched_ack_reruns_only_the_unwritten_jobs(
+    app: Flask, spawn: Any, database_url: str
+) -> None:
+    # A long flush interval opens the window wide: outcomes wait up to 2 s to be
+    # written. Jobs whose batch was written before the kill ran once; those whose
+    # outcome was still waiting run again after their lease, and nothing is lost.
+    settings = {
+        "DEFER_LEASE": 3,
+        "DEFER_ACK_FLUSH": 2,
+        "DEFER_RECLAIM_INTERVAL": 0.2,
+        "DEFER_POLL_INTERVAL": 0.1,
+    }
+    victim = spawn(database_url, **settings)
+    victim.wait_started()
+    first = [schedule(app, "record", {"n": n}).id for n in range(5)]
+    wait_until(lambda: all(job(app, i).status is JobStatus.DONE for i in first), timeout=20)
+    second = [schedule(app, "record", {"n": n}).id for n in range(5, 10)]
+    wait_until(lambda: {run.job_id for run in runs(app)} >= set(second), timeout=20)
+    os.kill(victim.pid, signal.SIGKILL)
+    assert victim.wait() == -signal.SIGKILL
+    written = {i for i in first + second if job(app, i).status is JobStatus.DONE}
+    unwritten = set(first + second) - written
+    assert set(first) <= written and unwritten, "the kill must land inside the window"
+    assert all(job(app, i).status is JobStatus.RUNNING for i in unwritten)
+
+    rescuer = spawn(database_url, **settings)
+    wait_until(
+        lambda: all(job(app, i).status is JobStatus.DONE for i in first + second), timeout=30
+    )
+    per_job = Counter(run.job_id for run in runs(app))
+    assert {i: per_job[i] for i in written} == dict.fromkeys(written, 1)
+    assert {i: per_job[i] for i in unwritten} == dict.fromkeys(unwritten, 2)
+    rescuer.signal(signal.SIGTERM)
+    assert rescuer.wait() == 0
+
+
 def test_postgres_restart_under_a_running_worker(tmp_path: Path, spawn: Any) -> None:
     # A server of its own: restarting the suite's shared one would break other tests.
     with PostgresCluster() as cluster:

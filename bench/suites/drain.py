@@ -13,7 +13,7 @@ from typing import Any
 from .. import raw
 from ..fd import drain_in_processes
 from ..results import Contender, NotAvailable, Sample, interleave, log, rate_rows, timed
-from ..worker import WorkerProcesses, describe, worker_available
+from ..worker import WorkerProcesses, worker_available
 from . import Context, Section, peer_classes
 from .lazy import Lazy
 
@@ -112,9 +112,10 @@ def _contenders(ctx: Context, backend: str) -> list[Contender]:
         )
 
     # -- the worker plugs in here (issue 3) --------------------------------------------
+    # As operators run it: `flask defer worker` with its defaults, in 1 and 2 processes.
     for processes in (1, 2):
         database = table(f"worker {processes}")
-        name = describe(processes)
+        name = f"flask_defer worker (defaults), {processes} process{'es' if processes > 1 else ''}"
         out.append(
             Contender(
                 name,
@@ -147,7 +148,9 @@ def _contenders(ctx: Context, backend: str) -> list[Contender]:
 def _worker_drain(ctx: Context, database: Any, processes: int, n: int) -> Sample:
     if not worker_available():
         raise NotAvailable("worker not available (flask defer worker is issue 3)")
-    workers = WorkerProcesses(database, ctx.env.tmp, concurrency=processes, burst=True)
+    workers = WorkerProcesses(
+        database, ctx.env.tmp, concurrency=None, processes=processes, burst=True
+    )
     workers.wait(lambda: raw.count_by_status(database).get("done", 0) >= n, timeout=900)
     first, last, done = raw.finished_span(database)
     _checked(done, n, "flask defer worker")

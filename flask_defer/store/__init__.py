@@ -16,7 +16,9 @@ from .claims import ClaimStatements
 from .reads import ReadStatements
 from .records import (
     NOTIFY_CHANNEL,
+    SETTLED_COUNT_CAP,
     UNKNOWN_HANDLER_NOTE,
+    Ack,
     BatchAppend,
     HistoryEvent,
     JobFilter,
@@ -27,7 +29,9 @@ from .scheduling import SchedulingStatements
 
 __all__ = [
     "NOTIFY_CHANNEL",
+    "SETTLED_COUNT_CAP",
     "UNKNOWN_HANDLER_NOTE",
+    "Ack",
     "BatchAppend",
     "HistoryEvent",
     "JobFilter",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -60,12 +60,41 @@ class StoreBase:
         self._sqlite_pending_index: str | None = (
             pending_index if any(ix.name == pending_index for ix in table.indexes) else None
         )
+        #: Jobs due further ahead than this send no NOTIFY (see ``wants_notify``); the
+        #: extension sets it to ``DEFER_MAX_SLEEP``, the longest a worker sleeps.
+        self.notify_horizon = timedelta(seconds=10)
+        # The prebuilt keyless insert, by (NOTIFY, history event) in its CTEs (per store).
+        self._insert_sql: dict[tuple[bool, bool], tuple[str, list[str], list[Any]]] = {}
+        # The prebuilt claim, per queue selection (see ClaimStatements._claim_statement).
+        self._claim_sql: dict[tuple[str, ...], Any] = {}
+        # The prebuilt batched acknowledgement, per backend.
+        self._ack_sql: dict[str, str] = {}
+        self._quoted_table = engine.dialect.identifier_preparer.format_table(table)
+        process = UTCDateTime().dialect_impl(engine.dialect).bind_processor(engine.dialect)
+        self._sqlite_time_processor = process
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
         """A short transaction of the store's own, committed on success."""
         with self.engine.begin() as conn:
             yield conn
+
+    @contextmanager
+    def autocommit(self) -> Iterator[Connection]:
+        """A connection where each statement is its own transaction (PostgreSQL).
+
+        For the worker's single-statement writes (claim, batched acknowledgement): no
+        BEGIN and COMMIT round trips around the one statement that does the work.
+        """
+        with self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    def _sqlite_time(self, value: datetime | None) -> Any:
+        """A datetime in the form the table stores on this backend (None stays None)."""
+        if value is None:
+            return None
+        process = self._sqlite_time_processor
+        return process(value) if process is not None else value
 
     @contextmanager
     def begin_immediate(self) -> Iterator[Connection]:
@@ -152,7 +181,9 @@ class StoreBase:
             .columns(column("run_at", UTCDateTime()))
         )
 
-    def _sqlite_due_ids(self, now: datetime, limit: int, queues: Collection[str] | None) -> Any:
+    def _sqlite_due_ids(
+        self, now: datetime | None, limit: int | None, queues: Collection[str] | None
+    ) -> Any:
         sql, params = self._sqlite_pending_scan("id", queues)
         return (
             text(sql + " AND run_at <= :now ORDER BY run_at, id LIMIT :limit")
@@ -198,6 +229,7 @@ class StoreBase:
             self._sqlite_pending_index,
         )
         self._sqlite_pending_index = None
+        self._claim_sql.clear()
         return True
 
     def _acknowledge(

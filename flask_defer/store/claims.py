@@ -6,6 +6,7 @@ lapsed can never overwrite the outcome of the worker that took the job over.
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -14,9 +15,14 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Integer,
+    String,
     and_,
+    bindparam,
     delete,
     func,
+    insert,
+    literal_column,
     or_,
     select,
     update,
@@ -24,9 +30,11 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
+from ..schema import UTCDateTime
 from .history import HistoryStatements
 from .records import (
     NOTIFY_CHANNEL,
+    Ack,
     HistoryEvent,
 )
 
@@ -49,57 +57,33 @@ class ClaimStatements(HistoryStatements):
         PostgreSQL: ``FOR UPDATE SKIP LOCKED`` lets many workers claim side by side
         without ever taking the same row. SQLite: one ``UPDATE ... RETURNING`` inside
         ``BEGIN IMMEDIATE``, serialised by the database's single write lock. Each
-        claimed job's ``started`` event, by *actor*, is one INSERT in the same
-        transaction.
+        claimed job's ``started`` event, by *actor*, is written with the claim: on
+        PostgreSQL by a data-modifying CTE of the same statement, on SQLite by one
+        INSERT for the batch in the same transaction.
         """
-        # Long on purpose: one guarded statement per dialect, side by side so they stay alike.
-        t = self.table
         if self.is_sqlite:
             # Look before taking the write lock: an idle worker polling an empty
             # backlog must not make every web request's write wait for it.
             next_at = self.next_run_at(queues=queues)
             if next_at is None or next_at > now:
                 return []
-        due: Any = (
-            select(t.c.id)
-            .where(self._is_pending(), t.c.run_at <= now)
-            .order_by(t.c.run_at, t.c.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-        if queues:
-            due = due.where(t.c.queue.in_(list(queues)))
-        if self.is_sqlite and self._sqlite_pending_index is not None:
-            due = self._sqlite_due_ids(now, limit, queues)
-        values = {
-            "status": JobStatus.RUNNING.value,
-            "attempts": t.c.attempts + 1,
-            "claim_token": token,
-            "lease_expires_at": lease_until,
-            "updated_at": now,
-        }
-        if self.is_postgres:
-            # A materialised CTE runs the locking SELECT exactly once. As an IN (...)
-            # subquery PostgreSQL may re-run it per row, claiming more than *limit*.
-            due_cte = due.cte("due").prefix_with("MATERIALIZED")
-            stmt = update(t).where(t.c.id == due_cte.c.id).values(values).returning(*t.c)
-        else:
-            # No second "status = 'pending'" test on the outer UPDATE: the subquery
-            # picks pending rows inside the same BEGIN IMMEDIATE transaction, which no
-            # other writer can interleave with, and the extra term made SQLite walk
-            # every pending row through the status index instead of looking the
-            # chosen ids up by rowid.
-            stmt = update(t).where(t.c.id.in_(due)).values(values).returning(*t.c)
+        stmt = self._claim_statement(tuple(queues) if queues else ())
+        params = {"now": now, "limit": limit, "token": token, "lease_until": lease_until}
+        if self.is_postgres and self.history_table is not None:
+            params["actor"] = actor
         try:
-            with self.begin_immediate() as conn:
-                rows = conn.execute(stmt).mappings().all()
-                self.record_events(
-                    conn,
-                    [
-                        HistoryEvent(row["id"], "started", now, actor, row["attempts"])
-                        for row in rows
-                    ],
-                )
+            # PostgreSQL: the claim is one statement, so it runs as its own transaction
+            # (no BEGIN and COMMIT round trips); SQLite takes the write lock first.
+            with self.autocommit() if self.is_postgres else self.begin_immediate() as conn:
+                rows = conn.execute(stmt, params).mappings().all()
+                if self.is_sqlite:
+                    self.record_events(
+                        conn,
+                        [
+                            HistoryEvent(row["id"], "started", now, actor, row["attempts"])
+                            for row in rows
+                        ],
+                    )
         except OperationalError as error:
             if not self._lost_pending_index(error):
                 raise
@@ -114,6 +98,77 @@ class ClaimStatements(HistoryStatements):
         jobs = [Job.from_row(row) for row in rows]
         jobs.sort(key=lambda job: (job.run_at, job.id))
         return jobs
+
+    def _claim_statement(self, queues: tuple[str, ...]) -> Any:
+        """The claim, built once per queue selection; now, limit, token, lease are binds.
+
+        Its parts are kept apart on purpose (the conditions a due row meets, its order)
+        so that priorities (``ORDER BY priority, run_at``) and paused queues (one more
+        condition) extend this one statement rather than needing a second design.
+        """
+        cached = self._claim_sql.get(queues)
+        if cached is not None:
+            return cached
+        t = self.table
+        now = bindparam("now", type_=UTCDateTime())
+        conditions: list[Any] = [self._is_pending(), t.c.run_at <= now]
+        if queues:
+            conditions.append(t.c.queue.in_(list(queues)))
+        order = [t.c.run_at, t.c.id]
+        due: Any = (
+            select(t.c.id)
+            .where(*conditions)
+            .order_by(*order)
+            .limit(bindparam("limit", type_=Integer()))
+            .with_for_update(skip_locked=True)
+        )
+        if self.is_sqlite and self._sqlite_pending_index is not None:
+            due = self._sqlite_due_ids(None, None, queues)
+        values = {
+            "status": JobStatus.RUNNING.value,
+            "attempts": t.c.attempts + 1,
+            "claim_token": bindparam("token", type_=String()),
+            "lease_expires_at": bindparam("lease_until", type_=UTCDateTime()),
+            "updated_at": now,
+        }
+        if self.is_postgres:
+            # A materialised CTE runs the locking SELECT exactly once. As an IN (...)
+            # subquery PostgreSQL may re-run it per row, claiming more than *limit*.
+            due_cte = due.cte("due").prefix_with("MATERIALIZED")
+            stmt = update(t).where(t.c.id == due_cte.c.id).values(values).returning(*t.c)
+            if self.history_table is not None:
+                stmt = self._claim_recording_started(stmt, now)
+        else:
+            # No second "status = 'pending'" test on the outer UPDATE: the subquery
+            # picks pending rows inside the same BEGIN IMMEDIATE transaction, which no
+            # other writer can interleave with, and the extra term made SQLite walk
+            # every pending row through the status index instead of looking the
+            # chosen ids up by rowid.
+            stmt = update(t).where(t.c.id.in_(due)).values(values).returning(*t.c)
+        self._claim_sql[queues] = stmt
+        return stmt
+
+    def _claim_recording_started(self, claim: Any, now: Any) -> Any:
+        """PostgreSQL: the claim as a CTE, its rows' ``started`` events inserted beside it.
+
+        ``WITH claimed AS (UPDATE ... RETURNING *), recorded AS (INSERT INTO history
+        SELECT ... FROM claimed) SELECT * FROM claimed``: still one autocommit statement,
+        so history costs the claim no extra round trip and cannot part from it.
+        """
+        h = self.history_table
+        assert h is not None
+        claimed = claim.cte("claimed")
+        recorded = insert(h).from_select(
+            ["job_id", "event", "at", "actor", "attempt"],
+            select(
+                claimed.c.id,
+                literal_column("'started'"),
+                now,
+                bindparam("actor", type_=String()),
+                claimed.c.attempts,
+            ),
+        ).cte("recorded")
+        return select(claimed).add_cte(recorded)
 
     def ack_done(
         self,
@@ -175,6 +230,140 @@ class ClaimStatements(HistoryStatements):
             values["due_at"] = run_at
         event = HistoryEvent(job.id, "snoozed", now, actor, job.attempts, note, run_at)
         return self._acknowledge(job, values, now=now, event=event)
+
+    def acknowledge_many(
+        self, acks: Sequence[Ack], *, now: datetime, actor: str = "app"
+    ) -> set[int]:
+        """Write a batch of outcomes; return the ids whose claim still owned the row.
+
+        Compare-and-set per row, as a single acknowledgement: a row is changed only if
+        it is still ``running`` under the ack's claim token, so a worker whose lease
+        lapsed changes nothing, and an id missing from the answer is a lost claim.
+        PostgreSQL: one statement over the whole batch (``UPDATE ... FROM unnest(...)
+        ... RETURNING id``) on an autocommit connection: one round trip and one commit
+        for any number of jobs. SQLite: one prebuilt UPDATE per row, all in one
+        ``BEGIN IMMEDIATE`` transaction: one commit (one fsync) for the batch.
+
+        The history events of the rows still owned (``done``, ``failed``, ``retried``,
+        ``snoozed``, by *actor*) are written with them: on PostgreSQL in the same
+        statement (the UPDATE as a CTE, an INSERT ... SELECT from its RETURNING), on
+        SQLite as one INSERT for the batch in the same transaction.
+        """
+        if not acks:
+            return set()
+        if self.is_postgres:
+            return self._acknowledge_many_pg(acks, now, actor)
+        return self._acknowledge_many_sqlite(acks, now, actor)
+
+    def _acknowledge_many_pg(self, acks: Sequence[Ack], now: datetime, actor: str) -> set[int]:
+        history = self.history_table is not None
+        sql = self._ack_sql.get("pg+history" if history else "pg")
+        if sql is None:
+            sql = self._ack_many_pg_sql(history)
+        params = {
+            "now": now,
+            "ids": [a.job_id for a in acks],
+            "tokens": [a.claim_token for a in acks],
+            "statuses": [a.status for a in acks],
+            "run_ats": [a.run_at for a in acks],
+            "due_ats": [a.due_at for a in acks],
+            "deltas": [a.attempts_delta for a in acks],
+            "errors": [a.last_error for a in acks],
+            "results": [_result_json(a) for a in acks],
+        }
+        if history:
+            params.update(
+                actor=actor, events=[a.event for a in acks], attempts=[a.attempt for a in acks]
+            )
+        with self.autocommit() as conn:
+            return {int(row[0]) for row in conn.exec_driver_sql(sql, params)}
+
+    def _ack_many_pg_sql(self, history: bool) -> str:
+        """The batched acknowledgement, with its history INSERT riding along if *history*."""
+        extra_arrays = ", %(events)s::text[], %(attempts)s::int[]" if history else ""
+        extra_names = ", event, attempt" if history else ""
+        returning = " RETURNING t.id"
+        if history:
+            returning += ", v.event, v.attempt, v.last_error, v.run_at"
+        update_sql = (
+            f"UPDATE {self._quoted_table} AS t SET"
+            " status = v.status,"
+            " run_at = COALESCE(v.run_at, t.run_at),"
+            " due_at = COALESCE(v.due_at, t.due_at),"
+            " attempts = t.attempts + v.attempts_delta,"
+            " last_error = v.last_error,"
+            " result = CASE WHEN v.status = 'done' THEN v.result::jsonb ELSE t.result END,"
+            " finished_at = CASE WHEN v.status IN ('done', 'failed') THEN %(now)s"
+            " ELSE t.finished_at END,"
+            " claim_token = NULL, lease_expires_at = NULL, updated_at = %(now)s"
+            " FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(statuses)s::text[],"
+            " %(run_ats)s::timestamptz[], %(due_ats)s::timestamptz[], %(deltas)s::int[],"
+            f" %(errors)s::text[], %(results)s::text[]{extra_arrays})"
+            " AS v(id, token, status, run_at, due_at, attempts_delta, last_error, result"
+            f"{extra_names})"
+            " WHERE t.id = v.id AND t.claim_token = v.token AND t.status = 'running'"
+            f"{returning}"
+        )
+        if not history:
+            self._ack_sql["pg"] = update_sql
+            return update_sql
+        assert self.history_table is not None
+        quoted = self.engine.dialect.identifier_preparer.format_table(self.history_table)
+        sql = (
+            f"WITH acked AS ({update_sql}), recorded AS ("
+            f"INSERT INTO {quoted} (job_id, event, at, actor, attempt, error, run_at)"
+            " SELECT id, event, %(now)s, %(actor)s, attempt, last_error, run_at FROM acked)"
+            " SELECT id FROM acked"
+        )
+        self._ack_sql["pg+history"] = sql
+        return sql
+
+    def _acknowledge_many_sqlite(
+        self, acks: Sequence[Ack], now: datetime, actor: str
+    ) -> set[int]:
+        sql = self._ack_sql.get("sqlite")
+        if sql is None:
+            sql = self._ack_sql["sqlite"] = (
+                f"UPDATE {self._quoted_table} SET"
+                " status = ?, run_at = COALESCE(?, run_at), due_at = COALESCE(?, due_at),"
+                " attempts = attempts + ?, last_error = ?,"
+                " result = CASE WHEN ? = 'done' THEN ? ELSE result END,"
+                " finished_at = CASE WHEN ? IN ('done', 'failed') THEN ? ELSE finished_at END,"
+                " claim_token = NULL, lease_expires_at = NULL, updated_at = ?"
+                " WHERE id = ? AND claim_token = ? AND status = 'running'"
+            )
+        stamp = self._sqlite_time
+        at = stamp(now)
+        owned: set[int] = set()
+        with self.begin_immediate() as conn:
+            for a in acks:
+                params = (
+                    a.status,
+                    stamp(a.run_at),
+                    stamp(a.due_at),
+                    a.attempts_delta,
+                    a.last_error,
+                    a.status,
+                    _result_json(a),
+                    a.status,
+                    at,
+                    at,
+                    a.job_id,
+                    a.claim_token,
+                )
+                if conn.exec_driver_sql(sql, params).rowcount == 1:
+                    owned.add(a.job_id)
+            self.record_events(
+                conn,
+                [
+                    HistoryEvent(
+                        a.job_id, a.event, now, actor, a.attempt, a.last_error, a.run_at
+                    )
+                    for a in acks
+                    if a.job_id in owned
+                ],
+            )
+        return owned
 
     def release(self, jobs: Sequence[Job], *, now: datetime, keep_run_at: bool = False) -> int:
         """Hand claimed jobs back to pending, attempt not spent (shutdown, ``run_due``).
@@ -356,3 +545,10 @@ class ClaimStatements(HistoryStatements):
             conn.close()
             raise
         return conn
+
+
+def _result_json(ack: Ack) -> str | None:
+    """The stored form of a done ack's result: JSON text, as the JSON column writes it."""
+    if ack.status != JobStatus.DONE.value:
+        return None
+    return json.dumps(ack.result, allow_nan=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,6 +15,10 @@ NOTIFY_CHANNEL = "flask_defer"
 #: How ``last_error`` starts on a job left pending because no worker knew its name;
 #: health counts these even when the process asking knows the name.
 UNKNOWN_HANDLER_NOTE = "no handler registered"
+
+#: Settled rows (done, cancelled) counted per status at most: beyond it health and the
+#: dashboard say "10,000+" rather than scan a history of millions on every refresh.
+SETTLED_COUNT_CAP = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +57,20 @@ class StatusCounts:
     owed: int
     oldest_owed_due_at: datetime | None
     lapsed_leases: int
+    #: Pending jobs a worker left for want of a handler (``UNKNOWN_HANDLER_NOTE``).
+    unknown_to_worker: int = 0
+    #: Statuses whose count stopped at the settled-count cap: "at least this many".
+    lower_bounds: frozenset[str] = frozenset()
+
+    def unknown(self, known_names: Collection[str]) -> int:
+        """Pending jobs of this name that no handler here, or in a worker, can run."""
+        if self.name is not None and self.name not in known_names:
+            return self.by_status.get(JobStatus.PENDING.value, 0)
+        return self.unknown_to_worker
 
     @classmethod
     def total(cls, parts: Sequence[StatusCounts]) -> StatusCounts:
-        """Sum per-name figures into one."""
+        """Sum per-name figures into one (a sum with a lower bound in it is one too)."""
         oldest = [p.oldest_owed_due_at for p in parts if p.oldest_owed_due_at is not None]
         return cls(
             name=None,
@@ -65,6 +79,8 @@ class StatusCounts:
             owed=sum(p.owed for p in parts),
             oldest_owed_due_at=min(oldest) if oldest else None,
             lapsed_leases=sum(p.lapsed_leases for p in parts),
+            unknown_to_worker=sum(p.unknown_to_worker for p in parts),
+            lower_bounds=frozenset().union(*(p.lower_bounds for p in parts)),
         )
 
 
@@ -75,6 +91,39 @@ class BatchAppend:
     job_id: int
     run_at: datetime
     items: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """One claimed job's outcome, to be written by :meth:`JobStore.acknowledge_many`.
+
+    Built by the executor when a handler returns; written later in a batch with
+    others, still compare-and-set on ``(id, claim_token)`` per row. ``status`` is
+    what the row becomes: ``done`` or ``failed`` (settled, ``finished_at`` = the
+    flush's now), or ``pending`` (a retry or a snooze at ``run_at``).
+    """
+
+    job_id: int
+    claim_token: str
+    status: str
+    run_at: datetime | None = None
+    #: A snooze that is not owed any more (``NotYet``) counts as due from ``run_at``.
+    due_at: datetime | None = None
+    #: -1 gives the attempt back (a snooze), 0 keeps it spent.
+    attempts_delta: int = 0
+    last_error: str | None = None
+    #: Only a ``done`` ack writes the result (None is a valid result there).
+    result: Any = None
+    #: The job's attempt this outcome ends, for its history event.
+    attempt: int = 0
+
+    @property
+    def event(self) -> str:
+        """The history event this outcome is: done, failed, retried or snoozed."""
+        if self.status != JobStatus.PENDING.value:
+            return self.status
+        # A snooze gives its attempt back; a retry keeps it spent.
+        return "snoozed" if self.attempts_delta < 0 else "retried"
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ cancel that races the worker's claim either wins or cleanly loses.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -31,11 +31,15 @@ from ..jobs import Job, JobStatus
 from ..schema import LIVE_STATUSES, UTCDateTime
 from .history import HistoryStatements
 from .records import (
+    NOTIFY_CHANNEL,
     BatchAppend,
     HistoryEvent,
     JobFilter,
     NewJob,
 )
+
+#: A stand-in job, only to learn the column names an insert binds.
+_PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)
 
 
 class SchedulingStatements(HistoryStatements):
@@ -54,47 +58,152 @@ class SchedulingStatements(HistoryStatements):
         """
         t = self.table
         values = self._row_values(new, now)
-        events: list[HistoryEvent] = []
+        notify = self.is_postgres and self.wants_notify(new.run_at, now)
         if new.key is None:
-            row = conn.execute(insert(t).values(values).returning(*t.c)).mappings().one()
-        else:
-            if replace:
-                replaced = conn.execute(
-                    update(t)
-                    .where(t.c.key == new.key, t.c.status == JobStatus.PENDING.value)
-                    .values(self._settle_values(JobStatus.CANCELLED, now))
-                    .returning(t.c.id, t.c.attempts)
-                ).all()
-                events.extend(
-                    HistoryEvent(int(old_id), "replaced", now, actor, attempts)
-                    for old_id, attempts in replaced
-                )
-            dialect_insert = postgresql.insert if self.is_postgres else sqlite.insert
-            stmt = (
-                dialect_insert(t)
-                .values(values)
-                .on_conflict_do_nothing(
-                    index_elements=[t.c.key],
-                    # Literal values, not bound parameters: once psycopg prepares the
-                    # statement (from its 6th run on a connection), PostgreSQL cannot
-                    # match "status IN ($1, $2)" to the partial index and refuses it.
-                    index_where=t.c.status.in_(
-                        [literal_column(f"'{status}'") for status in LIVE_STATUSES]
-                    ),
-                )
-                .returning(*t.c)
+            job_id = self._insert_one(conn, values, notify=notify, actor=actor)
+            return self._inserted_job(job_id, values)
+        events: list[HistoryEvent] = []
+        if replace:
+            replaced = conn.execute(
+                update(t)
+                .where(t.c.key == new.key, t.c.status == JobStatus.PENDING.value)
+                .values(self._settle_values(JobStatus.CANCELLED, now))
+                .returning(t.c.id, t.c.attempts)
+            ).all()
+            events.extend(
+                HistoryEvent(int(old_id), "replaced", now, actor, attempts)
+                for old_id, attempts in replaced
             )
-            found = conn.execute(stmt).mappings().first()
-            if found is None:
-                holder = conn.execute(
-                    select(t.c.id).where(t.c.key == new.key, t.c.status.in_(LIVE_STATUSES))
-                ).scalar()
-                raise JobExists(new.key, holder)
-            row = found
-        events.append(HistoryEvent(row["id"], "scheduled", now, actor, 0, run_at=new.run_at))
+        dialect_insert = postgresql.insert if self.is_postgres else sqlite.insert
+        stmt = (
+            dialect_insert(t)
+            .values(values)
+            .on_conflict_do_nothing(
+                index_elements=[t.c.key],
+                # Literal values, not bound parameters: once psycopg prepares the
+                # statement (from its 6th run on a connection), PostgreSQL cannot
+                # match "status IN ($1, $2)" to the partial index and refuses it.
+                index_where=t.c.status.in_(
+                    [literal_column(f"'{status}'") for status in LIVE_STATUSES]
+                ),
+            )
+            .returning(t.c.id)
+        )
+        found = conn.execute(stmt).scalar()
+        if found is None:
+            holder = conn.execute(
+                select(t.c.id).where(t.c.key == new.key, t.c.status.in_(LIVE_STATUSES))
+            ).scalar()
+            raise JobExists(new.key, holder)
+        events.append(HistoryEvent(int(found), "scheduled", now, actor, 0, run_at=new.run_at))
         self.record_events(conn, events)
-        self.notify(conn, new.queue)
-        return Job.from_row(row)
+        if notify:
+            self.notify(conn, new.queue)
+        return self._inserted_job(int(found), values)
+
+    def wants_notify(self, run_at: datetime, now: datetime) -> bool:
+        """Whether a job due at *run_at* must wake the workers when it commits.
+
+        A listening worker never sleeps longer than ``notify_horizon`` (its
+        ``DEFER_MAX_SLEEP``) without looking at the earliest ``run_at`` again, so a job
+        due later than that is found by that look in time and its NOTIFY would only
+        cost the commit a lock on the notification queue and every worker a wake-up.
+        """
+        return run_at <= now + self.notify_horizon
+
+    def _insert_one(
+        self, conn: Connection, values: dict[str, Any], *, notify: bool, actor: str
+    ) -> int:
+        """The keyless insert: one prebuilt statement, values as parameters.
+
+        Compiled once per store (the statement never changes), executed through the
+        driver with each column type's own bind conversion; RETURNING only the id,
+        since the caller's :class:`Job` is built from the values it already has. On
+        PostgreSQL the NOTIFY and the ``scheduled`` history event ride in the same
+        statement (data-modifying CTEs), so a job costs one round trip, not two or
+        three; on SQLite the event is a second local statement.
+        """
+        with_history = self.is_postgres and self.history_table is not None
+        sql, order, processors = self._prebuilt_insert(
+            conn, notify=notify, history=with_history
+        )
+        params = tuple(
+            value if process is None else process(value)
+            for process, value in zip(processors, (values[name] for name in order), strict=True)
+        )
+        if with_history:
+            params += (values["created_at"], actor, values["run_at"])
+        if notify:
+            params += (values["queue"],)
+        job_id = int(conn.exec_driver_sql(sql, params).scalar_one())
+        if not with_history:
+            at, run_at = values["created_at"], values["run_at"]
+            self.record_events(
+                conn, [HistoryEvent(job_id, "scheduled", at, actor, 0, run_at=run_at)]
+            )
+        return job_id
+
+    def _prebuilt_insert(
+        self, conn: Connection, *, notify: bool, history: bool = False
+    ) -> tuple[str, list[str], list[Any]]:
+        cached = self._insert_sql.get((notify, history))
+        if cached is not None:
+            return cached
+        dialect = conn.dialect
+        names = list(self._row_values(_PROBE, _PROBE.run_at))
+        compiled = (
+            insert(self.table)
+            .returning(self.table.c.id)
+            .compile(dialect=dialect, column_keys=names)
+        )
+        positional = compiled.positional
+        order = list(compiled.positiontup or ()) if positional else names
+        sql = compiled.string
+        if not positional:
+            # Named (pyformat) placeholders, turned positional so the tuple above fits.
+            for name in order:
+                sql = sql.replace(f"%({name})s", "%s")
+        placeholder = "?" if dialect.paramstyle == "qmark" else "%s"
+        if notify or history:
+            ctes = [f"inserted AS ({sql})"]
+            if history:
+                assert self.history_table is not None
+                quoted = dialect.identifier_preparer.format_table(self.history_table)
+                ctes.append(
+                    f"recorded AS (INSERT INTO {quoted} (job_id, event, at, actor, attempt,"
+                    f" run_at) SELECT inserted.id, 'scheduled', {placeholder}, {placeholder},"
+                    f" 0, {placeholder} FROM inserted)"
+                )
+            notified = f", pg_notify('{NOTIFY_CHANNEL}', {placeholder})" if notify else ""
+            sql = f"WITH {', '.join(ctes)} SELECT inserted.id{notified} FROM inserted"
+        processors = [
+            self.table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
+            for name in order
+        ]
+        built = (sql, order, processors)
+        self._insert_sql[(notify, history)] = built
+        return built
+
+    @staticmethod
+    def _inserted_job(job_id: int, values: dict[str, Any]) -> Job:
+        """The :class:`Job` just written, from the values written (no read back)."""
+        return Job(
+            id=job_id,
+            name=values["name"],
+            payload=values["payload"],
+            status=JobStatus.PENDING,
+            run_at=values["run_at"],
+            due_at=values["due_at"],
+            attempts=values["attempts"],
+            max_attempts=values["max_attempts"],
+            queue=values["queue"],
+            key=values["key"],
+            owner=values["owner"],
+            label=values["label"],
+            undo_until=values["undo_until"],
+            created_at=values["created_at"],
+            updated_at=values["updated_at"],
+        )
 
     def insert_many(
         self, conn: Connection, jobs: Sequence[NewJob], *, now: datetime, actor: str = "app"
@@ -123,7 +232,7 @@ class SchedulingStatements(HistoryStatements):
             self._sqlite_executemany(conn, rows)
         else:
             conn.execute(insert(self.table), rows)
-        for queue in {job.queue for job in jobs}:
+        for queue in {job.queue for job in jobs if self.wants_notify(job.run_at, now)}:
             self.notify(conn, queue)
         return len(jobs)
 

@@ -1,0 +1,100 @@
+"""(7) Reads: ``defer.health()`` and ``GET /defer/`` over a large history.
+
+One table per backend holds the settled history and the live backlog of the issue's
+sizes (built once with set-based SQL: setup is not what is measured). Then, in turn,
+``defer.health()`` and the dashboard page through Flask's test client (the whole view:
+health figures, the bounded count, the first page of the list, the template), each
+called repeatedly; the figure is the median and p95 per call. An open dashboard tab
+repeats this every few seconds, so it must not scan the table.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from .. import raw
+from ..fd import FlaskDeferApp
+from ..results import Row, log, percentile
+from . import Context, Section
+
+
+def run(ctx: Context) -> Section:
+    sizes = ctx.sizes
+    section = Section(
+        "reads",
+        "Reads: health() and the dashboard over a large history",
+        (
+            f"{sizes.reads_settled:,} settled rows (done, 1 in 20 cancelled) and "
+            f"{sizes.reads_pending:,} pending rows (1 in 10 due now, the rest next week) "
+            f"over 5 job names; {sizes.reads_calls} calls of each after 3 warm-up calls, "
+            "in this process. `GET /defer/` is the whole dashboard page through Flask's "
+            "test client (health figures, the job count, the first page, the template)."
+        ),
+    )
+    for backend in ctx.backends:
+        section.rows += _backend(ctx, backend)
+    return section
+
+
+def _backend(ctx: Context, backend: str) -> list[Row]:
+    sizes = ctx.sizes
+    database = ctx.env.database(backend, f"reads {backend}")
+    fd = FlaskDeferApp(database)
+    started = time.monotonic()
+    raw.fill_history(database, sizes.reads_settled, sizes.reads_pending)
+    log(
+        f"  [reads/{backend}] {sizes.reads_settled:,} settled + {sizes.reads_pending:,} "
+        f"pending rows in {time.monotonic() - started:.1f}s"
+    )
+    app = fd.app
+    app.debug = True  # the dashboard's own rule: open in debug mode, else a hook decides
+    size = f"{sizes.reads_settled:,} + {sizes.reads_pending:,}"
+    rows = []
+    try:
+        with app.app_context():
+            from ..app import defer
+
+            health = defer.health()
+            check = f"owed {health.owed:,}, scheduled {health.scheduled:,}, done {health.counts['done']:,}{'+' if 'done' in health.lower_bounds else ''}"
+            rows.append(_row(backend, "flask_defer defer.health()", _calls(defer.health, sizes.reads_calls), "reads-health", check))
+        client = app.test_client()
+
+        def page() -> None:
+            response = client.get("/defer/")
+            if response.status_code != 200:
+                raise RuntimeError(f"GET /defer/ answered {response.status_code}")
+
+        rows.append(_row(backend, "flask_defer GET /defer/", _calls(page, sizes.reads_calls), "reads-dashboard", ""))
+    finally:
+        fd.close()
+    return rows
+
+
+def _calls(call: object, n: int) -> list[float]:
+    assert callable(call)
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def _row(backend: str, name: str, times: list[float], tag: str, note: str) -> Row:
+    median = statistics.median(times)
+    p95 = percentile(times, 0.95)
+    log(f"  [reads/{backend}] {name}: median {median:.1f} ms, p95 {p95:.1f} ms")
+    return Row(
+        "reads",
+        backend,
+        name,
+        f"{len(times)} calls",
+        f"median {median:.1f} / p95 {p95:.1f} ms per call",
+        spread=f"{min(times):.1f}–{max(times):.1f} ms",
+        note=note,
+        value=median,
+        tag=tag,
+    )
