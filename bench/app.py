@@ -160,6 +160,10 @@ def create_app(database_url: str | None = None, **config: Any) -> Flask:
         SQLALCHEMY_ENGINE_OPTIONS={"pool_size": 20, "max_overflow": 40},
         SECRET_KEY="bench",
     )
+    # The drain measures the worker with the job history on (the default) and off;
+    # worker processes learn which from the environment, like the database URL.
+    if os.environ.get("BENCH_DEFER_HISTORY") == "0":
+        app.config["DEFER_HISTORY"] = False
     app.config.update(config)
     db.init_app(app)
     defer.init_app(app)
