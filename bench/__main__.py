@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             if name == "profile":
                 profile_summary = getattr(module, "SUMMARY", {})
         facts = {**machine(), "PostgreSQL": env.postgres_version(), **versions()}
-        facts["flask-defer"] += f" (git {git_revision()})"
+        facts["flask-defer-jobs"] += f" (git {git_revision()})"
         facts["wall time of this run"] = f"{time.monotonic() - started:,.0f} s"
         results = targets.evaluate(sections, profile_summary)
         text = report.render(

@@ -96,7 +96,7 @@ def versions() -> dict[str, str]:
         "SQLite": f"{sqlite3.sqlite_version} (WAL, synchronous=FULL: flask_defer's defaults)",
     }
     for package in (
-        "flask-defer",
+        "flask-defer-jobs",
         "SQLAlchemy",
         "psycopg",
         "Flask",

@@ -39,7 +39,21 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "DEMO_SEED": True,
 }
 
+#: The demo settings that are durations; each can also be set in the environment.
+DEMO_DURATIONS = ("DEMO_MAIL_UNDO_WINDOW", "DEMO_DELETE_GRACE", "DEMO_BATCH_WINDOW")
+
 csrf = CSRFProtect()
+
+
+def _seconds_from_env(name: str, text: str) -> timedelta:
+    """A positive number of seconds from the environment, or a message naming *name*."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 366 * 24 * 3600:
+        raise ValueError(f"{name} must be a number of seconds greater than 0, got {text!r}")
+    return timedelta(seconds=seconds)
 
 
 def database_url_from_env() -> str | None:
@@ -79,8 +93,14 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         # DATABASE_URL, run `flask --app demo_app defer worker` beside it instead.
         DEFER_EMBEDDED_WORKER=embedded if embedded is not None else database_url is None,
     )
+    # The windows can be changed from the environment, in seconds
+    # (DEMO_DELETE_GRACE=10 python -m demo_app); create_app(config) still wins.
+    for name in DEMO_DURATIONS:
+        from_env = os.environ.get(name, "").strip()
+        if from_env:
+            app.config[name] = _seconds_from_env(name, from_env)
     app.config.update(overrides)
-    for name in ("DEMO_MAIL_UNDO_WINDOW", "DEMO_DELETE_GRACE", "DEMO_BATCH_WINDOW"):
+    for name in DEMO_DURATIONS:
         value = app.config[name]
         if not isinstance(value, timedelta):
             app.config[name] = timedelta(seconds=float(value))

@@ -2,8 +2,9 @@
 
 SQLite in the instance folder, tables created on start, the embedded worker running
 the jobs. Environment: ``DEMO_HOST`` / ``DEMO_PORT`` (127.0.0.1:5000),
-``DEMO_INSTANCE_PATH`` (the instance folder), ``DATABASE_URL`` (another database;
-then run ``flask --app demo_app defer worker`` beside it, or set
+``DEMO_INSTANCE_PATH`` (the instance folder), ``DEMO_MAIL_UNDO_WINDOW`` /
+``DEMO_DELETE_GRACE`` / ``DEMO_BATCH_WINDOW`` (seconds: 5, 30, 60), ``DATABASE_URL``
+(another database; then run ``flask --app demo_app defer worker`` beside it, or set
 ``DEFER_EMBEDDED_WORKER=1``).
 """
 

@@ -62,10 +62,30 @@ def _short(text: str, limit: int = 32) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _own_draft(message_id: int, owner: str) -> Message:
+    message = db.session.get(Message, message_id)
+    if message is None or message.owner != owner:
+        abort(404)
+    return message
+
+
 @bp.get("/")
 def index() -> Any:
+    """The compose form and the outbox; ``?edit=ID`` opens a draft in the form."""
     user = require_user()
-    return render_template("mail/index.html", **_outbox_context(user.id))
+    editing = None
+    edit_id = request.args.get("edit", "")
+    if edit_id.isdigit():
+        editing = _own_draft(int(edit_id), user.id)
+        if editing.status != "draft":
+            flash("That message is not a draft any more.", "error")
+            editing = None
+    form = None
+    if editing is not None:
+        form = {"to": editing.recipient, "subject": editing.subject, "body": editing.body}
+    return render_template(
+        "mail/index.html", form=form, editing=editing, **_outbox_context(user.id)
+    )
 
 
 @bp.get("/outbox")
@@ -77,20 +97,24 @@ def outbox() -> Any:
 
 @bp.post("/send")
 def send() -> Any:
+    """Send a new message, or (with ``message_id``) an edited draft."""
     user = require_user()
     recipient = request.form.get("to", "").strip()
     subject = request.form.get("subject", "").strip()
+    draft_id = request.form.get("message_id", "")
+    editing = _own_draft(int(draft_id), user.id) if draft_id.isdigit() else None
     if not recipient or not subject:
         flash("A message needs a recipient and a subject.", "error")
         return render_template(
-            "mail/index.html", form=request.form, **_outbox_context(user.id)
+            "mail/index.html", form=request.form, editing=editing, **_outbox_context(user.id)
         ), 422
-    message = Message(
-        owner=user.id,
-        recipient=recipient[:200],
-        subject=subject[:200],
-        body=request.form.get("body", ""),
-    )
+    if editing is not None and editing.status != "draft":
+        flash("That message is not a draft any more.", "error")
+        return redirect(url_for("mail.index"), code=303)
+    message = editing or Message(owner=user.id)
+    message.recipient = recipient[:200]
+    message.subject = subject[:200]
+    message.body = request.form.get("body", "")
     db.session.add(message)
     _send(message)
     return redirect(url_for("mail.index"), code=303)

@@ -38,8 +38,11 @@ def _context(owner: str) -> dict[str, Any]:
         .order_by(Project.deleted_at.desc())
         .execution_options(**{INCLUDE_DELETED: True})
     ).all()
+    # The moment Restore stops being offered: the toast counts down to the same one
+    # (the purge runs DEFER_UNDO_MARGIN later, so a last-moment click still lands).
+    restorable = _grace() - defer.config.undo_margin
     purge_at: dict[int, datetime] = {
-        project.id: project.deleted_at + _grace() for project in deleted if project.deleted_at
+        project.id: project.deleted_at + restorable for project in deleted if project.deleted_at
     }
     return {
         "projects": projects,

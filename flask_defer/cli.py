@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import click
 from flask.cli import with_appcontext
 
-from .errors import DeferError, InvalidArgument
+from .errors import DeferError, InvalidArgument, JobNotPending
 from .extension import current_defer
 from .jobs import Job, JobStatus
 
@@ -44,7 +44,7 @@ def defer_cli() -> None:
     """Durable delayed jobs: install, inspect, cancel and run them."""
 
 
-@defer_cli.command("install")
+@defer_cli.command("install", short_help="Create the jobs table and its indexes.")
 @with_appcontext
 @_errors_to_exit_codes
 def install_command() -> None:
@@ -53,7 +53,12 @@ def install_command() -> None:
 
 
 @defer_cli.command("list")
-@click.option("--status", type=click.Choice([s.value for s in JobStatus]), multiple=True)
+@click.option(
+    "--status",
+    type=click.Choice([s.value for s in JobStatus]),
+    multiple=True,
+    help="Only jobs in this status (repeatable: --status pending --status running).",
+)
 @click.option("--name", default=None, help="Only jobs with this name.")
 @click.option("--key-prefix", default=None, help="Only jobs whose key starts with this.")
 @click.option("--owner", default=None, help="Only jobs of this owner.")
@@ -80,15 +85,30 @@ def list_command(
     if not jobs:
         click.echo("no jobs")
         return
-    click.echo(f"{'ID':>8}  {'STATUS':<9}  {'RUN AT (UTC)':<19}  {'TRIES':>5}  NAME  KEY")
-    for job in jobs:
-        click.echo(
-            f"{job.id:>8}  {job.status.value:<9}  {job.run_at:%Y-%m-%d %H:%M:%S}  "
-            f"{job.attempts:>2}/{job.max_attempts:<2}  {job.name}  {job.key or ''}"
+    # Columns as wide as their widest cell, so every row lines up under its header.
+    rows = [
+        (
+            str(job.id),
+            job.status.value,
+            f"{job.run_at:%Y-%m-%d %H:%M:%S}",
+            f"{job.attempts}/{job.max_attempts}",
+            job.name,
+            job.key or "",
         )
+        for job in jobs
+    ]
+    header = ("ID", "STATUS", "RUN AT (UTC)", "TRIES", "NAME", "KEY")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    right = {0, 3}  # numbers align right
+    for row in [header, *rows]:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        click.echo("  ".join(cells).rstrip())
 
 
-@defer_cli.command("cancel")
+@defer_cli.command("cancel", short_help="Cancel a job by id, --key or --key-prefix.")
 @click.argument("job_id", type=int, required=False)
 @click.option("--key", default=None, help="Cancel the live job holding this key.")
 @click.option("--key-prefix", default=None, help="Cancel every pending job under this prefix.")
@@ -97,22 +117,30 @@ def list_command(
 def cancel_command(job_id: int | None, key: str | None, key_prefix: str | None) -> None:
     """Cancel a pending job by id, by --key, or all under --key-prefix.
 
-    Exits 1 when the job was no longer pending (it is running or already settled).
+    Exits 1 when the job was no longer pending (it is running or already settled),
+    2 when the arguments name no job or more than one way to find it.
     """
     defer = current_defer()
     if key_prefix is not None:
         if job_id is not None or key is not None:
-            raise click.UsageError("--key-prefix cannot be combined with an id or --key")
+            raise click.UsageError("--key-prefix cannot be combined with a JOB_ID or --key")
         outcome = defer.cancel_many(actor=CLI_ACTOR, key_prefix=key_prefix)
         click.echo(f"cancelled {outcome['cancelled']}, still running {outcome['in_flight']}")
         return
+    if job_id is None and key is None:
+        raise click.UsageError("say which job: give a JOB_ID, --key KEY or --key-prefix PREFIX")
+    if job_id is not None and key is not None:
+        raise click.UsageError("give a JOB_ID or --key, not both")
+    which = f"job {job_id}" if job_id is not None else f"the job with key {key!r}"
     if defer.cancel(job_id, key=key, actor=CLI_ACTOR):
-        click.echo("cancelled")
+        click.echo(f"cancelled {which}")
         return
-    raise click.ClickException("not cancelled: the job is no longer pending")
+    job = defer.get(job_id) if job_id is not None else defer.get(key=key)
+    status = job.status.value if job is not None else "no longer pending"
+    raise click.ClickException(f"not cancelled: {which} is {status}")
 
 
-@defer_cli.command("status")
+@defer_cli.command("status", short_help="Show counts by status and the backlog.")
 @click.option("--json", "as_json", is_flag=True, help="Print the health report as JSON.")
 @click.option(
     "--max-owed", type=int, default=None, help="Exit 3 if more jobs than this are owed."
@@ -164,7 +192,7 @@ def status_command(
         sys.exit(3)
 
 
-@defer_cli.command("run-due")
+@defer_cli.command("run-due", short_help="Run the jobs due now, then exit (for cron).")
 @click.option(
     "--ahead",
     type=float,
@@ -193,7 +221,7 @@ def _job_dict(job: Job) -> dict[str, Any]:
 # -- the worker, retention and retries --------------------------------------------
 
 
-@defer_cli.command("worker")
+@defer_cli.command("worker", short_help="Run due jobs until stopped.")
 @click.option(
     "--concurrency",
     "-c",
@@ -211,9 +239,10 @@ def _job_dict(job: Job) -> dict[str, Any]:
 @click.option("--burst", is_flag=True, help="Run what is due, then exit.")
 @click.option(
     "--log-level",
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    default="INFO",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
     show_default=True,
+    help="Lowest level of log line printed (any case).",
 )
 @click.option(
     "--log-format",
@@ -269,7 +298,7 @@ def worker_command(
         server.server_close()
 
 
-@defer_cli.command("prune")
+@defer_cli.command("prune", short_help="Delete settled jobs past their retention.")
 @with_appcontext
 @_errors_to_exit_codes
 def prune_command() -> None:
@@ -278,7 +307,7 @@ def prune_command() -> None:
     click.echo(f"pruned {deleted} settled job(s)")
 
 
-@defer_cli.command("retry")
+@defer_cli.command("retry", short_help="Put a failed job back to pending, due now.")
 @click.argument("job_id", type=int)
 @with_appcontext
 @_errors_to_exit_codes
@@ -287,5 +316,10 @@ def retry_command(job_id: int) -> None:
 
     Exits 1 when the job is not failed.
     """
-    job = current_defer().retry(job_id, actor=CLI_ACTOR)
+    try:
+        job = current_defer().retry(job_id, actor=CLI_ACTOR)
+    except JobNotPending as error:
+        raise click.ClickException(
+            f"not retried: job {job_id} is {error.status}; only a failed job can be retried"
+        ) from None
     click.echo(f"job {job.id} is pending again")

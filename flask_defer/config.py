@@ -90,8 +90,10 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_DASHBOARD_PAGE_SIZE": 50,
     # How often an open dashboard refreshes its figures and list (0: never by itself).
     "DEFER_DASHBOARD_REFRESH": timedelta(seconds=5),
+    # The dashboard's link back to the application (a URL or path; None: no link).
+    "DEFER_DASHBOARD_HOME_URL": "/",
     # Serve Prometheus metrics at DEFER_URL_PREFIX + "/metrics" (needs the
-    # ``flask-defer[metrics]`` extra, i.e. prometheus_client).
+    # ``flask-defer-jobs[metrics]`` extra, i.e. prometheus_client).
     "DEFER_METRICS": False,
     # Serve the metrics without the dashboard's authorisation hook (for a scraper on
     # a private network that cannot log in).
@@ -143,6 +145,7 @@ class DeferConfig:
     # -- the operator dashboard and metrics --
     dashboard_page_size: int
     dashboard_refresh: timedelta
+    dashboard_home_url: str | None
     metrics: bool
     metrics_public: bool
 
@@ -289,6 +292,11 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
     if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1000:
         raise InvalidArgument(
             "DEFER_DASHBOARD_PAGE_SIZE", f"expected an integer from 1 to 1000, got {page_size!r}"
+        )
+    home = config["DEFER_DASHBOARD_HOME_URL"]
+    if home is not None and (not isinstance(home, str) or not home.strip()):
+        raise InvalidArgument(
+            "DEFER_DASHBOARD_HOME_URL", f"expected a URL or path such as '/', or None, got {home!r}"
         )
     for name in ("DEFER_METRICS", "DEFER_METRICS_PUBLIC", "DEFER_HISTORY"):
         if not isinstance(config[name], bool):

@@ -11,7 +11,7 @@ global one, so two apps in a process, or a test suite, never collide):
   the jobs, so it serves these itself (``flask defer worker --metrics-port``);
   aggregate them across processes with ``sum``.
 
-prometheus_client is an optional dependency (``flask-defer[metrics]``), imported only
+prometheus_client is an optional dependency (``flask-defer-jobs[metrics]``), imported only
 when ``DEFER_METRICS`` is on.
 """
 
@@ -46,7 +46,7 @@ def import_prometheus() -> Any:
     except ImportError:
         raise NotConfigured(
             "DEFER_METRICS = True needs prometheus_client: "
-            "pip install 'flask-defer[metrics]' (or set DEFER_METRICS = False)"
+            "pip install 'flask-defer-jobs[metrics]' (or set DEFER_METRICS = False)"
         ) from None
     return prometheus_client
 

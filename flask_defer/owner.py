@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 from flask import current_app, has_request_context, session
 
+from .errors import NotConfigured
+
 #: A function returning the current owner's id, or None when there is none.
 OwnerLoader = Callable[[], "str | None"]
 
@@ -55,9 +57,27 @@ def browser_owner(*, create: bool) -> str | None:
         return value
     if not create:
         return None
+    require_secret_key()
     value = BROWSER_PREFIX + secrets.token_urlsafe(18)
     session[SESSION_KEY] = value
     return value
+
+
+def require_secret_key() -> None:
+    """Raise :class:`NotConfigured` naming ``SECRET_KEY`` when the app has none.
+
+    The Undo UI keeps the anonymous owner id and its own CSRF token in Flask's signed
+    session, which needs ``SECRET_KEY``. Without this check the first ``undoable()``
+    would die deep in Flask with "The session is unavailable"; checked here, at the
+    first call that needs the session and before any row is written, because apps
+    that only schedule jobs and run a worker never need a secret key.
+    """
+    if not current_app.secret_key:
+        raise NotConfigured(
+            "the Undo UI keeps its owner id and CSRF token in Flask's session, which "
+            "needs a secret key: set app.config['SECRET_KEY'] (e.g. from the "
+            "environment) before using undoable(), soft_delete() or defer_toasts()"
+        )
 
 
 def default_owner(*, create: bool = False) -> str | None:

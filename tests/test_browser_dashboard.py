@@ -140,12 +140,20 @@ def test_a_refused_action_says_what_really_happened(
             token="worker-1",
             lease_until=live.ops.job(due_id).run_at.replace(year=2100),
         )
+    asked: list[str] = []
+
+    def accept(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.accept()
+
+    page.once("dialog", accept)
     row.get_by_role("button", name="Cancel").click()
     expect(page.locator("#defer-outcome [data-defer-result]")).to_have_attribute(
         "data-defer-result", "refused"
     )
     expect(page.locator("#defer-outcome")).to_have_text(f"Job {due_id} is running; not cancelled.")
     assert live.ops.job(due_id).status is JobStatus.RUNNING
+    assert asked == [f"Cancel job {due_id} (send_email)? It will not run."]
 
 
 # -- the screenshot ------------------------------------------------------------------------

@@ -62,16 +62,68 @@ def test_cancel_by_id_key_and_prefix_with_exit_codes(cli_kit: AppKit) -> None:
     schedule(cli_kit, key="message:2:send", delay=60)
     schedule(cli_kit, key="booking:9:a", delay=60)
     schedule(cli_kit, key="booking:9:b", delay=60)
-    assert invoke(cli_kit, "cancel", str(first.id)) == (0, "cancelled\n")
+    assert invoke(cli_kit, "cancel", str(first.id)) == (0, f"cancelled job {first.id}\n")
     code, output = invoke(cli_kit, "cancel", str(first.id))
-    assert code == 1 and "no longer pending" in output
-    assert invoke(cli_kit, "cancel", "--key", "message:2:send")[0] == 0
+    assert code == 1 and f"not cancelled: job {first.id} is cancelled" in output
+    assert invoke(cli_kit, "cancel", "--key", "message:2:send") == (
+        0,
+        "cancelled the job with key 'message:2:send'\n",
+    )
     code, output = invoke(cli_kit, "cancel", "--key-prefix", "booking:9:")
     assert code == 0 and "cancelled 2, still running 0" in output
     code, output = invoke(cli_kit, "cancel", "99999")
     assert code == 1 and "no job with id 99999" in output
+
+
+def test_cancel_without_arguments_names_the_cli_options_and_exits_2(cli_kit: AppKit) -> None:
+    invoke(cli_kit, "install")
     code, output = invoke(cli_kit, "cancel")
-    assert code == 2 and "exactly one of id or key" in output
+    assert code == 2
+    assert "give a JOB_ID, --key KEY or --key-prefix PREFIX" in output
+    assert "key=" not in output  # the Python API's wording is not the CLI's
+    code, output = invoke(cli_kit, "cancel", "1", "--key", "k")
+    assert code == 2 and "a JOB_ID or --key, not both" in output
+
+
+def test_retry_of_a_done_job_says_only_a_failed_job_can_be_retried(cli_kit: AppKit) -> None:
+    invoke(cli_kit, "install")
+    job = schedule(cli_kit)
+    assert invoke(cli_kit, "run-due")[0] == 0
+    code, output = invoke(cli_kit, "retry", str(job.id))
+    assert code == 1
+    assert f"not retried: job {job.id} is done; only a failed job can be retried" in output
+    assert "only a waiting job" not in output
+    code, output = invoke(cli_kit, "retry", "99999")
+    assert code == 1 and "no job with id 99999" in output
+
+
+def test_list_pads_every_column_to_its_widest_cell(cli_kit: AppKit) -> None:
+    invoke(cli_kit, "install")
+    schedule(cli_kit, key="booking:1:close-the-booking-window", delay=60)
+    schedule(cli_kit, key="k", delay=60)
+    code, output = invoke(cli_kit, "list")
+    assert code == 0
+    header, *rows = output.splitlines()
+    assert len(rows) == 2
+    key_column = header.index("KEY")
+    name_column = header.index("NAME")
+    for row in rows:
+        assert row[name_column:].startswith("send_email"), (header, row)
+        assert row[key_column - 2 : key_column] == "  " and row[key_column] != " ", (header, row)
+
+
+def test_help_summaries_are_whole_sentences_and_every_option_is_explained(
+    cli_kit: AppKit,
+) -> None:
+    code, output = invoke(cli_kit, "--help")
+    assert code == 0
+    commands = output.split("Commands:", 1)[1]
+    assert "..." not in commands, commands
+    code, output = invoke(cli_kit, "list", "--help")
+    assert "Only jobs in this status" in output
+    code, output = invoke(cli_kit, "worker", "--help")
+    assert "[debug|info|warning|error]" in output and "[default: info]" in output
+    assert "INFO" not in output
 
 
 def test_run_due_runs_what_is_due(cli_kit: AppKit) -> None:

@@ -210,6 +210,38 @@ def test_undo_keeps_the_message_as_a_draft_and_it_can_be_sent_again(
     assert one(app, Message, id=message.id).status == "sending"
 
 
+def test_an_undone_message_can_be_edited_then_sent(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    message = send(alice)
+    job = job_for(app, message_key(message.id))
+    alice.post(f"/defer/undo/{job.id}", {"next": "/mail/"})
+    outbox = alice.get("/mail/").get_data(as_text=True)
+    assert f'href="/mail/?edit={message.id}#compose" id="edit-{message.id}">Edit</a>' in outbox
+    form = alice.get(f"/mail/?edit={message.id}").get_data(as_text=True)
+    assert "Edit draft" in form
+    assert f'<input type="hidden" name="message_id" value="{message.id}">' in form
+    assert 'value="Quarterly report"' in form
+    response = alice.post(
+        "/mail/send",
+        {"message_id": str(message.id), "to": "bob@example.org", "subject": "Report, v2"},
+    )
+    assert response.status_code == 303
+    edited = one(app, Message, id=message.id)
+    assert (edited.recipient, edited.subject, edited.status) == (
+        "bob@example.org",
+        "Report, v2",
+        "sending",
+    )
+    assert count(app, Message) == 1  # the draft itself was sent, not a copy
+    assert job_for(app, message_key(message.id)).status is JobStatus.PENDING
+    # A message on its way is no draft: it cannot be edited any more.
+    page = alice.get(f"/mail/?edit={message.id}").get_data(as_text=True)
+    assert "not a draft any more" in page and "Edit draft" not in page
+    assert person("bob").get(f"/mail/?edit={message.id}").status_code == 404
+
+
 def test_the_mail_undo_window_comes_from_the_config(
     demo: Callable[..., Flask],
 ) -> None:
@@ -269,6 +301,23 @@ def test_a_deleted_project_is_hidden_at_once_and_purged_after_the_grace(
     assert count(app, Task, project_id=project.id) == 0  # the cascade ran
     page = alice.get("/projects/").get_data(as_text=True)
     assert "Website relaunch" not in page
+
+
+def test_the_bins_countdown_ends_when_the_toasts_undo_does(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    from demo_app.when import iso
+
+    alice = person("alice")
+    project = project_named(app, "Website relaunch")
+    alice.post(f"/projects/{project.id}/delete")
+    page = alice.get("/projects/").get_data(as_text=True)
+    with app_context(app) as defer:
+        [purge] = defer.list(owner="alice", status="pending")
+    assert purge.undo_until is not None
+    # Toast "Undo 29" and bin "gone for good in 29 s": one moment, the end of Undo.
+    binned = page.split(f'id="deleted-project-{project.id}"', 1)[1]
+    assert f'data-countdown="{iso(purge.undo_until)}"' in binned.split("</li>", 1)[0]
 
 
 def test_undo_of_a_delete_brings_the_project_back(
@@ -570,6 +619,33 @@ def test_database_url_selects_the_database_and_turns_the_embedded_worker_off(
         assert asked.config["DEFER_EMBEDDED_WORKER"] is True
     finally:
         dispose(asked)
+
+
+def test_grace_and_batch_windows_come_from_the_environment_in_seconds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from demo_app import create_app
+
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.setenv("DEMO_DELETE_GRACE", "12")
+    monkeypatch.setenv("DEMO_BATCH_WINDOW", "7.5")
+    monkeypatch.setenv("DEMO_MAIL_UNDO_WINDOW", "3")
+    app = create_app({"INSTANCE_PATH": str(tmp_path / "a"), "DEFER_EMBEDDED_WORKER": False})
+    try:
+        assert app.config["DEMO_DELETE_GRACE"] == timedelta(seconds=12)
+        assert app.config["DEMO_BATCH_WINDOW"] == timedelta(seconds=7.5)
+        assert app.config["DEMO_MAIL_UNDO_WINDOW"] == timedelta(seconds=3)
+    finally:
+        dispose(app)
+    monkeypatch.setenv("DEMO_DELETE_GRACE", "soon")
+    with pytest.raises(ValueError, match="DEMO_DELETE_GRACE must be a number of seconds"):
+        create_app({"INSTANCE_PATH": str(tmp_path / "b")})
+
+
+def test_the_readme_lists_the_demos_environment_settings() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for name in ("DEMO_DELETE_GRACE", "DEMO_BATCH_WINDOW", "DEMO_MAIL_UNDO_WINDOW"):
+        assert f"| `{name}` |" in readme, name
 
 
 def test_the_dashboard_link_appears_when_the_dashboard_exists(

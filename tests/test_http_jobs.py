@@ -74,6 +74,7 @@ ROUTES: dict[str, tuple[int, dict[str, str], bytes]] = {
     "/later": (503, {"Retry-After": "MOVED"}, b"maintenance"),
     "/timeout": (408, {}, b"request timeout"),
     "/missing": (404, {}, b"nope"),
+    "/missing-page": (404, {}, b"<html>\n<body>\n<h1>Gone</h1>\n</body>\n</html>\n"),
     "/redirect": (302, {"Location": "http://example.invalid/elsewhere"}, b""),
     "/big": (200, {}, b"x" * 100_000),
 }
@@ -175,6 +176,18 @@ def test_4xx_fails_at_once_without_retries(kit: AppKit, server: Server) -> None:
     assert failed.status is JobStatus.FAILED and failed.attempts == 1
     assert failed.max_attempts > 1
     assert "HTTP 404" in failed.last_error and "nope" in failed.last_error
+
+
+def test_a_4xx_with_a_multiline_body_is_summarised_by_its_status_line(
+    kit: AppKit, server: Server
+) -> None:
+    from flask_defer.web.formatting import error_summary
+
+    job = kit.defer.schedule_http(server.url + "/missing-page", method="GET")
+    failed = run(kit, job)
+    summary = error_summary(failed.last_error)
+    assert "HTTP 404 Not Found" in summary, summary
+    assert not summary.startswith("</html>")
 
 
 def test_redirects_are_not_followed(kit: AppKit, server: Server) -> None:

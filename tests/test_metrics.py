@@ -162,7 +162,7 @@ def test_a_missing_prometheus_client_is_a_clear_error(
     make_app: Callable[..., AppKit], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
-    with pytest.raises(NotConfigured, match=r"pip install 'flask-defer\[metrics\]'"):
+    with pytest.raises(NotConfigured, match=r"pip install 'flask-defer-jobs\[metrics\]'"):
         make_app(DEFER_METRICS=True)
 
 

@@ -6,7 +6,7 @@ import pytest
 from flask import Flask
 from flask_login import LoginManager, UserMixin, login_user
 
-from flask_defer import Defer
+from flask_defer import Defer, NotConfigured
 from flask_defer.owner import BROWSER_PREFIX, SESSION_KEY, default_owner, resolve_owner
 
 
@@ -113,3 +113,20 @@ def test_owner_loader_must_be_callable() -> None:
     with pytest.raises(TypeError):
         defer.owner_loader("not a function")  # type: ignore[arg-type]
     dispose(app)
+
+
+def test_undoable_without_a_secret_key_raises_not_configured_naming_it_and_writes_no_row() -> None:
+    app = Flask("no_secret")
+    app.config.update(DEFER_DATABASE_URI="sqlite://")
+    defer = Defer(app)  # a worker-only app needs no secret key: init_app accepts it
+
+    @defer.job("send_email")
+    def send_email(job: object) -> None:
+        pass
+
+    with app.test_request_context("/"):
+        with pytest.raises(NotConfigured, match="SECRET_KEY"):
+            defer.undoable("send_email")
+        assert defer.list() == []
+    dispose(app)
+

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from .test_readme import run_quickstart
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = r"""
@@ -75,8 +77,18 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
         capture_output=True,
     )
-    (built,) = out.glob("flask_defer-*.whl")
+    (built,) = out.glob("flask_defer_jobs-*.whl")
     return built
+
+
+def test_the_wheel_is_named_flask_defer_jobs_and_installs_the_flask_defer_module(
+    wheel: Path,
+) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    fields = zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+    assert "Name: flask-defer-jobs" in fields
+    assert "flask_defer/__init__.py" in names
 
 
 def test_the_wheel_contains_templates_and_static_files(wheel: Path) -> None:
@@ -102,9 +114,9 @@ def test_the_wheel_contains_templates_and_static_files(wheel: Path) -> None:
     assert not any(name.startswith("demo_app/") for name in names)
 
 
-def test_an_installed_wheel_renders_the_toasts_from_its_own_files(
-    wheel: Path, tmp_path: Path
-) -> None:
+@pytest.fixture
+def installed(wheel: Path, tmp_path: Path) -> Path:
+    """The python of a fresh virtualenv holding only the wheel (dependencies borrowed)."""
     venv = tmp_path / "venv"
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True
@@ -135,11 +147,17 @@ def test_an_installed_wheel_renders_the_toasts_from_its_own_files(
         ).stdout.strip()
     )
     (fresh_site / "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
 
+
+def test_an_installed_wheel_renders_the_toasts_from_its_own_files(
+    installed: Path, tmp_path: Path
+) -> None:
+    venv = installed.parent.parent
     instance = tmp_path / "instance"
     instance.mkdir()
     result = subprocess.run(
-        [str(python), "-I", "-c", PROBE, str(instance)],
+        [str(installed), "-I", "-c", PROBE, str(instance)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -153,3 +171,22 @@ def test_an_installed_wheel_renders_the_toasts_from_its_own_files(
     assert "data-defer-remaining" in probe["html"]
     assert "/defer/static/defer/defer.js" in probe["html"]
     assert (probe["css"], probe["htmx"], probe["pending"]) == (200, 200, 200)
+
+
+def test_the_readme_quick_start_run_from_the_installed_wheel_answers_409_and_404(
+    installed: Path, tmp_path: Path
+) -> None:
+    venv = installed.parent.parent
+    folder = tmp_path / "quickstart"
+    folder.mkdir()
+    where = subprocess.run(
+        [str(installed), "-c", "import flask_defer; print(flask_defer.__file__)"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert Path(where.stdout.strip()).resolve().is_relative_to(venv.resolve()), where.stdout
+    result = run_quickstart(str(installed), folder)
+    assert result.returncode == 0, result.stderr
+    assert "quickstart ok 1 409 404" in result.stdout

@@ -22,38 +22,58 @@ def quickstart_source() -> str:
     return match.group(1)
 
 
-def test_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
-    (tmp_path / "app.py").write_text(quickstart_source(), encoding="utf-8")
-    driver = textwrap.dedent(
-        """
-        from datetime import UTC, datetime, timedelta
-        from app import app, defer
+#: Drives the quick start's app as a client would: send, undo, the 409 and the 404.
+QUICKSTART_DRIVER = textwrap.dedent(
+    """
+    from datetime import UTC, datetime, timedelta
+    from app import app, defer
 
-        client = app.test_client()
-        first = client.post("/messages/7/send").get_json()
-        assert client.post("/messages/7/undo").get_json() == {"undone": True}
-        assert client.post("/messages/7/undo").get_json() == {"undone": False}
-        client.post("/messages/8/send")
-        with app.app_context():
-            assert defer.run_due().ran == 0
-            later = datetime.now(UTC) + timedelta(seconds=11)
-            assert defer.run_due(now=later).done == 1
-            defer.store.engine.dispose()
-        print("quickstart ok", first["job"])
-        """
-    )
-    (tmp_path / "drive.py").write_text(driver, encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, "drive.py"],
-        cwd=tmp_path,
+    client = app.test_client()
+    first = client.post("/messages/7/send")
+    assert first.status_code == 200, first.status_code
+    assert client.post("/messages/7/undo").get_json() == {"undone": True}
+    assert client.post("/messages/7/undo").get_json() == {"undone": False}
+    client.post("/messages/8/send")
+    again = client.post("/messages/8/send")  # the same message, still waiting: JobExists
+    assert again.status_code == 409, again.status_code
+    assert "already" in again.get_json()["error"]
+    unknown = client.post("/messages/99/undo")  # never scheduled: JobNotFound
+    assert unknown.status_code == 404, unknown.status_code
+    with app.app_context():
+        assert defer.run_due().ran == 0
+        later = datetime.now(UTC) + timedelta(seconds=11)
+        assert defer.run_due(now=later).done == 1
+        defer.store.engine.dispose()
+    print("quickstart ok", first.get_json()["job"], again.status_code, unknown.status_code)
+    """
+)
+
+
+def run_quickstart(python: str, folder: Path) -> subprocess.CompletedProcess[str]:
+    """Save the README's block as ``app.py`` in *folder* and drive it with *python*."""
+    (folder / "app.py").write_text(quickstart_source(), encoding="utf-8")
+    (folder / "drive.py").write_text(QUICKSTART_DRIVER, encoding="utf-8")
+    return subprocess.run(
+        [python, "drive.py"],
+        cwd=folder,
         capture_output=True,
         text=True,
         timeout=60,
         env={**os.environ, "PYTHONWARNINGS": "error"},
     )
+
+
+def test_readme_quickstart_answers_409_for_a_second_send_and_404_for_an_unknown_undo(
+    tmp_path: Path,
+) -> None:
+    result = run_quickstart(sys.executable, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "sending message 8" in result.stdout
-    assert "quickstart ok 1" in result.stdout
+    assert "quickstart ok 1 409 404" in result.stdout
+
+
+def test_readme_quickstart_sets_a_secret_key() -> None:
+    assert 'app.config["SECRET_KEY"]' in quickstart_source()
 
 
 def configuration_table() -> dict[str, str]:

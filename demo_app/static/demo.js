@@ -76,7 +76,20 @@
   document.addEventListener("submit", function (event) { updateOffset(event.target); }, true);
   document.addEventListener("htmx:afterSettle", function (event) { localise(event.target); tick(); });
 
+  // The phone nav scrolls sideways; data-more shows a fade while links lie beyond it.
+  function navCue() {
+    document.querySelectorAll(".nav").forEach(function (nav) {
+      var more = nav.scrollWidth - nav.clientWidth - nav.scrollLeft > 2;
+      nav.toggleAttribute("data-more", more);
+    });
+  }
+
   function start() {
+    navCue();
+    document.querySelectorAll(".nav").forEach(function (nav) {
+      nav.addEventListener("scroll", navCue, { passive: true });
+    });
+    window.addEventListener("resize", navCue);
     localise(document);
     tick();
     setInterval(tick, 1000);

@@ -199,7 +199,10 @@ def perform(job: Job, config: DeferConfig) -> dict[str, Any]:
     }
     if 200 <= status < 300:
         return result
-    summary = f"{method} {url}: HTTP {status} {reason}: {excerpt}".rstrip(": ")
+    # One line: an error's summary is the last line of its traceback, which must say
+    # "HTTP 404 Not Found", not end on the tail of a multi-line HTML body.
+    body = " ".join(excerpt.split())
+    summary = f"{method} {url}: HTTP {status} {reason}: {body}".rstrip(": ")
     if status in _RETRYABLE or status >= 500:
         wait = _retry_after(retry_after, cap=config.retry_cap)
         if wait is not None:

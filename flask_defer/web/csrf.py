@@ -14,6 +14,8 @@ import secrets
 
 from flask import abort, current_app, request, session
 
+from ..owner import require_secret_key
+
 #: The session key of the extension's own token.
 SESSION_KEY = "_defer_csrf"
 #: Headers a token is accepted from (Flask-WTF's defaults).
@@ -42,6 +44,7 @@ def csrf_token() -> str:
         return str(generate_csrf())
     token = session.get(SESSION_KEY)
     if not isinstance(token, str) or len(token) < 32:
+        require_secret_key()
         token = secrets.token_urlsafe(32)
         session[SESSION_KEY] = token
     return token

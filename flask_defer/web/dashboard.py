@@ -28,7 +28,7 @@ from ..health import SETTLED_COUNT_CAP, Health
 from ..jobs import JobStatus
 from ..timeutil import utcnow
 from ..undo import MAX_JOB_ID
-from . import dashboard_actions, formatting, metrics_view
+from . import dashboard_actions, dashboard_confirm, formatting, metrics_view
 from .access import current_defer, operators_only
 from .csrf import csrf_token, field_name
 from .dashboard_actions import FLASH_OK, FLASH_REFUSED, ActionOutcome
@@ -45,6 +45,7 @@ def register(blueprint: Blueprint) -> None:
     blueprint.add_url_rule("/", "dashboard", dashboard, methods=["GET"])
     blueprint.add_url_rule("/jobs/<int:job_id>", "dashboard_job", job_page, methods=["GET"])
     dashboard_actions.register(blueprint)
+    dashboard_confirm.register(blueprint)
     metrics_view.register(blueprint)
     formatting.register(blueprint)
     blueprint.register_error_handler(400, _bad_request)
@@ -187,6 +188,7 @@ def page_context() -> dict[str, Any]:
     )
     return {
         "flashed": [(category == FLASH_OK, str(text)) for category, text in flashed],
+        "home_url": current_defer().config.dashboard_home_url,
     }
 
 

@@ -106,8 +106,18 @@ def run_now(job_id: int) -> ResponseReturnValue:
 
 @action
 def reschedule(job_id: int) -> ResponseReturnValue:
-    """pending → due at the requested time (``run_at`` in UTC, or ``delay`` seconds)."""
+    """pending → due at the requested time (``run_at`` in UTC, or ``delay`` seconds).
+
+    "Delay by 1 day" moves the job a day past its own run time, not a day from now:
+    a job due on Friday delayed by a day is due on Saturday.
+    """
     run_at, delay = _requested_time()
+    if delay is not None:
+        current = current_defer().get(job_id)
+        if current is None:
+            raise JobNotFound(job_id)
+        # The reschedule itself stays guarded: a job that settles meanwhile is refused.
+        run_at, delay = current.run_at + delay, None
     try:
         job = current_defer().reschedule(
             job_id, run_at=run_at, delay=delay, actor=operator()

@@ -13,6 +13,18 @@
 
   function region() { return document.getElementById("defer-outcome"); }
 
+  // "refreshes every 5 s" is only true when this script (and htmx) runs.
+  function showRefreshNote() {
+    document.querySelectorAll("[data-defer-refresh-note]").forEach(function (note) {
+      note.hidden = false;
+    });
+  }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", showRefreshNote);
+  } else {
+    showRefreshNote();
+  }
+
   function inDashboard(elt) {
     return !!(elt && elt.closest && elt.closest("[data-defer-dashboard]"));
   }
