@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         choices=("postgresql", "sqlite"),
         help="only this backend (repeatable; default both)",
     )
+    parser.add_argument("--drain", type=int, help="jobs per drain round")
+    parser.add_argument("--enqueue-each", type=int, help="jobs per one-by-one enqueue round")
+    parser.add_argument("--reads-settled", type=int, help="settled rows of the reads table")
+    parser.add_argument("--reads-pending", type=int, help="pending rows of the reads table")
     parser.add_argument(
         "--fsync-off",
         action="store_true",
@@ -67,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             enqueue_rounds=rounds,
             future_rounds=max(rounds, sizes.future_rounds),
         )
+    for option in ("drain", "enqueue_each", "reads_settled", "reads_pending"):
+        value = getattr(args, option)
+        if value is not None:
+            sizes = replace(sizes, **{option: value})
     selected = [name for name in SUITES if not args.only or name in args.only]
     command = "python -m bench" + (
         ""

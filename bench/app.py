@@ -160,10 +160,9 @@ def create_app(database_url: str | None = None, **config: Any) -> Flask:
         SQLALCHEMY_ENGINE_OPTIONS={"pool_size": 20, "max_overflow": 40},
         SECRET_KEY="bench",
     )
-    # The drain measures the worker with the job history on (the default) and off;
-    # worker processes learn which from the environment, like the database URL.
-    if os.environ.get("BENCH_DEFER_HISTORY") == "0":
-        app.config["DEFER_HISTORY"] = False
+    # BENCH_APP_DEFER_CLAIM_BATCH=50 and the like: settings for a tuning experiment
+    # (the drain runs workers with BENCH_APP_DEFER_HISTORY=false for history off).
+    app.config.from_prefixed_env("BENCH_APP")
     app.config.update(config)
     db.init_app(app)
     defer.init_app(app)

@@ -226,8 +226,9 @@ WHERE id = ? AND status = 'running' AND claim_token = ?
 """
 
 
-def sqlite_drain(db: Database, *, batch: int = 1) -> int:
-    """Claim with ``UPDATE ... RETURNING`` in ``BEGIN IMMEDIATE``; mark each job done."""
+def sqlite_drain(db: Database, *, batch: int = 1, batch_ack: bool = False) -> int:
+    """Claim with ``UPDATE ... RETURNING`` in ``BEGIN IMMEDIATE``; mark each job done
+    (``batch_ack``: the whole claimed batch in one transaction, the ceiling)."""
     conn = sqlite_connect(db)
     done = 0
     try:
@@ -242,6 +243,15 @@ def sqlite_drain(db: Database, *, batch: int = 1) -> int:
             conn.execute("COMMIT")
             if not rows:
                 return done
+            if batch_ack:
+                for row in rows:
+                    _noop(json.loads(row[2]))
+                stamp = sqlite_time(datetime.now(UTC))
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany(_SQLITE_DONE, [(stamp, stamp, row[0], token) for row in rows])
+                conn.execute("COMMIT")
+                done += len(rows)
+                continue
             for row in rows:
                 _noop(json.loads(row[2]))
                 stamp = sqlite_time(datetime.now(UTC))

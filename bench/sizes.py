@@ -28,24 +28,26 @@ class Sizes:
     reads_settled: int = 1_000_000
     reads_pending: int = 100_000
     reads_calls: int = 30
+    undo_closed_loop: bool = False
 
 
 #: The default run: the issue's sizes where a round takes seconds, fewer jobs where
 #: one commit per job would make a round take minutes (a rate does not need more).
 DEFAULT = Sizes(
-    rounds=3,
-    enqueue_rounds=5,
+    rounds=2,
+    enqueue_rounds=3,
     enqueue_bulk=10_000,
-    enqueue_each=3_000,
-    drain=10_000,
+    # With fsync on a commit waits for the disk: a few hundred per second here.
+    enqueue_each=500,
+    drain=2_000,
     lateness=200,
     lateness_spread=(1.0, 5.0),
     future_rows=1_000_000,
     future_due=1_000,
-    future_rounds=7,
+    future_rounds=3,
     undo_clients=50,
-    undo_pairs_per_client=40,
-    profile_jobs=3_000,
+    undo_pairs_per_client=20,
+    profile_jobs=1_000,
 )
 
 #: ``--quick``: a smoke run that exercises every path in seconds; figures mean little.

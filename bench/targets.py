@@ -26,20 +26,38 @@ class TargetResult:
 
 
 def evaluate(sections: Sequence[Section], profile_summary: dict[str, str]) -> list[TargetResult]:
+    """The issue's targets, as ratios in this one run (never lowered: a miss says by
+    how much, and what the profile shows remains)."""
     rows = [row for section in sections for row in section.rows]
     names = {section.name for section in sections}
     results: list[TargetResult] = []
     if "drain" in names:
         results += _drain(rows, profile_summary)
+    if "enqueue" in names:
+        results += _enqueue_each(rows, profile_summary)
+        results += _bulk(rows, profile_summary)
+    if "reads" in names:
+        results += _reads(rows)
+    if "undo" in names:
+        results += _undo(rows)
     if "lateness" in names:
         results += _lateness(rows)
     if "future" in names:
         results += _future(rows)
-    if "enqueue" in names:
-        results += _bulk(rows, profile_summary)
-    if "undo" in names:
-        results += _undo(rows)
     return results
+
+
+def _ratio_target(
+    target: str, ours: float, theirs: float, bound: float, measured: str
+) -> TargetResult:
+    ratio = ours / theirs if theirs else float("inf")
+    met = ratio >= bound
+    return TargetResult(
+        target,
+        f"{measured}: {ratio:.2f}× (needs ≥ {bound:g}×; {'met' if met else 'missed'}, {ratio / bound:.2f} of the bound)",
+        met,
+        "" if met else f"Short by {(bound - ratio) / bound:.0%}.",
+    )
 
 
 def _find(rows: Sequence[Row], backend: str, tag: str) -> list[Row]:
@@ -67,78 +85,150 @@ PEER_NOTES = {
 }
 
 
+def _row_named(rows: Sequence[Row], backend: str, prefix: str) -> Row | None:
+    return next(
+        (r for r in rows if r.backend == backend and r.contender.startswith(prefix) and r.value),
+        None,
+    )
+
+
 def _drain(rows: Sequence[Row], profile: dict[str, str]) -> list[TargetResult]:
     out = []
-    for backend, baseline, share in (
-        ("postgresql", "the raw 100-at-a-time loop", 0.5),
-        ("sqlite", "the raw sqlite3 loop", 0.5),
+    for backend, peer_name, ceiling_name in (
+        ("postgresql", "pgqueuer", "raw psycopg, claim 100, batch ack"),
+        ("sqlite", "huey", "raw sqlite3, claim 100, batch ack"),
     ):
-        ours = _one(rows, backend, "fd-drain-worker-1") or _one(rows, backend, "fd-drain-1")
-        target = f"Drain, {backend}, one process: ≥ {share:.0%} of {baseline}"
-        if ours is None or ours.ratio is None:
-            out.append(TargetResult(target, "not measured", None, "The drain did not run."))
-            continue
-        met = ours.ratio >= share
-        why = "" if met else _drain_why(backend, ours, profile)
-        out.append(TargetResult(target, f"{ours.contender}: {ours.vs_raw}", met, why))
-        if backend != "postgresql":
-            continue
-        peer_rows = _find(rows, backend, "peer-drain")
-        peers = [row for row in peer_rows if row.value is not None]
-        missing = [row for row in peer_rows if row.value is None]
-        target2 = "Drain, postgresql, one process: ahead of every peer"
-        if not peers:
-            out.append(TargetResult(target2, "no peer ran", None, "No peer could be measured."))
-            continue
-        assert ours.value is not None
-        ahead = [row for row in peers if row.value is not None and row.value >= ours.value]
-        measured = f"flask_defer {ours.figure}; " + ", ".join(
-            f"{row.contender} {row.figure}" for row in peers
-        )
-        why2 = ""
-        if ahead:
-            why2 = "Behind " + ", ".join(row.contender for row in ahead) + ". "
-            for row in ahead:
-                note = next(
-                    (n for name, n in PEER_NOTES.items() if row.contender.startswith(name)), ""
-                )
-                why2 += note + " "
-            why2 += _run_due_note(ours)
-        if missing:
-            why2 += " Not measured: " + "; ".join(
-                f"{row.contender} ({row.note})" for row in missing
+        ours = _one(rows, backend, "fd-drain-worker-1")
+        peer = _row_named(rows, backend, peer_name)
+        ceiling = _row_named(rows, backend, ceiling_name)
+        where = profile.get(f"drain-{backend}", "")
+        for target, theirs, bound in (
+            (f"Drain, {backend}, 1 worker process (defaults) ≥ 1.2× {peer_name}", peer, 1.2),
+            (
+                f"Drain, {backend}, 1 worker process (defaults) ≥ 0.3× the raw batch-ack loop",
+                ceiling,
+                0.3,
+            ),
+        ):
+            if ours is None or theirs is None or ours.value is None or theirs.value is None:
+                out.append(TargetResult(target, "not measured", None, "A contender did not run."))
+                continue
+            result = _ratio_target(
+                target,
+                ours.value,
+                theirs.value,
+                bound,
+                f"{ours.value:,.0f} vs {theirs.value:,.0f} jobs/s",
             )
-        out.append(TargetResult(target2, measured, not ahead, why2.strip()))
+            if not result.met:
+                result = TargetResult(
+                    result.target,
+                    result.measured,
+                    False,
+                    result.why + " The worker's loop writes claims and batched acknowledgements as"
+                    " separate commits; with fsync on each waits for the disk, and the"
+                    " handler threads sit idle meanwhile"
+                    + (f" (profile: {where})." if where else "."),
+                )
+            out.append(result)
+    one = _one(rows, "postgresql", "fd-drain-worker-1")
+    two = _one(rows, "postgresql", "fd-drain-worker-2")
+    target = "Drain, postgresql: 2 worker processes faster than 1"
+    if one is None or two is None or one.value is None or two.value is None:
+        out.append(TargetResult(target, "not measured", None, "A contender did not run."))
+    else:
+        met = two.value > one.value
+        out.append(
+            TargetResult(
+                target,
+                f"{two.value:,.0f} vs {one.value:,.0f} jobs/s ({two.value / one.value:.2f}×)",
+                met,
+                "" if met else "The second process adds no throughput.",
+            )
+        )
     return out
 
 
-def _drain_why(backend: str, ours: Row, profile: dict[str, str]) -> str:
-    text = (
-        "flask_defer acknowledges each job in its own transaction, as the raw loop does, "
-        "and adds per job the executor's work (an app context, signals, a `Job` built "
-        "from the claimed row) and SQLAlchemy's execution path; it claims "
-        "`DEFER_CLAIM_BATCH` (10) jobs at a time where the baseline claims 100."
-    )
-    where = profile.get(f"drain-{backend}")
-    if where:
-        text += f" The profile of the {backend} drain (below): {where}."
-    return (text + " " + _run_due_note(ours)).strip()
+def _enqueue_each(rows: Sequence[Row], profile: dict[str, str]) -> list[TargetResult]:
+    out = []
+    for backend in ("postgresql", "sqlite"):
+        ours = _one(rows, backend, "fd-each")
+        raw_row = _row_named(rows, backend, "raw INSERT + commit per job")
+        target = f"Enqueue one by one, {backend}: ≥ 0.5× a raw BEGIN; INSERT; COMMIT loop"
+        if ours is None or raw_row is None or ours.value is None or raw_row.value is None:
+            out.append(TargetResult(target, "not measured", None, "The enqueue did not run."))
+        else:
+            out.append(
+                _ratio_target(
+                    target,
+                    ours.value,
+                    raw_row.value,
+                    0.5,
+                    f"{ours.value:,.0f} vs {raw_row.value:,.0f} jobs/s",
+                )
+            )
+        peers = [
+            r
+            for r in rows
+            if r.backend == backend
+            and r.tag == "peer"
+            and r.measurement == "enqueue, one by one"
+            and r.value
+        ]
+        target = f"Enqueue one by one, {backend}: ahead of every peer"
+        if ours is None or ours.value is None or not peers:
+            out.append(TargetResult(target, "not measured", None, "The enqueue did not run."))
+            continue
+        best = max(peers, key=lambda r: r.value or 0.0)
+        assert best.value is not None
+        met = ours.value > best.value
+        out.append(
+            TargetResult(
+                target,
+                f"{ours.value:,.0f} jobs/s; fastest peer {best.contender} {best.value:,.0f} jobs/s"
+                f" ({ours.value / best.value:.2f}×)",
+                met,
+                "" if met else f"Behind {best.contender} by {1 - ours.value / best.value:.0%}.",
+            )
+        )
+    return out
 
 
-def _run_due_note(ours: Row) -> str:
-    if "run_due" not in ours.contender:
-        return ""
-    return (
-        "Measured through `run_due()`: `flask defer worker` (issue 3) is not in this "
-        "build; it shares the claim/execute/acknowledge code."
-    )
+def _reads(rows: Sequence[Row]) -> list[TargetResult]:
+    out = []
+    for backend in ("postgresql", "sqlite"):
+        for tag, what, bound in (
+            ("reads-health", "defer.health()", 20.0),
+            ("reads-dashboard", "GET /defer/", 50.0),
+        ):
+            row = _one(rows, backend, tag)
+            target = f"{what}, {backend}, 1,000,000 settled + 100,000 pending: ≤ {bound:g} ms"
+            if row is None or row.value is None:
+                out.append(TargetResult(target, "not measured", None, "The reads did not run."))
+                continue
+            met = row.value <= bound
+            out.append(
+                TargetResult(
+                    target,
+                    f"{row.figure} ({row.value / bound:.2f}× the bound)",
+                    met,
+                    ""
+                    if met
+                    else "Over by "
+                    f"{row.value - bound:.0f} ms. What remains is the one grouped pass over the"
+                    " 100,000 live rows (pending per name, split due / not due): no index holds"
+                    " the job name, so every live row is read from the table; settled rows are"
+                    " read only up to the cap.",
+                )
+            )
+    return out
 
 
 def _lateness(rows: Sequence[Row]) -> list[TargetResult]:
     out = []
     for backend, limit_text, limit in (
         ("postgresql", "p99 ≤ 50 ms", lambda poll: 50.0),
-        ("sqlite", "p99 ≤ poll interval + 50 ms", lambda poll: poll * 1000 + 50.0),
+        ("sqlite", "p99 ≤ 50 ms", lambda poll: 50.0),
     ):
         target = f"Lateness, {backend}: {limit_text}"
         row = next((r for r in rows if r.backend == backend and r.tag == "lateness"), None)
@@ -207,11 +297,11 @@ def _bulk(rows: Sequence[Row], profile: dict[str, str]) -> list[TargetResult]:
     out = []
     for backend in ("postgresql", "sqlite"):
         row = _one(rows, backend, "fd-bulk")
-        target = f"Bulk enqueue, {backend}: ≥ 50 % of a raw executemany insert"
+        target = f"Bulk enqueue, {backend}: ≥ 0.8× raw executemany"
         if row is None or row.ratio is None:
             out.append(TargetResult(target, "not measured", None, "The enqueue did not run."))
             continue
-        met = row.ratio >= 0.5
+        met = row.ratio >= 0.8
         where = profile.get(f"bulk-{backend}")
         why = (
             ""
@@ -230,43 +320,31 @@ def _bulk(rows: Sequence[Row], profile: dict[str, str]) -> list[TargetResult]:
 def _undo(rows: Sequence[Row]) -> list[TargetResult]:
     out = []
     for backend in ("postgresql", "sqlite"):
-        for tag, how in (
-            ("undo", "closed loop, no pauses"),
-            ("undo-paced", "clients pausing between requests"),
-        ):
-            row = next((r for r in rows if r.backend == backend and r.tag == tag), None)
-            target = f"Undo under load, {backend}, {how}: p99 ≤ 20 ms, 0 errors"
-            if row is None or row.value is None:
-                out.append(
-                    TargetResult(
-                        target,
-                        row.note if row is not None and row.note else "not measured",
-                        None,
-                        "The measurement did not run.",
-                    )
-                )
-                continue
-            errors = int(row.data.get("errors", 0))
-            met = row.value <= 20.0 and errors == 0
-            raw_row = next(
-                (r for r in rows if r.backend == backend and r.tag == f"{tag}-raw"), None
+        row = next((r for r in rows if r.backend == backend and r.tag == "undo-paced"), None)
+        raw_row = next(
+            (r for r in rows if r.backend == backend and r.tag == "undo-paced-raw"), None
+        )
+        target = f"Undo under load, {backend}, 50 paced clients: p99 ≤ 1.2× the raw-SQL route's p99"
+        if row is None or raw_row is None or row.value is None or raw_row.value is None:
+            out.append(TargetResult(target, "not measured", None, "The measurement did not run."))
+            continue
+        errors = int(row.data.get("errors", 0))
+        ratio = row.value / raw_row.value
+        met = ratio <= 1.2 and errors == 0
+        why = ""
+        if errors:
+            why = f"{errors} requests failed. "
+        if ratio > 1.2:
+            why += (
+                f"Over by {(ratio - 1.2) / 1.2:.0%}: per request the facade validates, "
+                "builds a Job and sends signals where the raw route runs one statement."
             )
-            why = ""
-            if not met and errors:
-                why = f"{errors} requests failed; the row's note shows the first error. "
-            if not met and row.value > 20.0:
-                if raw_row is not None and raw_row.value is not None and raw_row.value > 20.0:
-                    why += (
-                        f"The raw-SQL route on the same server also misses (p99 "
-                        f"{raw_row.value:.1f} ms): requests wait for the server's threads, "
-                        "the GIL and the database on this many cores, and the client runs "
-                        "on the same machine; the difference to raw is flask_defer's share."
-                    )
-                else:
-                    why += (
-                        "The raw-SQL route on the same server meets it, so the facade's own "
-                        "cost per request (validation, JSON round trip, RETURNING every "
-                        "column, a Job per row, signals) is what remains."
-                    )
-            out.append(TargetResult(target, row.figure, met, why))
+        out.append(
+            TargetResult(
+                target,
+                f"p99 {row.value:.1f} vs raw {raw_row.value:.1f} ms ({ratio:.2f}×); errors {errors}",
+                met,
+                why,
+            )
+        )
     return out

@@ -91,7 +91,7 @@ class WorkerProcesses:
         self.database = database
         self.burst = burst and "burst" in (worker_options() or set())
         env = dict(os.environ, BENCH_DATABASE_URL=database.url, PYTHONPATH=str(ROOT))
-        env["BENCH_DEFER_HISTORY"] = "1" if history else "0"
+        env["BENCH_APP_DEFER_HISTORY"] = "true" if history else "false"  # JSON values
         argv = worker_argv(concurrency=concurrency, burst=burst)
         self.log_path = log_dir / f"worker-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")

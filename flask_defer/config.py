@@ -34,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_LEASE": timedelta(seconds=30),
     # Jobs claimed per round trip; a worker also keeps this many claimed jobs queued
     # beside its running ones, so a finishing thread starts the next without a wait.
-    "DEFER_CLAIM_BATCH": 10,
+    "DEFER_CLAIM_BATCH": 50,
     # SQLite: how long a writer waits for the database lock before giving up.
     "DEFER_SQLITE_BUSY_TIMEOUT": timedelta(seconds=10),
     # The UI shows Undo this much shorter than the server waits, so a click in the

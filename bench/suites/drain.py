@@ -21,6 +21,7 @@ RAW_PG_1 = "raw psycopg, claim 1"
 RAW_PG_100 = "raw psycopg, claim 100"
 RAW_PG_100_BATCH = "raw psycopg, claim 100, batch ack"
 RAW_SQLITE = "raw sqlite3, claim 1"
+RAW_SQLITE_100_BATCH = "raw sqlite3, claim 100, batch ack"
 
 
 def run(ctx: Context) -> Section:
@@ -96,6 +97,11 @@ def _contenders(ctx: Context, backend: str) -> list[Contender]:
         )
     else:
         out.append(raw_contender(RAW_SQLITE, lambda d: raw.sqlite_drain(d)))
+        out.append(
+            raw_contender(
+                RAW_SQLITE_100_BATCH, lambda d: raw.sqlite_drain(d, batch=100, batch_ack=True)
+            )
+        )
 
     for processes in (1, 2):
         database = table(f"run_due {processes}")

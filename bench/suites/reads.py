@@ -49,7 +49,6 @@ def _backend(ctx: Context, backend: str) -> list[Row]:
     )
     app = fd.app
     app.debug = True  # the dashboard's own rule: open in debug mode, else a hook decides
-    size = f"{sizes.reads_settled:,} + {sizes.reads_pending:,}"
     rows = []
     try:
         with app.app_context():
@@ -57,7 +56,15 @@ def _backend(ctx: Context, backend: str) -> list[Row]:
 
             health = defer.health()
             check = f"owed {health.owed:,}, scheduled {health.scheduled:,}, done {health.counts['done']:,}{'+' if 'done' in health.lower_bounds else ''}"
-            rows.append(_row(backend, "flask_defer defer.health()", _calls(defer.health, sizes.reads_calls), "reads-health", check))
+            rows.append(
+                _row(
+                    backend,
+                    "flask_defer defer.health()",
+                    _calls(defer.health, sizes.reads_calls),
+                    "reads-health",
+                    check,
+                )
+            )
         client = app.test_client()
 
         def page() -> None:
@@ -65,7 +72,15 @@ def _backend(ctx: Context, backend: str) -> list[Row]:
             if response.status_code != 200:
                 raise RuntimeError(f"GET /defer/ answered {response.status_code}")
 
-        rows.append(_row(backend, "flask_defer GET /defer/", _calls(page, sizes.reads_calls), "reads-dashboard", ""))
+        rows.append(
+            _row(
+                backend,
+                "flask_defer GET /defer/",
+                _calls(page, sizes.reads_calls),
+                "reads-dashboard",
+                "",
+            )
+        )
     finally:
         fd.close()
     return rows
