@@ -12,9 +12,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from flask import Flask
 from sqlalchemy import Engine, MetaData, event, func, inspect, select
 
-from flask_defer import InvalidArgument, Job, JobEvent, JobStatus, NotYet
+from flask_defer import Defer, InvalidArgument, Job, JobEvent, JobStatus, NotYet
 from flask_defer.schema import define_history_table, define_jobs_table
 from flask_defer.store import Ack, JobFilter, JobStore, NewJob
 from flask_defer.timeutil import utcnow
@@ -196,6 +197,20 @@ def test_history_off_writes_no_rows_and_has_no_table(make_app: Callable[..., App
         assert kit.defer.history(job.id) == []
         assert "defer_jobs_history" not in kit.db.metadata.tables
         assert "defer_jobs_history" not in inspect(kit.db.engine).get_table_names()
+
+
+def test_an_app_without_db_keeps_history_in_its_own_sqlite_file(tmp_path: Any) -> None:
+    app = Flask(__name__, instance_path=str(tmp_path / "instance"))
+    defer = Defer(app)
+
+    @defer.job("ping")
+    def ping(job: Job) -> None: ...
+
+    with app.app_context():
+        job = defer.schedule("ping")
+        defer.run_due()
+        assert [e.event for e in defer.history(job.id)] == ["scheduled", "started", "done"]
+        defer.store.engine.dispose()
 
 
 def test_history_refuses_a_non_integer_id(kit: AppKit) -> None:
