@@ -3,7 +3,7 @@
 
 PYTEST_ARGS ?=
 
-.PHONY: venv test lint demo bench
+.PHONY: venv test lint demo bench translations
 
 venv:
 	scripts/ensure-venv
@@ -28,3 +28,13 @@ bench:
 	scripts/ensure-venv
 	.venv/bin/pip install -e '.[bench]'
 	.venv/bin/python -m bench
+
+# Re-extract the blueprint's strings, merge them into the German and French
+# catalogues (flask_defer/translations/), and compile the .mo files the wheel ships.
+translations: venv
+	.venv/bin/pybabel extract -F babel.cfg -k defer_gettext -k t -k gettext -k ngettext:1,2 \
+		--no-location --project flask-defer --copyright-holder "flask_defer developers" \
+		-o flask_defer/translations/flask_defer.pot .
+	.venv/bin/pybabel update -D flask_defer -i flask_defer/translations/flask_defer.pot \
+		-d flask_defer/translations --no-fuzzy-matching
+	.venv/bin/pybabel compile -D flask_defer -d flask_defer/translations --statistics

@@ -85,9 +85,18 @@ PEER_NOTES = {
 }
 
 
-def _row_named(rows: Sequence[Row], backend: str, prefix: str) -> Row | None:
+def _row_named(
+    rows: Sequence[Row], backend: str, prefix: str, measurement: str | None = None
+) -> Row | None:
     return next(
-        (r for r in rows if r.backend == backend and r.contender.startswith(prefix) and r.value),
+        (
+            r
+            for r in rows
+            if r.backend == backend
+            and r.contender.startswith(prefix)
+            and r.value
+            and (measurement is None or r.measurement == measurement)
+        ),
         None,
     )
 
@@ -99,8 +108,8 @@ def _drain(rows: Sequence[Row], profile: dict[str, str]) -> list[TargetResult]:
         ("sqlite", "huey", "raw sqlite3, claim 100, batch ack"),
     ):
         ours = _one(rows, backend, "fd-drain-worker-1")
-        peer = _row_named(rows, backend, peer_name)
-        ceiling = _row_named(rows, backend, ceiling_name)
+        peer = _row_named(rows, backend, peer_name, "drain")
+        ceiling = _row_named(rows, backend, ceiling_name, "drain")
         where = profile.get(f"drain-{backend}", "")
         for target, theirs, bound in (
             (f"Drain, {backend}, 1 worker process (defaults) ≥ 1.2× {peer_name}", peer, 1.2),

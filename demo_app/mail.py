@@ -36,12 +36,7 @@ def _outbox_context(owner: str) -> dict[str, Any]:
             select(OutboxEntry).where(OutboxEntry.message_id.in_([m.id for m in messages]))
         )
     }
-    return {
-        "messages": messages,
-        "deliveries": deliveries,
-        # The outbox refreshes itself while something is still on its way.
-        "polling": any(m.status == "sending" for m in messages),
-    }
+    return {"messages": messages, "deliveries": deliveries}
 
 
 def _send(message: Message) -> None:
@@ -53,6 +48,10 @@ def _send(message: Message) -> None:
         {"message_id": message.id},
         window=current_app.config["DEMO_MAIL_UNDO_WINDOW"],
         label=f"Message “{_short(message.subject)}” sent",
+        waiting_label="Sending…",
+        done_label="Sent",
+        failed_label="Couldn't send",
+        undone_label="Sending undone.",
         key=message_key(message.id),
     )
     db.session.commit()  # the status and the job commit together, or neither does
@@ -90,7 +89,7 @@ def index() -> Any:
 
 @bp.get("/outbox")
 def outbox() -> Any:
-    """The outbox alone (htmx polls it while a message is sending)."""
+    """The outbox alone: htmx fetches it when the toast says a job settled."""
     user = require_user()
     return render_template("mail/_outbox.html", **_outbox_context(user.id))
 

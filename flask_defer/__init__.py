@@ -13,7 +13,10 @@ from .errors import (
     JobExists,
     JobNotFound,
     JobNotPending,
+    ManagedByAlembic,
     NotConfigured,
+    ScheduleNotFound,
+    SchemaMismatch,
     UnknownJob,
 )
 from .execution import Outcome, RunSummary
@@ -23,6 +26,7 @@ from .helpers.batching import Batched
 from .helpers.soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
 from .jobs import Fail, Job, JobEvent, JobStatus, NotYet, RetryAfter
 from .signals import job_cancelled, job_failed, job_scheduled, job_started, job_succeeded
+from .store.schedules import ScheduleRow
 from .undo import Toast, UndoOutcome
 
 __all__ = [
@@ -40,12 +44,16 @@ __all__ = [
     "JobNotPending",
     "JobSpec",
     "JobStatus",
+    "ManagedByAlembic",
     "NotConfigured",
     "NotYet",
     "Outcome",
     "RestoreOutcome",
     "RetryAfter",
     "RunSummary",
+    "SchemaMismatch",
+    "ScheduleNotFound",
+    "ScheduleRow",
     "SoftDeleteMixin",
     "Toast",
     "UndoOutcome",

@@ -9,7 +9,6 @@ handling of ``schedule()``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,7 +17,7 @@ from typing import Any
 from .errors import InvalidArgument
 from .store import NewJob
 from .timeutil import Duration, resolve_run_at
-from .validation import checked_text
+from .validation import checked_text, payload_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +45,8 @@ def build_new_jobs(
     delay: Duration | None,
     owner: str | None,
     label: str | None,
+    max_payload_bytes: int | None = None,
+    strict_local_times: bool = False,
 ) -> list[NewJob]:
     """Validate every item and return the rows to insert; raise before anything is written.
 
@@ -59,7 +60,7 @@ def build_new_jobs(
             "payloads", f"expected a list of payloads or JobSpec items, got {type(items).__name__}"
         )
     # The call-level defaults are checked once, even for an empty list.
-    default_run_at = resolve_run_at(run_at, delay, now)
+    default_run_at = resolve_run_at(run_at, delay, now, strict=strict_local_times)
     default_owner = checked_text(owner, "owner")
     default_label = checked_text(label, "label")
     jobs: list[NewJob] = []
@@ -71,9 +72,9 @@ def build_new_jobs(
                 jobs.append(
                     NewJob(
                         name=name,
-                        payload=_validated_payload(item.payload),
+                        payload=_validated_payload(item.payload, max_payload_bytes),
                         run_at=(
-                            resolve_run_at(item.run_at, item.delay, now)
+                            resolve_run_at(item.run_at, item.delay, now, strict=strict_local_times)
                             if timed
                             else default_run_at
                         ),
@@ -87,7 +88,7 @@ def build_new_jobs(
                 jobs.append(
                     NewJob(
                         name=name,
-                        payload=_validated_payload(item),
+                        payload=_validated_payload(item, max_payload_bytes),
                         run_at=default_run_at,
                         max_attempts=max_attempts,
                         queue=queue,
@@ -101,11 +102,7 @@ def build_new_jobs(
     return jobs
 
 
-#: ``json.dumps(payload, allow_nan=False)`` without building an encoder per call.
-_STRICT_JSON = json.JSONEncoder(allow_nan=False)
-
-
-def _validated_payload(payload: Any) -> Any:
+def _validated_payload(payload: Any, max_bytes: int | None) -> Any:
     """The stored form of *payload* if JSON can carry it (the rule of ``schedule()``).
 
     ``schedule()`` returns the Job, so it round-trips the payload through JSON to show
@@ -114,10 +111,7 @@ def _validated_payload(payload: Any) -> Any:
     """
     if payload is None:
         return {}
-    try:
-        _STRICT_JSON.encode(payload)
-    except (TypeError, ValueError) as error:
-        raise InvalidArgument("payload", f"must be JSON-serialisable: {error}") from None
+    payload_text(payload, "payload", max_bytes=max_bytes)
     return payload
 
 

@@ -19,6 +19,7 @@ from flask.cli import with_appcontext
 from .errors import DeferError, InvalidArgument, JobNotPending
 from .extension import current_defer
 from .jobs import Job, JobStatus
+from .store.schedules import ScheduleRow
 
 C = TypeVar("C", bound=Callable[..., Any])
 
@@ -48,8 +49,48 @@ def defer_cli() -> None:
 @with_appcontext
 @_errors_to_exit_codes
 def install_command() -> None:
-    """Create the jobs table and its indexes (for apps without migrations)."""
-    click.echo(f"table {current_defer().install()} is ready")
+    """Create the jobs table at the newest schema revision and record it (apps without
+    migrations; an existing table is upgraded). Refused in an app that uses Flask-Migrate
+    or whose database has alembic_version: run `flask db upgrade` there."""
+    defer = current_defer()
+    name = defer.install()
+    click.echo(f"table {name} is ready ({defer.schema_status().message})")
+
+
+@defer_cli.group("db")
+def db_cli() -> None:
+    """The jobs table's schema revisions: upgrade, check, or print the SQL."""
+
+
+@db_cli.command("upgrade")
+@with_appcontext
+@_errors_to_exit_codes
+def db_upgrade_command() -> None:
+    """Upgrade flask_defer's schema to the newest revision (keeps every row)."""
+    applied = current_defer().upgrade_schema()
+    if not applied:
+        click.echo("flask_defer schema is already current")
+    for revision in applied:
+        click.echo(f"applied {revision}")
+
+
+@db_cli.command("check")
+@with_appcontext
+@_errors_to_exit_codes
+def db_check_command() -> None:
+    """Exit 0 when the schema matches this code; 1 with the command to run otherwise."""
+    status = current_defer().schema_status()
+    if not status.ok:
+        raise click.ClickException(status.message)
+    click.echo(status.message)
+
+
+@db_cli.command("sql")
+@with_appcontext
+@_errors_to_exit_codes
+def db_sql_command() -> None:
+    """Print the SQL of the pending upgrade steps without running them (for a DBA)."""
+    click.echo(current_defer().schema_sql(), nl=False)
 
 
 @defer_cli.command("list")
@@ -323,3 +364,70 @@ def retry_command(job_id: int) -> None:
             f"not retried: job {job_id} is {error.status}; only a failed job can be retried"
         ) from None
     click.echo(f"job {job.id} is pending again")
+
+
+# -- recurring schedules ---------------------------------------------------------------
+
+
+@defer_cli.group("schedules", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
+@with_appcontext
+@_errors_to_exit_codes
+def schedules_command(ctx: click.Context, as_json: bool) -> None:
+    """List recurring schedules; pause or resume one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    rows = current_defer().list_recurring()
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(_schedule_dict(row)))
+        return
+    if not rows:
+        click.echo("no recurring schedules")
+        return
+    for row in rows:
+        state = "orphaned" if row.orphaned else "paused" if row.paused else "active"
+        last = row.last_run_at.isoformat() if row.last_run_at else "never"
+        click.echo(
+            f"{row.id}  {row.job_name}  {row.rule.describe()}  {state}  "
+            f"next {row.next_run_at.isoformat()}  last {last}"
+        )
+
+
+@schedules_command.command("pause")
+@click.argument("schedule_id")
+@with_appcontext
+@_errors_to_exit_codes
+def schedules_pause_command(schedule_id: str) -> None:
+    """Stop a schedule from ticking until it is resumed."""
+    if current_defer().pause_recurring(schedule_id):
+        click.echo(f"schedule {schedule_id} paused")
+    else:
+        click.echo(f"schedule {schedule_id} was already paused")
+
+
+@schedules_command.command("resume")
+@click.argument("schedule_id")
+@with_appcontext
+@_errors_to_exit_codes
+def schedules_resume_command(schedule_id: str) -> None:
+    """Let a paused schedule tick again, from its next tick (missed ones are not run)."""
+    if current_defer().resume_recurring(schedule_id):
+        click.echo(f"schedule {schedule_id} resumed")
+    else:
+        click.echo(f"schedule {schedule_id} was not paused")
+
+
+def _schedule_dict(row: ScheduleRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "job_name": row.job_name,
+        "cron": row.cron,
+        "every": row.every.total_seconds() if row.every is not None else None,
+        "tz": row.tz,
+        "paused": row.paused,
+        "orphaned": row.orphaned,
+        "next_run_at": row.next_run_at.isoformat(),
+        "last_run_at": row.last_run_at.isoformat() if row.last_run_at else None,
+    }

@@ -42,12 +42,21 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_UNDO_MARGIN": timedelta(seconds=1),
     # Default Undo window of defer.undoable().
     "DEFER_UNDO_WINDOW": timedelta(seconds=5),
+    # Hovering or focusing a toast holds its countdown and pushes the job later; at
+    # most this much extension per job in total (WCAG 2.2.1, Timing Adjustable).
+    "DEFER_UNDO_MAX_HOLD": timedelta(seconds=60),
     # Settled rows are pruned after these ages (done/cancelled, and failed).
     "DEFER_RETENTION": timedelta(days=7),
     "DEFER_FAILED_RETENTION": timedelta(days=30),
     # Keep every state change of a job (who, when, which attempt, its error) in the
     # history table, pruned with its job. False: the jobs table alone.
     "DEFER_HISTORY": True,
+    # Longest payload a job may carry, in bytes of its JSON text (a batch item too);
+    # a larger one is refused with InvalidArgument before anything is written.
+    "DEFER_MAX_PAYLOAD_BYTES": 1_000_000,
+    # Refuse a run_at whose local time a DST change makes ambiguous or skips, instead
+    # of reading it with Python's fold=0 rule (see "Time zones and DST" in the README).
+    "DEFER_STRICT_LOCAL_TIMES": False,
     # -- Undo UI (blueprint) --
     # Where the blueprint's pages, fragments and assets are mounted.
     "DEFER_URL_PREFIX": "/defer",
@@ -59,6 +68,10 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_HTTP_ALLOWED_HOSTS": None,
     # Default timeout of a scheduled HTTP call, and the longest one a call may ask for.
     "DEFER_HTTP_TIMEOUT": timedelta(seconds=10),
+    # -- recurring schedules (defer.recurring) --
+    # catch_up="all": at most this many missed ticks of one schedule run after
+    # downtime (the newest); older ones are dropped with a warning.
+    "DEFER_RECURRING_MAX_CATCH_UP": 100,
     # -- the worker (``flask defer worker``) ---------------------------------------
     # Handler threads per worker process (``--concurrency`` overrides it).
     "DEFER_WORKER_CONCURRENCY": 4,
@@ -98,6 +111,9 @@ DEFAULTS: dict[str, Any] = {
     # Serve the metrics without the dashboard's authorisation hook (for a scraper on
     # a private network that cannot log in).
     "DEFER_METRICS_PUBLIC": False,
+    # The CSP frame-ancestors sent with every page of the blueprint: who may show
+    # the dashboard and the Undo pages in a frame (clickjacking). None sends no header.
+    "DEFER_FRAME_ANCESTORS": "'self'",
 }
 
 _DURATIONS = {name for name, value in DEFAULTS.items() if isinstance(value, timedelta)}
@@ -123,15 +139,20 @@ class DeferConfig:
     sqlite_busy_timeout: timedelta
     undo_margin: timedelta
     undo_window: timedelta
+    undo_max_hold: timedelta
     retention: timedelta
     failed_retention: timedelta
     history: bool
+    max_payload_bytes: int
+    strict_local_times: bool
     # -- Undo UI (blueprint) --
     url_prefix: str
     toast_limit: int
     # -- helpers --
     http_allowed_hosts: frozenset[str] | None
     http_timeout: timedelta
+    # -- recurring schedules --
+    recurring_max_catch_up: int
     # -- the worker --
     worker_concurrency: int
     job_timeout: timedelta
@@ -148,6 +169,7 @@ class DeferConfig:
     dashboard_home_url: str | None
     metrics: bool
     metrics_public: bool
+    frame_ancestors: str | None
 
     def retry_policy(self) -> RetryPolicy:
         """The executor's backoff settings."""
@@ -244,10 +266,21 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         if name in _DURATIONS:
             value = as_duration(value, name)
         values[name.removeprefix("DEFER_").lower()] = value
-    for name in ("DEFER_MAX_ATTEMPTS", "DEFER_CLAIM_BATCH"):
+    for name in (
+        "DEFER_MAX_ATTEMPTS",
+        "DEFER_CLAIM_BATCH",
+        "DEFER_MAX_PAYLOAD_BYTES",
+        "DEFER_RECURRING_MAX_CATCH_UP",
+    ):
         value = config[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidArgument(name, f"expected an integer ≥ 1, got {value!r}")
+        # attempts are 32-bit integer columns; nothing else here needs more.
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**31:
+            raise InvalidArgument(name, f"expected an integer from 1 to {2**31 - 1}, got {value!r}")
+    if not isinstance(config["DEFER_STRICT_LOCAL_TIMES"], bool):
+        raise InvalidArgument(
+            "DEFER_STRICT_LOCAL_TIMES",
+            f"expected True or False, got {config['DEFER_STRICT_LOCAL_TIMES']!r}",
+        )
     prefix = config["DEFER_URL_PREFIX"]
     if not isinstance(prefix, str) or not prefix.startswith("/") or prefix.endswith("/"):
         raise InvalidArgument(
@@ -301,6 +334,17 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
     for name in ("DEFER_METRICS", "DEFER_METRICS_PUBLIC", "DEFER_HISTORY"):
         if not isinstance(config[name], bool):
             raise InvalidArgument(name, f"expected True or False, got {config[name]!r}")
+    ancestors = config["DEFER_FRAME_ANCESTORS"]
+    if ancestors is not None and (
+        not isinstance(ancestors, str)
+        or not ancestors.strip()
+        or any(c in ancestors for c in ";,\r\n")
+    ):
+        # A ";" would let the setting smuggle another CSP directive into the header.
+        raise InvalidArgument(
+            "DEFER_FRAME_ANCESTORS",
+            f"expected a frame-ancestors source list like \"'self'\" or None, got {ancestors!r}",
+        )
     return DeferConfig(**values)
 
 

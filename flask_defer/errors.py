@@ -90,3 +90,34 @@ class UnknownJob(DeferError, LookupError):
 
 class NotConfigured(DeferError, RuntimeError):
     """flask_defer is used before it was set up for this app (did you forget init_app?)."""
+
+
+class SchemaMismatch(DeferError):
+    """The database's flask_defer schema does not match this code; upgrade it first."""
+
+    #: The :class:`~flask_defer.store.versioning.SchemaStatus` that was found.
+    status: Any
+
+    def __init__(self, status: Any) -> None:
+        super().__init__(status.message, status=status)
+
+
+class ManagedByAlembic(DeferError):
+    """This database's schema is managed by the app's Alembic migrations, not by flask_defer."""
+
+    #: The command to run instead.
+    command: str
+
+    def __init__(self, message: str, command: str) -> None:
+        super().__init__(message, command=command)
+
+
+class ScheduleNotFound(DeferError, LookupError):
+    """No recurring schedule has this id."""
+
+    schedule_id: str
+
+    def __init__(self, schedule_id: str) -> None:
+        super().__init__(
+            f"no recurring schedule has the id {schedule_id!r}", schedule_id=schedule_id
+        )

@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -21,10 +23,12 @@ from sqlalchemy import Connection
 
 from . import signals
 from .config import RetryPolicy
+from .errors import InvalidArgument
 from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
 from .registry import Registry
 from .retry import backoff_delay
 from .store import UNKNOWN_HANDLER_NOTE, Ack, JobStore
+from .validation import payload_text
 
 logger = logging.getLogger("flask_defer")
 
@@ -34,6 +38,14 @@ AtomicScope = Callable[[], AbstractContextManager[Connection]]
 #: The per-app state supplies it, so signals are sent from one place with the app as sender.
 Emit = Callable[..., None]
 Clock = Callable[[], datetime]
+#: Inside the context: True when the handler's session holds jobs it did not commit.
+UncommittedCheck = Callable[[], bool]
+
+#: The ``last_error`` note of a done job whose handler left scheduled jobs uncommitted.
+UNCOMMITTED_NOTE = (
+    "warning: the handler scheduled jobs in db.session and returned without committing; "
+    "they were discarded (call db.session.commit() in the handler, or use atomic=True)"
+)
 
 #: Longest error text kept on a row: a traceback, not a core dump.
 MAX_ERROR_CHARS = 8000
@@ -102,6 +114,14 @@ class _LeaseLost(Exception):
     """Internal: the done mark was refused, so the atomic transaction must roll back."""
 
 
+class UnstorableResult(Fail):
+    """A handler returned a value the database cannot store; the job fails, once.
+
+    A :class:`Fail`, not a retry: the handler's effects happened, and running it again
+    would only return the same value.
+    """
+
+
 class Executor:
     """Runs claimed jobs one at a time and acknowledges each outcome."""
 
@@ -114,6 +134,8 @@ class Executor:
         context_factory: ContextFactory,
         atomic_scope: AtomicScope,
         emit: Emit,
+        uncommitted: UncommittedCheck | None = None,
+        sqlite_busy_timeout: timedelta | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -121,6 +143,10 @@ class Executor:
         self.context_factory = context_factory
         self.atomic_scope = atomic_scope
         self.emit = emit
+        self.uncommitted = uncommitted
+        # SQLite: an atomic handler that writes holds the one write lock until its
+        # done mark commits; past the busy timeout other writers have started failing.
+        self.lock_warning = sqlite_busy_timeout if store.is_sqlite else None
 
     def execute(
         self, job: Job, clock: Clock, *, batch: bool = False, actor: str = "app"
@@ -156,17 +182,24 @@ class Executor:
             return self._record(unknown, clock, batch, actor)
         self.emit(signals.job_started, job=job)
         log.info("started (attempt %d of %d)", job.attempts, job.max_attempts)
+        note: str | None = None
         try:
             with self.context_factory():
                 if spec.atomic:
                     with self.atomic_scope() as conn:
-                        result = spec.func(job)
+                        started = time.monotonic()
+                        result = _storable(spec.func(job))
+                        self._warn_if_lock_held(conn, log, time.monotonic() - started)
                         if not self.store.ack_done(
-                            job, now=clock(), result=_jsonable(result), conn=conn, actor=actor
+                            job, now=clock(), result=result, conn=conn, actor=actor
                         ):
                             raise _LeaseLost()
                     return self._succeeded(job, log, acknowledged=True)
-                result = spec.func(job)
+                result = _storable(spec.func(job))
+                if self.uncommitted is not None and self.uncommitted():
+                    # The app context's teardown is about to roll these rows back.
+                    log.warning(UNCOMMITTED_NOTE)
+                    note = UNCOMMITTED_NOTE
         except _LeaseLost:
             return self._lost(log)
         except NotYet as wait:
@@ -186,8 +219,22 @@ class Executor:
         except Exception as error:  # noqa: BLE001 - a handler may raise anything
             delay = error.delay if isinstance(error, RetryAfter) else None
             return self._failed_attempt(job, log, error, delay, clock, actor, batch=batch)
+        except BaseException as error:  # noqa: BLE001 - SystemExit, KeyboardInterrupt...
+            # Recorded like any failure: left unrecorded, the job would sit running for
+            # a lease, run again and end as "lease lapsed" with the real error lost.
+            outcome = self._failed_attempt(job, log, error, None, clock, actor)
+            if isinstance(error, KeyboardInterrupt | SystemExit) and (
+                threading.current_thread() is threading.main_thread()
+            ):
+                raise  # run_due under Ctrl-C or sys.exit(): the process means to stop
+            return outcome
         done = Ack(
-            job.id, token, JobStatus.DONE.value, result=_jsonable(result), attempt=job.attempts
+            job.id, token, JobStatus.DONE.value, result=result, last_error=note,
+            attempt=job.attempts,
+        )  # fmt: skip
+        return self._record(
+            PendingAck(done, lambda ok: self._succeeded(job, log, acknowledged=ok)), clock, batch,
+            actor,
         )
         succeeded = PendingAck(done, lambda ok: self._succeeded(job, log, acknowledged=ok))
         return self._record(succeeded, clock, batch, actor)
@@ -213,6 +260,21 @@ class Executor:
         if batch:
             return pending
         return self.flush([pending], clock, actor=actor)[0]
+
+    def _warn_if_lock_held(self, conn: Connection, log: JobLog, held: float) -> None:
+        """SQLite: warn when an atomic handler kept the write lock past the busy timeout."""
+        if self.lock_warning is None or held <= self.lock_warning.total_seconds():
+            return
+        driver = conn.connection.driver_connection
+        if not getattr(driver, "in_transaction", False):
+            return  # the handler only read: it took no write lock
+        log.warning(
+            "atomic handler held the SQLite write lock for up to %.1f s, longer than "
+            "DEFER_SQLITE_BUSY_TIMEOUT (%g s): other writers (web requests, workers) "
+            "that waited on it that long failed with 'database is locked'",
+            held,
+            self.lock_warning.total_seconds(),
+        )
 
     def time_out(self, job: Job, timeout: float, clock: Clock, *, actor: str = "app") -> Outcome:
         """Record that *job*'s handler overran *timeout* seconds: a failed attempt.
@@ -286,19 +348,33 @@ class Executor:
 
 def _error_text(error: BaseException) -> str:
     text = "".join(traceback.format_exception(error))
+    # A NUL or a lone surrogate in an error message would make PostgreSQL refuse
+    # the acknowledgement itself, and the job would wait out its lease.
+    text = text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
     if len(text) > MAX_ERROR_CHARS:
         # Keep the end: the innermost frame and the message are what a reader needs.
         text = "…(truncated)\n" + text[-MAX_ERROR_CHARS:]
     return text
 
 
-def _jsonable(value: Any) -> Any:
-    """A handler's return value if it can be stored as JSON, else ``None``."""
+def _storable(value: Any) -> Any:
+    """A handler's return value as stored: JSON, or ``None`` when it is not JSON.
+
+    A JSON value the database cannot store (a NUL or a lone surrogate in a string,
+    nesting too deep) raises :class:`UnstorableResult`, which fails the job: without
+    this the done mark itself would fail and the job would run a second time.
+    """
     if value is None:
         return None
     try:
         json.dumps(value, allow_nan=False)
+    except RecursionError:
+        pass  # JSON, but too deep: payload_text says so
     except (TypeError, ValueError):
         logger.debug("handler result %r is not JSON; not stored", value)
         return None
+    try:
+        payload_text(value, "result")
+    except InvalidArgument as error:
+        raise UnstorableResult(f"the handler's result cannot be stored: {error}") from None
     return value

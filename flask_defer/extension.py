@@ -10,30 +10,40 @@ in :mod:`flask_defer.helpers`.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from flask import Flask, current_app
 
-from . import operations
+from . import operations, signals
+from . import versioning_hooks as _versioning_hooks
 from .config import DeferConfig
-from .errors import InvalidArgument
+from .errors import InvalidArgument, JobNotFound, UnknownJob
 from .execution import RunSummary
 from .health import Health
 from .helpers import batching, builtin_handlers, http_jobs
+from .helpers import recurring as _recurring
 from .helpers import soft_delete as _soft_delete
 from .jobs import Job, JobEvent
 from .operations import Filters
 from .owner import OwnerLoader, resolve_owner
+from .recurrence import CatchUp, RecurringSpec, make_rule, make_spec
 from .registry import Handler, Registry
-from .schema import DEFAULT_TABLE_NAME, define_jobs_table
+from .schema import (
+    DEFAULT_SCHEDULES_TABLE_NAME,
+    DEFAULT_TABLE_NAME,
+    define_jobs_table,
+    define_schedules_table,
+)
 from .state import DeferState, build_state, current_state
-from .store import JobStore
-from .timeutil import Duration, utcnow
+from .store import JobStore, versioning
+from .store.schedules import ScheduleRow, ScheduleStore
+from .timeutil import Duration, as_utc, utcnow
 from .undo import Toast, UndoOutcome
 from .undo_hooks import UndoHook, UndoHooks
-from .validation import checked_actor, checked_text, identity
+from .validation import checked_actor, checked_payload, checked_text, identity
 from .worker import Worker
 
 if TYPE_CHECKING:
@@ -42,6 +52,10 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Handler)
 #: The dashboard's authorisation hook: no arguments, True to let the request in.
 DashboardAuth = Callable[[], Any]
+
+
+#: Revision ids, oldest first (``Defer.list`` shadows the builtin inside the class).
+Revisions = list[str]
 
 
 class Defer:
@@ -64,8 +78,12 @@ class Defer:
         db: Any = None,
         *,
         table_name: str = DEFAULT_TABLE_NAME,
+        schedules_table_name: str = DEFAULT_SCHEDULES_TABLE_NAME,
     ) -> None:
         self.registry = Registry()
+        #: ``defer.recurring(...)`` declarations (every app bound to this one ticks them).
+        self.schedules = _recurring.Declarations()
+        self.schedules_table_name = schedules_table_name
         self.undo_hooks = UndoHooks()
         # The built-in jobs (purge, HTTP) and the undo hook that restores a row.
         builtin_handlers(self.registry, self.undo_hooks)
@@ -78,7 +96,11 @@ class Defer:
         if db is not None:
             # Defining the table now puts it in the metadata before create_all or
             # Alembic look, whatever order the app sets things up in.
-            define_jobs_table(db.metadata, table_name)
+            table = define_jobs_table(db.metadata, table_name)
+            # ... and db.create_all() records the revision, even in a process that
+            # never calls init_app.
+            versioning.record_on_create(table)
+            define_schedules_table(db.metadata, schedules_table_name)
         if app is not None:
             self.init_app(app, db=db)
 
@@ -105,6 +127,12 @@ class Defer:
         )
         app.extensions["defer"] = state
         config = state.config
+        if db is None and not config.database_uri:
+            _versioning_hooks.warn_if_app_database_ignored(app)
+        # -- migrations: one warning on the web side when the schema does not match --
+        _versioning_hooks.warn_once_on_mismatch(app, state.store)
+        # -- helpers: recurring schedules, ticked by this app's worker and run_due --
+        object.__setattr__(state, "recurring", self._ticker_for(state))
         # -- the worker: an embedded one for development ---------------------------
         if config.embedded_worker:
             from .embedded import EMBEDDED_SHUTDOWN_GRACE, install
@@ -138,13 +166,18 @@ class Defer:
         return self._state().metrics
 
     def install(self) -> str:
-        """Create the jobs table and its indexes if missing; return the table's name.
+        """Bring the jobs table to the newest revision, recorded; return the table's name.
 
-        For apps without migrations (``flask defer install``); with a ``db``,
-        ``db.create_all()`` or a migration does the same.
+        For apps without migrations (``flask defer install``): creates a fresh schema
+        or upgrades an existing one. Raises :class:`ManagedByAlembic` in an app that
+        runs its own Alembic (Flask-Migrate, or ``alembic_version`` in the database):
+        there ``flask db upgrade`` does it. ``db.create_all()`` also records the revision.
         """
-        store = self._state().store
-        store.create_table()
+        state = self._state()
+        store = state.store
+        versioning.install(store.engine, store.table.name, app_migrations=_uses_flask_migrate())
+        if state.recurring is not None:
+            state.recurring.store.create_table()
         return store.table.name
 
     @property
@@ -272,6 +305,10 @@ class Defer:
         key: str | None = None,
         owner: str | None = None,
         replace: bool = False,
+        done_label: str | None = None,
+        failed_label: str | None = None,
+        waiting_label: str | None = None,
+        undone_label: str | None = None,
     ) -> Job:
         """Schedule *name* to run after an Undo window, and show its owner an Undo toast.
 
@@ -280,6 +317,11 @@ class Defer:
         clicked in the last moment still lands. ``owner`` defaults to the current owner
         (see :meth:`owner_loader`); ``label`` is the toast's text ("Message sent").
 
+        The toast only says what the server knows, in the texts given for each state:
+        ``waiting_label`` once the window closed ("Sending…"), ``done_label`` when the
+        job ran ("Sent"), ``failed_label`` when it failed for good ("Couldn't send"),
+        ``undone_label`` after an Undo ("Sending undone."). Each has a neutral default.
+
         Like :meth:`schedule`, the row joins ``db.session``'s transaction: the caller
         commits it together with the business change (and the toast appears once it is
         committed).
@@ -287,8 +329,35 @@ class Defer:
         state = self._state()
         owner = owner if owner is not None else self.current_owner(create=True)
         return operations.undoable(
-            state, name, payload, window=window, label=label, key=key, owner=owner, replace=replace
+            state,
+            name,
+            payload,
+            window=window,
+            label=label,
+            key=key,
+            owner=owner,
+            replace=replace,
+            texts={
+                "waiting_label": waiting_label,
+                "done_label": done_label,
+                "failed_label": failed_label,
+                "undone_label": undone_label,
+            },
         )
+
+    def hold(self, id: int, *, seconds: Duration, owner: str | None = None) -> Job:
+        """Keep an open Undo window open *seconds* from now (its toast is hovered or focused).
+
+        WCAG 2.2.1 (Timing Adjustable): the person reading the toast can stop its clock.
+        One guarded update moves ``undo_until`` to now + *seconds* and ``run_at`` a
+        ``DEFER_UNDO_MARGIN`` after it, only while the job is pending with its window
+        open, only later, and never more than ``DEFER_UNDO_MAX_HOLD`` past the time it
+        was first due (the request is cut to the cap). Returns the job as it now is
+        (unchanged when it already runs later, or sits at the cap). A closed window or a
+        job that is no longer pending raises :class:`JobNotPending`; no job, or with
+        ``owner`` another owner's job, raises :class:`JobNotFound`.
+        """
+        return operations.hold(self._state(), id, seconds, owner)
 
     def undo(
         self, id: int | None = None, *, key: str | None = None, owner: str | None = None
@@ -307,10 +376,18 @@ class Defer:
         return operations.undo(self._state(), id, key, owner)
 
     def toasts(
-        self, owner: str | None = None, *, now: datetime | None = None, limit: int | None = None
+        self,
+        owner: str | None = None,
+        *,
+        now: datetime | None = None,
+        limit: int | None = None,
+        waiting: bool = False,
     ) -> list[Toast]:
         """*owner*'s live Undo toasts (pending, window still open), newest first.
 
+        ``waiting=True`` adds the toasts whose window closed in the last
+        :data:`~flask_defer.undo.WAITING_HORIZON` and whose job has not settled yet
+        (what a page renders, so a reload during the wait keeps the toast waiting).
         ``owner`` defaults to the current owner; with none, there are no toasts.
         ``limit`` defaults to ``DEFER_TOAST_LIMIT``.
         """
@@ -318,7 +395,7 @@ class Defer:
         owner = checked_text(owner, "owner") if owner is not None else self.current_owner()
         if owner is None:
             return []
-        return operations.toasts(state, owner, now=now, limit=limit)
+        return operations.toasts(state, owner, now=now, limit=limit, waiting=waiting)
 
     def pending_for(self, owner: str | None = None, *, limit: int = 100) -> list[Job]:
         """*owner*'s pending jobs, undoable or scheduled, soonest first.
@@ -425,7 +502,10 @@ class Defer:
 
     def get(self, id: int | None = None, *, key: str | None = None) -> Job | None:
         """The job with this id; for a key, its live job, else the newest settled one."""
-        job_id, key = identity(id, key)
+        try:
+            job_id, key = identity(id, key)
+        except JobNotFound:
+            return None  # an id no row can have (≤ 0 or past 64 bits): unknown, like any
         return self._state().get(job_id, key)
 
     def list(
@@ -520,8 +600,36 @@ class Defer:
         once nothing is due instead of waiting for more. ``clock`` replaces the wall
         clock (tests: run what is due at a chosen time with ``burst=True``).
         """
+        state = self._state()
+        # A worker on a schema behind or ahead of the code would fail on every claim.
+        versioning.require_current(
+            state.store.engine, state.store.table.name, app_migrations=_uses_flask_migrate()
+        )
         return operations.worker(
-            self._state(), concurrency=concurrency, queues=queues, burst=burst, clock=clock
+            state, concurrency=concurrency, queues=queues, burst=burst, clock=clock
+        )
+
+    # -- schema revisions (flask defer db ...) ---------------------------------------
+
+    def schema_status(self) -> versioning.SchemaStatus:
+        """How this app's database's flask_defer schema compares with the code's."""
+        store = self._state().store
+        return versioning.check(
+            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+        )
+
+    def upgrade_schema(self) -> Revisions:
+        """Upgrade the schema to the newest revision; return the revisions applied."""
+        store = self._state().store
+        return versioning.upgrade(
+            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+        )
+
+    def schema_sql(self) -> str:
+        """The SQL the upgrade would run, not executed (``flask defer db sql``)."""
+        store = self._state().store
+        return versioning.pending_sql(
+            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
         )
 
     def prune(self, now: datetime | None = None) -> int:
@@ -531,6 +639,97 @@ class Defer:
         ``DEFER_FAILED_RETENTION``. Workers do this periodically by themselves.
         """
         return self._state().prune(now)
+
+    # -- helpers: recurring schedules ------------------------------------------------
+
+    def _ticker_for(self, state: DeferState) -> _recurring.Ticker:
+        """The recurring schedules of *state*'s app, over a table beside the jobs table."""
+        table = define_schedules_table(state.store.table.metadata, self.schedules_table_name)
+        ticker = _recurring.Ticker(
+            ScheduleStore(state.store.engine, table, state.store),
+            self.schedules,
+            self.registry,
+            default_max_attempts=state.config.max_attempts,
+            max_catch_up=state.config.recurring_max_catch_up,
+            on_written=lambda job: state.send(signals.job_scheduled, job=job),
+        )
+        if state.db is None:
+            ticker.store.create_table()
+        return ticker
+
+    def recurring(
+        self,
+        id: str,
+        job_name: str,
+        cron: str | None = None,
+        *,
+        every: Duration | None = None,
+        tz: str = "UTC",
+        payload: Any = None,
+        catch_up: CatchUp = "latest",
+    ) -> RecurringSpec:
+        """Declare the recurring schedule *id*: run *job_name* on a cron rule or interval.
+
+        ``cron`` is a 5-field expression evaluated in the IANA zone ``tz`` (wall-clock
+        intent across DST: a time skipped by spring-forward runs once at the next valid
+        instant, a time repeated by fall-back runs once); ``every`` is a fixed interval
+        (a timedelta or seconds, at least one second) ticking at whole multiples since
+        the Unix epoch. Pass exactly one. ``catch_up`` says what happens to ticks missed
+        during downtime: ``"latest"`` runs the most recent one once, ``"skip"`` none,
+        ``"all"`` every one (at most ``DEFER_RECURRING_MAX_CATCH_UP``).
+
+        Declare it in code next to the handler, after ``@defer.job(job_name)``: an
+        unregistered *job_name* raises :class:`UnknownJob` here, at the declaration. The
+        declaration is the source of truth; the database (synced when a worker or
+        ``run_due`` starts) keeps each schedule's next and last tick and paused flag.
+        """
+        rule = make_rule(cron, every, tz)
+        spec = make_spec(id, job_name, rule, checked_payload(payload), catch_up)
+        if spec.job_name not in self.registry:
+            raise UnknownJob(spec.job_name)
+        self.schedules.add(spec)
+        return spec
+
+    def list_recurring(self) -> builtins.list[ScheduleRow]:
+        """Every schedule with its next and last tick, paused and orphaned flags, by id.
+
+        Orphaned schedules (declared once, no longer in code) are listed too: they are
+        kept and never tick until declared again.
+        """
+        return self._ticker().list(utcnow())
+
+    def pause_recurring(self, id: str) -> bool:
+        """Stop the schedule *id* from ticking: True if this call paused it.
+
+        Already paused → False. Unknown id → :class:`ScheduleNotFound`. Ticks already
+        written stay ordinary pending jobs (cancel them like any job).
+        """
+        return self._ticker("pause_recurring").pause(id, utcnow())
+
+    def resume_recurring(self, id: str, *, now: datetime | None = None) -> bool:
+        """Let the paused schedule *id* tick again, from its next tick after *now*.
+
+        Ticks that fell in the pause are not written (no burst). Not paused → False;
+        unknown id → :class:`ScheduleNotFound`.
+        """
+        at = as_utc(now, "now") if now is not None else utcnow()
+        return self._ticker("resume_recurring").resume(id, at)
+
+    def run_recurring_now(self, id: str) -> Job:
+        """Write one extra job of schedule *id*, due now (the dashboard's "Run now").
+
+        The schedule's own ticks are unchanged; the job's key is
+        ``recurring:<id>:<now>:now``.
+        """
+        return self._ticker("run_recurring_now").run_now(id, utcnow())
+
+    def _ticker(self, writes: str | None = None) -> _recurring.Ticker:
+        """The app's ticker; *writes* names a call that writes in its own transaction."""
+        state = self._state()
+        if writes is not None:
+            state.transactions.refuse_uncommitted(writes)
+        assert state.recurring is not None
+        return state.recurring
 
     # -- helpers: undo hooks, soft delete, batching, HTTP ----------------------------
 
@@ -609,6 +808,11 @@ class Defer:
             self._state(), url, method=method, json_body=json, headers=headers, run_at=run_at,
             delay=delay, key=key, timeout=timeout, replace=replace, owner=owner, label=label,
         )
+
+
+def _uses_flask_migrate() -> bool:
+    """Whether the current app runs its own Alembic migrations (Flask-Migrate)."""
+    return "migrate" in current_app.extensions
 
 
 def current_defer() -> Defer:

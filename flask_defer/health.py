@@ -55,6 +55,10 @@ class Health:
     measured_at: datetime
     by_name: tuple[NameHealth, ...] = ()
     lower_bounds: frozenset[str] = frozenset()
+    #: Recurring schedules whose tick was not written on time (more than a minute
+    #: overdue, say because no worker runs). Counted in ``owed`` too: a tick that was
+    #: never written is backlog as much as a job that was never run.
+    late_schedules: int = 0
 
     @classmethod
     def from_counts(
@@ -64,6 +68,8 @@ class Health:
         known_names: Collection[str],
         now: datetime,
         unknown_handlers: int | None = None,
+        late_schedules: int = 0,
+        oldest_late_tick: datetime | None = None,
     ) -> Health:
         """Health from per-name counts; *unknown_handlers* defaults to the counts' own."""
         total = StatusCounts.total(parts)
@@ -84,17 +90,21 @@ class Health:
             for part in parts
         ]
         by_name.sort(key=lambda h: (-h.owed, -(h.oldest_owed_age or 0.0), h.name))
+        oldest = total.oldest_owed_due_at
+        if oldest_late_tick is not None and (oldest is None or oldest_late_tick < oldest):
+            oldest = oldest_late_tick
         return cls(
             counts=total.by_status,
             scheduled=total.scheduled,
-            owed=total.owed,
-            oldest_owed_age=_age(total.oldest_owed_due_at, now),
+            owed=total.owed + late_schedules,
+            oldest_owed_age=_age(oldest, now),
             failed=total.by_status.get("failed", 0),
             lapsed_leases=total.lapsed_leases,
             unknown_handlers=unknown_handlers,
             measured_at=now,
             by_name=tuple(by_name),
             lower_bounds=total.lower_bounds,
+            late_schedules=late_schedules,
         )
 
     @property

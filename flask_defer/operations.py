@@ -9,18 +9,18 @@ anything that decides a race) and what a refused guarded change means.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from . import signals
 from .bulk import build_new_jobs
 from .errors import InvalidArgument, JobNotFound, JobNotPending
 from .execution import Clock
-from .jobs import Job, JobStatus
+from .jobs import Job, JobStatus, join_texts
 from .state import DeferState
 from .store import JobFilter
 from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
-from .undo import MAX_JOB_ID, Toast, UndoOutcome
+from .undo import MAX_JOB_ID, WAITING_HORIZON, Toast, UndoOutcome
 from .validation import DEFAULT_ACTOR, checked_limit, checked_text, identity, statuses
 from .worker import Worker
 
@@ -32,6 +32,10 @@ class Filters(TypedDict, total=False):
     name: str | None
     key_prefix: str | None
     owner: str | None
+
+
+#: The longest window one hold may ask for (``DEFER_UNDO_MAX_HOLD`` bounds the total).
+MAX_HOLD_REQUEST = timedelta(hours=1)
 
 
 def job_filter(filters: Filters) -> JobFilter:
@@ -71,6 +75,8 @@ def schedule_many(
         delay=delay,
         owner=owner,
         label=label,
+        max_payload_bytes=state.config.max_payload_bytes,
+        strict_local_times=state.config.strict_local_times,
     )
     if not jobs:
         return 0
@@ -88,8 +94,13 @@ def undoable(
     key: str | None,
     owner: str | None,
     replace: bool,
+    texts: dict[str, str | None] | None = None,
 ) -> Job:
-    """Schedule *name* after an Undo window (plus the margin), with a toast for *owner*."""
+    """Schedule *name* after an Undo window (plus the margin), with a toast for *owner*.
+
+    *texts* are the toast's state texts (``waiting_label``, ``done_label``, ...), stored
+    with the label in its column (:func:`~flask_defer.jobs.join_texts`).
+    """
     span = (
         state.config.undo_window
         if window is None
@@ -101,6 +112,13 @@ def undoable(
             "there is no current owner to show the Undo toast to; call undoable() "
             "while handling a request, or pass owner=",
         )
+    checked = {name: checked_text(text, name) for name, text in (texts or {}).items()}
+    try:
+        stored_label = join_texts(checked_text(label, "label"), **checked)
+    except ValueError as error:
+        raise InvalidArgument(str(error), "must not contain the U+001F separator") from None
+    if stored_label is not None and len(stored_label) > 255:
+        raise InvalidArgument("label", "label and the state texts together: at most 255 characters")
     now = utcnow()
     return state.schedule(
         name,
@@ -109,9 +127,39 @@ def undoable(
         key=key,
         replace=replace,
         owner=owner,
-        label=label,
+        label=stored_label,
         undo_until=now + span,
     )
+
+
+def hold(state: DeferState, job_id: Any, seconds: Duration, owner: str | None) -> Job:
+    """Keep an open Undo window open *seconds* more (see :meth:`Defer.hold`)."""
+    checked_id, _ = identity(job_id, None)
+    assert checked_id is not None
+    if not 1 <= checked_id <= MAX_JOB_ID:
+        raise JobNotFound(checked_id)
+    checked_owner = checked_text(owner, "owner")
+    span = as_duration(seconds, "seconds", allow_zero=False)
+    if span > MAX_HOLD_REQUEST:
+        raise InvalidArgument("seconds", f"at most {MAX_HOLD_REQUEST}, got {span}")
+    config = state.config
+    now = utcnow()
+    with state.transactions.own("hold") as conn:
+        moved = state.store.hold(
+            conn,
+            checked_id,
+            owner=checked_owner,
+            undo_until=now + span,
+            margin=config.undo_margin,
+            max_hold=config.undo_max_hold,
+            now=now,
+        )
+        if moved is not None:
+            return moved
+        existing = state.refused(conn, checked_id, None, checked_owner)
+        if existing.undo_seconds_left(now) <= 0:
+            raise JobNotPending(existing.id, existing.status.value)
+        return existing  # already later than asked, or at the cap
 
 
 def worker(
@@ -183,7 +231,7 @@ def reschedule(
         raise InvalidArgument("run_at", "give run_at or delay to reschedule to")
     job_id, key = identity(job_id, key)
     now = utcnow()
-    when = resolve_run_at(run_at, delay, now)
+    when = resolve_run_at(run_at, delay, now, strict=state.config.strict_local_times)
     with state.transactions.own("reschedule") as conn:
         moved = state.store.reschedule(
             conn, when, now=now, job_id=job_id, key=key, actor=actor, event=event
@@ -270,13 +318,22 @@ def undo(state: DeferState, job_id: Any, key: Any, owner: str | None) -> UndoOut
 
 
 def toasts(
-    state: DeferState, owner: str, *, now: datetime | None, limit: int | None
+    state: DeferState,
+    owner: str,
+    *,
+    now: datetime | None,
+    limit: int | None,
+    waiting: bool = False,
 ) -> list[Toast]:
-    """*owner*'s live Undo toasts, newest first."""
+    """*owner*'s live Undo toasts, newest first (with ``waiting``, also closed unsettled)."""
     at = as_utc(now, "now") if now is not None else utcnow()
     size = state.config.toast_limit if limit is None else checked_limit(limit)
     with state.transactions.joined() as conn:
-        jobs = state.store.undoable_for(conn, owner, now=at, limit=size)
+        if waiting:
+            since = at - WAITING_HORIZON
+            jobs = state.store.toast_jobs_for(conn, owner, since=since, limit=size)
+        else:
+            jobs = state.store.undoable_for(conn, owner, now=at, limit=size)
     return [Toast.from_job(job, at) for job in jobs]
 
 

@@ -31,6 +31,9 @@ class Task:
 
     job: Job
     timeout: float | None
+    # False: claimed without counting an attempt (prefetched); the pool counts it
+    # when a thread starts the job, so a worker killed first spends no attempt.
+    spent: bool = True
     started_at: float = 0.0  # time.monotonic() when a thread began the handler
     state: str = "queued"  # queued → running → finished | abandoned; or queued → withdrawn
     thread: _PoolThread | None = field(default=None, repr=False)
@@ -75,6 +78,7 @@ class HandlerPool:
         on_done: Callable[[Outcome | PendingAck, bool], None],
         *,
         prefetch: int = 0,
+        start: Callable[[Job], Job | None] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a handler pool needs at least one thread")
@@ -83,6 +87,7 @@ class HandlerPool:
         self.size = size
         self.prefetch = prefetch
         self._execute = run
+        self._start = start
         self._on_done = on_done
         self._queue: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -113,9 +118,18 @@ class HandlerPool:
         with self._lock:
             return [task.job for task in self._tasks]
 
-    def submit(self, job: Job, timeout: float | None) -> None:
-        """Queue *job*; the caller claimed at most :meth:`free` jobs."""
-        task = Task(job, timeout)
+    def idle(self) -> int:
+        """Threads with nothing to do: jobs submitted now start at once, not queued."""
+        with self._lock:
+            return max(self.size - len(self._tasks), 0)
+
+    def submit(self, job: Job, timeout: float | None, *, spent: bool = True) -> None:
+        """Queue *job*; the caller claimed at most :meth:`free` jobs.
+
+        ``spent=False``: its claim counted no attempt; the pool's *start* callback
+        counts it before the handler runs (and the job is skipped if that fails).
+        """
+        task = Task(job, timeout, spent=spent)
         with self._lock:
             self._tasks.add(task)
         self._queue.put(task)
@@ -155,7 +169,7 @@ class HandlerPool:
             )
         return expired
 
-    def withdraw_queued(self) -> list[Job]:
+    def withdraw_queued(self) -> list[Task]:
         """Take back the prefetched jobs no thread has started (a stopping worker's).
 
         A withdrawn task is never run: a thread that dequeues it later skips it.
@@ -167,7 +181,7 @@ class HandlerPool:
                 self._tasks.discard(task)
             if not self._tasks:
                 self._idle.notify_all()
-        return [task.job for task in queued]
+        return queued
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait up to *timeout* seconds for every job to finish; True if they did."""
@@ -195,6 +209,14 @@ class HandlerPool:
             task.thread = thread
         outcome: Outcome | PendingAck = Outcome.LOST
         try:
+            if not task.spent and self._start is not None:
+                started = self._start(task.job)
+                if started is None:
+                    JobLog(logger, {"job": task.job}).warning(
+                        "its claim lapsed while it waited in the queue; not run here"
+                    )
+                    return
+                task.job = started
             outcome = self._execute(task.job)
         except BaseException:  # noqa: BLE001 - the worker must outlive any one job
             # Typically the database went away while acknowledging. The row stays
@@ -204,19 +226,25 @@ class HandlerPool:
                 "lease lapses"
             )
         finally:
+            self._forget(task, outcome)
+
+    def _forget(self, task: Task, outcome: Outcome | PendingAck) -> None:
+        """The task's thread is done with it: tell the worker, then drop it.
+
+        Handed over before the task leaves the pool, so a worker that waited for the
+        pool to go idle finds every acknowledgement in its batch. An abandoned job's
+        late acknowledgement is handed over too: written, it is refused by the
+        compare-and-set unless recording the timeout failed.
+        """
+        with self._lock:
+            was_ours = task.state == "running"
+            if was_ours:
+                task.state = "finished"  # no longer expires nor withdraws
+        try:
+            if was_ours or isinstance(outcome, PendingAck):
+                self._on_done(outcome, was_ours)
+        finally:
             with self._lock:
-                was_ours = task.state == "running"
-                if was_ours:
-                    task.state = "finished"  # no longer expires nor withdraws
-            # Handed over before the task leaves the pool, so a worker that waited for
-            # the pool to go idle finds every acknowledgement in its batch. An abandoned
-            # job's late acknowledgement is handed over too: written, it is refused by
-            # the compare-and-set unless recording the timeout failed.
-            try:
-                if was_ours or isinstance(outcome, PendingAck):
-                    self._on_done(outcome, was_ours)
-            finally:
-                with self._lock:
-                    self._tasks.discard(task)
-                    if not self._tasks:
-                        self._idle.notify_all()
+                self._tasks.discard(task)
+                if not self._tasks:
+                    self._idle.notify_all()

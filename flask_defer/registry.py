@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .errors import InvalidArgument
 from .jobs import Job
+from .validation import storable_text
 
 Handler = Callable[[Job], Any]
 F = TypeVar("F", bound=Handler)
+
+#: ``attempts`` and ``max_attempts`` are 32-bit integer columns.
+MAX_ATTEMPTS_LIMIT = 2**31 - 1
+
+#: Longest handler timeout: what a thread wait accepts on every platform, capped at a
+#: year (a timeout that never comes is a mistake, not a setting).
+MAX_TIMEOUT = min(threading.TIMEOUT_MAX, 365 * 24 * 3600.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +71,10 @@ class Registry:
         The arguments are checked now, so a mistake points at the decorator line, not
         at the first job; *name* ``None`` takes the function's name.
         """
-        validate_spec(name if name is not None else "handler", max_attempts, timeout, queue)
+        validate_spec(name if name is not None else "handler", max_attempts, timeout, queue, atomic)
 
         def register(func: F) -> F:
+            validate_handler(func)
             self.add(
                 HandlerSpec(
                     name=name if name is not None else func.__name__,
@@ -94,18 +105,45 @@ class Registry:
 
 
 def validate_spec(
-    name: object, max_attempts: object, timeout: object, queue: object
+    name: object,
+    max_attempts: object,
+    timeout: object,
+    queue: object,
+    atomic: object = False,
 ) -> None:
     """Check the arguments of ``@defer.job`` so mistakes surface at import time."""
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise InvalidArgument("name", f"expected a non-empty string (≤200 chars), got {name!r}")
+    storable_text(name, "name")
     if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
     ):
-        raise InvalidArgument("max_attempts", f"expected an integer ≥ 1, got {max_attempts!r}")
+        raise InvalidArgument(
+            "max_attempts",
+            f"expected an integer from 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts!r}",
+        )
     if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        # NaN compares false with everything, so "timeout <= 0" alone lets it through
+        # and the handler would never time out.
+        or not math.isfinite(timeout)
+        or not 0 < timeout <= MAX_TIMEOUT
     ):
-        raise InvalidArgument("timeout", f"expected seconds > 0, got {timeout!r}")
+        raise InvalidArgument(
+            "timeout", f"expected finite seconds > 0 and ≤ {MAX_TIMEOUT:g}, got {timeout!r}"
+        )
+    if not isinstance(atomic, bool):
+        # atomic="no" is truthy: guessing would run the handler in the wrong transaction.
+        raise InvalidArgument("atomic", f"expected True or False, got {atomic!r}")
     if not isinstance(queue, str) or not queue or len(queue) > 100:
         raise InvalidArgument("queue", f"expected a non-empty string (≤100 chars), got {queue!r}")
+    storable_text(queue, "queue")
+
+
+def validate_handler(func: object) -> None:
+    """Refuse a handler that cannot be called, at the decorator line."""
+    if not callable(func):
+        raise InvalidArgument("handler", f"expected a function taking the job, got {func!r}")

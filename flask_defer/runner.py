@@ -30,8 +30,13 @@ def claim_due(
     lease: timedelta,
     queues: Collection[str] | None = None,
     actor: str = "app",
+    spend_attempt: bool = True,
 ) -> list[Job]:
-    """Claim up to *limit* jobs due at *now* under a fresh token, leased for *lease*."""
+    """Claim up to *limit* jobs due at *now* under a fresh token, leased for *lease*.
+
+    ``spend_attempt=False``: the attempt is counted when the job starts
+    (:meth:`JobStore.start_claimed`), for jobs queued behind busy threads.
+    """
     return store.claim(
         now=now,
         limit=limit,
@@ -39,6 +44,7 @@ def claim_due(
         lease_until=now + lease,
         queues=queues,
         actor=actor,
+        spend_attempt=spend_attempt,
     )
 
 
@@ -65,7 +71,12 @@ class Runner:
         self.actor = actor
 
     def claim(
-        self, now: datetime, limit: int, *, queues: Collection[str] | None = None
+        self,
+        now: datetime,
+        limit: int,
+        *,
+        queues: Collection[str] | None = None,
+        spend_attempt: bool = True,
     ) -> list[Job]:
         """Claim at most ``min(limit, claim_batch)`` due jobs (see :func:`claim_due`)."""
         return claim_due(
@@ -75,6 +86,7 @@ class Runner:
             lease=self.lease,
             queues=queues,
             actor=self.actor,
+            spend_attempt=spend_attempt,
         )
 
     def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:

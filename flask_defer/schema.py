@@ -10,6 +10,17 @@ see the table like any other. The indexes are the ones the hot paths need:
 * live rows by owner (partial): the Undo toasts of one user;
 * ``(status, finished_at)``: pruning old settled rows and the dashboard's filters.
 
+Two copies of the table exist on purpose. The one in the app's metadata uses plain
+SQLAlchemy types only (``DateTime(timezone=True)``, ``JSON`` with a ``JSONB`` variant), so
+a revision that Alembic autogenerates from it applies as generated: a custom type would
+render as ``flask_defer.schema.UTCDateTime()`` in a file that does not import it. The
+store runs its statements on :func:`typed_jobs_table`, a copy with the same DDL whose
+timestamps go in and come out aware UTC.
+
+Creating the table through the metadata (``db.create_all()``) records the schema's
+revision in the same transaction (the store listens for it, see ``store/versioning.py``),
+so a database created either way is known to be at the newest revision.
+
 Beside it, in the same metadata, the history table (``<jobs table>_history``): one row
 per state change of a job, written in the transaction of the change, read by job id
 and deleted with its job (so its only index is ``(job_id, id)``).
@@ -23,20 +34,24 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Dialect,
+    Float,
     Index,
     Integer,
     MetaData,
     String,
     Table,
     Text,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeDecorator
 
 DEFAULT_TABLE_NAME = "defer_jobs"
+DEFAULT_SCHEDULES_TABLE_NAME = "defer_schedules"
 _NOTHING = object()
 LIVE_STATUSES = ("pending", "running")
 
@@ -92,14 +107,33 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
+def _payload_type(*, for_queries: bool) -> Any:
+    """JSON, stored as JSONB on PostgreSQL.
+
+    The metadata's JSONB clears its ``astext_type`` (a class default): Alembic renders it as
+    ``astext_type=Text()`` with no import when it autogenerates against SQLite, so the
+    revision fails with ``NameError``. Only the ``->>`` operator uses that attribute and
+    only the store (which keeps a full JSONB) queries the table; the DDL is the same.
+    """
+    jsonb = JSONB()
+    if not for_queries:
+        jsonb.astext_type = None  # type: ignore[assignment]
+    return JSON().with_variant(jsonb, "postgresql")
+
+
 def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Table:
-    """Add the jobs table to *metadata* (or return it if it is already there)."""
+    """Add the jobs table to *metadata* (or return it if it is already there).
+
+    Call it where the app defines its models (``define_jobs_table(db.metadata)``) when
+    some process builds the metadata without ``init_app`` (an admin app, a plain Alembic
+    ``env.py``): autogenerate then sees the table instead of proposing to drop it.
+    """
     # Long on purpose: one table definition with its columns and indexes, in one place.
     if name in metadata.tables:
         return metadata.tables[name]
     # BIGINT on PostgreSQL; on SQLite only INTEGER PRIMARY KEY is the fast rowid alias.
     id_type = BigInteger().with_variant(Integer(), "sqlite")
-    payload_type = JSON().with_variant(JSONB(), "postgresql")
+    payload_type = _payload_type(for_queries=False)
     table = Table(
         name,
         metadata,
@@ -109,20 +143,20 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         Column("key", String(255), nullable=True),
         Column("payload", payload_type, nullable=False),
         Column("status", String(16), nullable=False, server_default="pending"),
-        Column("run_at", UTCDateTime(), nullable=False),
-        Column("due_at", UTCDateTime(), nullable=False),
+        Column("run_at", DateTime(timezone=True), nullable=False),
+        Column("due_at", DateTime(timezone=True), nullable=False),
         Column("attempts", Integer, nullable=False, server_default="0"),
         Column("max_attempts", Integer, nullable=False),
         Column("owner", String(255), nullable=True),
         Column("label", String(255), nullable=True),
-        Column("undo_until", UTCDateTime(), nullable=True),
+        Column("undo_until", DateTime(timezone=True), nullable=True),
         Column("last_error", Text, nullable=True),
         Column("result", payload_type, nullable=True),
         Column("claim_token", String(64), nullable=True),
-        Column("lease_expires_at", UTCDateTime(), nullable=True),
-        Column("created_at", UTCDateTime(), nullable=False),
-        Column("updated_at", UTCDateTime(), nullable=False),
-        Column("finished_at", UTCDateTime(), nullable=True),
+        Column("lease_expires_at", DateTime(timezone=True), nullable=True),
+        Column("created_at", DateTime(timezone=True), nullable=False),
+        Column("updated_at", DateTime(timezone=True), nullable=False),
+        Column("finished_at", DateTime(timezone=True), nullable=True),
     )
     c = table.c
     pending = c.status == "pending"
@@ -158,6 +192,66 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
     return table
 
 
+def typed_jobs_table(table: Table) -> Table:
+    """A copy of *table* for the store's statements: aware-UTC timestamps, full JSONB.
+
+    Same name, columns, indexes and DDL; its own metadata carries the original's
+    ``info`` (Flask-SQLAlchemy's bind key) so sessions route it to the same engine.
+    """
+    if table.info.get("flask_defer.typed"):
+        return table
+    copy = table.to_metadata(MetaData(info=dict(table.metadata.info)))
+    copy.info["flask_defer.typed"] = True
+    for column in copy.columns:
+        if isinstance(column.type, DateTime):
+            column.type = UTCDateTime()
+        elif column.name in ("payload", "result"):
+            column.type = _payload_type(for_queries=True)
+    return copy
+
+
+def define_schedules_table(metadata: MetaData, name: str = DEFAULT_SCHEDULES_TABLE_NAME) -> Table:
+    """Add the recurring schedules table to *metadata* (or return it if it is there).
+
+    One row per ``defer.recurring(...)`` id. The rule columns (``cron``,
+    ``every_seconds``, ``tz``), ``job_name``, ``payload`` and ``catch_up`` are copied
+    from the declaration in code at each sync, so a schedule whose declaration was
+    removed (``orphaned``) still shows what it was. ``next_run_at`` is the tick the
+    next compare-and-set advances from; the partial index on it serves "which
+    schedules are due" and "when is the next tick" for live (not paused, not
+    orphaned) schedules.
+    """
+    if name in metadata.tables:
+        return metadata.tables[name]
+    payload_type = JSON().with_variant(JSONB(), "postgresql")
+    table = Table(
+        name,
+        metadata,
+        Column("id", String(200), primary_key=True),
+        Column("job_name", String(200), nullable=False),
+        Column("cron", String(200), nullable=True),
+        Column("every_seconds", Float, nullable=True),
+        Column("tz", String(64), nullable=False, server_default="UTC"),
+        Column("payload", payload_type, nullable=True),
+        Column("catch_up", String(16), nullable=False, server_default="latest"),
+        Column("paused", Boolean, nullable=False, server_default=false()),
+        Column("orphaned", Boolean, nullable=False, server_default=false()),
+        Column("next_run_at", UTCDateTime(), nullable=False),
+        Column("last_run_at", UTCDateTime(), nullable=True),
+        Column("created_at", UTCDateTime(), nullable=False),
+        Column("updated_at", UTCDateTime(), nullable=False),
+    )
+    c = table.c
+    active = (c.paused == false()) & (c.orphaned == false())
+    Index(
+        f"ix_{name}_active_next_run_at",
+        c.next_run_at,
+        sqlite_where=active,
+        postgresql_where=active,
+    )
+    return table
+
+
 def history_table_name(jobs_table_name: str) -> str:
     """The name of the history table that belongs to *jobs_table_name*."""
     return f"{jobs_table_name}_history"
@@ -181,12 +275,12 @@ def define_history_table(metadata: MetaData, jobs_table_name: str = DEFAULT_TABL
         Column("id", id_type, primary_key=True, autoincrement=True),
         Column("job_id", BigInteger().with_variant(Integer(), "sqlite"), nullable=False),
         Column("event", String(32), nullable=False),
-        Column("at", UTCDateTime(), nullable=False),
+        Column("at", DateTime(timezone=True), nullable=False),
         Column("actor", String(255), nullable=False),
         Column("attempt", Integer, nullable=False),
         Column("error", Text, nullable=True),
         # When the job is due after this event (scheduled, rescheduled, retried, snoozed).
-        Column("run_at", UTCDateTime(), nullable=True),
+        Column("run_at", DateTime(timezone=True), nullable=True),
     )
     Index(f"ix_{name}_job", table.c.job_id, table.c.id)
     return table

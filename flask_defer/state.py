@@ -39,6 +39,7 @@ from .validation import checked_actor, checked_payload, checked_text
 from .worker import Worker, make_worker
 
 if TYPE_CHECKING:
+    from .helpers.recurring import Ticker
     from .metrics import Metrics
 
 
@@ -61,6 +62,9 @@ class DeferState:
     db: Any = None
     #: The app's Prometheus metrics (``DEFER_METRICS``), or None.
     metrics: Metrics | None = None
+    #: The app's recurring schedules (:mod:`flask_defer.helpers.recurring`), set by
+    #: ``init_app`` right after this state is built; the worker and run_due tick it.
+    recurring: Ticker | None = None
 
     # -- signals and inserts: the one path ------------------------------------------
 
@@ -122,8 +126,8 @@ class DeferState:
         now = utcnow()
         new = NewJob(
             name=name,
-            payload=checked_payload(payload),
-            run_at=resolve_run_at(run_at, delay, now),
+            payload=checked_payload(payload, max_bytes=self.config.max_payload_bytes),
+            run_at=resolve_run_at(run_at, delay, now, strict=self.config.strict_local_times),
             max_attempts=self.max_attempts(spec),
             queue=spec.queue,
             key=checked_text(key, "key"),
@@ -168,7 +172,17 @@ class DeferState:
         with self.transactions.joined() as conn:
             # One pass over live and failed rows, bounded counts of settled ones.
             parts = self.store.counts_by_name(conn, now=at)
-        return Health.from_counts(parts, known_names=known, now=at)
+        late, oldest_late = 0, None
+        if self.recurring is not None:
+            found = self.recurring.late(at)
+            late, oldest_late = found.count, found.oldest_tick
+        return Health.from_counts(
+            parts,
+            known_names=known,
+            now=at,
+            late_schedules=late,
+            oldest_late_tick=oldest_late,
+        )
 
     # -- running -------------------------------------------------------------------
 
@@ -180,11 +194,18 @@ class DeferState:
             return fixed if fixed is not None else utcnow()
 
         self.transactions.refuse_uncommitted("run_due")
+        if self.recurring is not None:
+            # Sync at every call (run_due is a cron runner's whole "worker start"), then
+            # write the ticks due by *now*, so the runner below runs them too.
+            self.recurring.sync(clock())
+            self.recurring.materialise(clock())
         return self.runner.run_due(clock, limit=limit)
 
     def worker(self, *, clock: Clock | None = None, **options: Any) -> Worker:
         """A worker over this app's store and executor (options as ``make_worker``)."""
-        return make_worker(self.store, self.executor, self.config, clock=clock, **options)
+        return make_worker(
+            self.store, self.executor, self.config, clock=clock, ticker=self.recurring, **options
+        )
 
     def prune(self, now: datetime | None = None) -> int:
         """Delete settled jobs past their retention now; return how many."""
@@ -241,8 +262,10 @@ def build_state(
         registry,
         policy=config.retry_policy(),
         context_factory=app.app_context,
-        atomic_scope=transactions.atomic,
+        atomic_scope=lambda: transactions.atomic(handler=True),
         emit=emit,
+        uncommitted=transactions.holds_uncommitted if session is not None else None,
+        sqlite_busy_timeout=config.sqlite_busy_timeout,
     )
     runner = Runner(store, executor, lease=config.lease, claim_batch=config.claim_batch)
     state = DeferState(

@@ -8,8 +8,9 @@ renders it, and ``defer.undo()`` callers branch on it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from .jobs import Job, JobStatus
 
@@ -45,45 +46,121 @@ class UndoOutcome(enum.StrEnum):
         """True when the job will not run (this Undo, or an earlier one, stopped it)."""
         return self in (UndoOutcome.UNDONE, UndoOutcome.ALREADY_UNDONE)
 
+    def describe(self, job: Job | None = None, translate: Translate | None = None) -> str:
+        """The answer as one short sentence, built from the job's state texts.
+
+        Gmail's wording: "Sending undone." (the job's ``undone_label``), "Too late —
+        already sent." (from its ``done_label``); neutral sentences otherwise. Never a
+        quoted label inside a sentence. *translate* is the web layer's gettext.
+        """
+        t = translate or _identity
+        if self is UndoOutcome.UNDONE:
+            return (job.undone_label if job is not None else None) or t("Undone.")
+        if self is UndoOutcome.ALREADY_UNDONE:
+            return t("Already undone.")
+        if self is UndoOutcome.RUNNING:
+            return t("Too late — it is running now.")
+        done = job.done_label if job is not None else None
+        if done:
+            return t("Too late — already {done}.").format(done=_mid_sentence(done))
+        return t("Too late — it already ran.")
+
+
+#: How long after its window closed an unsettled job still shows a waiting toast (a job
+#: retrying with backoff for an hour should not follow its owner from page to page).
+WAITING_HORIZON = timedelta(minutes=10)
+
+#: A gettext-like function: message id in, translated text out.
+Translate = Callable[[str], str]
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+def _mid_sentence(text: str) -> str:
+    """*text* as it reads inside a sentence: "Sent" → "sent" (an acronym stays "SMS")."""
+    text = text.strip().rstrip(".!")
+    if len(text) > 1 and text[1].isupper():
+        return text
+    return text[:1].lower() + text[1:]
+
+
+class ToastState(enum.StrEnum):
+    """What a toast shows; ``data-defer-state`` carries it. Only the server decides it."""
+
+    #: The Undo window is open.
+    OPEN = "open"
+    #: The window closed and the job has not settled yet (pending for the worker, or
+    #: running): shown neutrally ("Sending…"), never as done.
+    WAITING = "waiting"
+    #: The job ran.
+    DONE = "done"
+    #: The job failed for good (a dead letter).
+    FAILED = "failed"
+    #: The job was cancelled (this Undo, another tab, the operator).
+    UNDONE = "undone"
+
+    @classmethod
+    def of(cls, job: Job, now: datetime) -> ToastState:
+        """The state of *job*'s toast at *now*, from its row alone."""
+        if job.status is JobStatus.DONE:
+            return cls.DONE
+        if job.status is JobStatus.FAILED:
+            return cls.FAILED
+        if job.status is JobStatus.CANCELLED:
+            return cls.UNDONE
+        if job.undo_seconds_left(now) > 0:
+            return cls.OPEN
+        return cls.WAITING
+
     @property
-    def message(self) -> str:
-        """A short sentence for the person who clicked Undo."""
-        return _MESSAGES[self]
-
-    def describe(self, label: str | None) -> str:
-        """The answer as one sentence about the labelled action ("“Message sent” — undone.")."""
-        if not label:
-            return self.message
-        return f"“{label}” — {_CLAUSES[self]}"
+    def settled(self) -> bool:
+        """True once the toast's text is final (done, failed, undone)."""
+        return self in (ToastState.DONE, ToastState.FAILED, ToastState.UNDONE)
 
 
-_MESSAGES = {
-    UndoOutcome.UNDONE: "Undone.",
-    UndoOutcome.RUNNING: "Too late — it is running now.",
-    UndoOutcome.ALREADY_RAN: "Too late — it already ran.",
-    UndoOutcome.ALREADY_UNDONE: "Already undone.",
-}
+def state_text(job: Job, state: ToastState, translate: Translate | None = None) -> str:
+    """The toast's text in *state*: the job's own text for it, else a neutral default.
 
-_CLAUSES = {
-    UndoOutcome.UNDONE: "undone.",
-    UndoOutcome.RUNNING: "too late, it is running now.",
-    UndoOutcome.ALREADY_RAN: "too late, it already ran.",
-    UndoOutcome.ALREADY_UNDONE: "already undone.",
-}
+    No default claims an outcome before the server knows it: an unlabelled open toast
+    reads "Action scheduled", a waiting one "In progress…"; "Done" only ever comes from
+    a row that is done.
+    """
+    t = translate or _identity
+    if state is ToastState.OPEN:
+        return job.label or t("Action scheduled")
+    if state is ToastState.WAITING:
+        return job.waiting_label or t("In progress…")
+    if state is ToastState.DONE:
+        return job.done_label or t("Done.")
+    if state is ToastState.FAILED:
+        return job.failed_label or t("Failed.")
+    return job.undone_label or t("Undone.")
+
+
+def announcement(job: Job, translate: Translate | None = None) -> str:
+    """What a screen reader hears when the toast appears: what happened, how to undo."""
+    t = translate or _identity
+    label = state_text(job, ToastState.OPEN, translate).strip()
+    if label and label[-1] not in ".!?…":
+        label += "."
+    return t("{label} Press Z to undo.").format(label=label)
 
 
 @dataclass(frozen=True, slots=True)
 class Toast:
-    """One live Undo toast: a pending job of the owner whose window is still open.
+    """One Undo toast: an owner's job whose window is open or just closed.
 
     ``seconds_left`` is computed on the server from ``undo_until`` (which is ``run_at``
     minus ``DEFER_UNDO_MARGIN``), so a reload or a navigation shows the true remaining
-    time; the browser only counts it down.
+    time; the browser only counts it down. ``state`` is the server's, too.
     """
 
     job: Job
     seconds_left: float
     window_seconds: float
+    state: ToastState = ToastState.OPEN
 
     @classmethod
     def from_job(cls, job: Job, now: datetime) -> Toast:
@@ -91,7 +168,12 @@ class Toast:
         assert job.undo_until is not None
         start = job.created_at or now
         window = max((job.undo_until - start).total_seconds(), 0.001)
-        return cls(job=job, seconds_left=job.undo_seconds_left(now), window_seconds=window)
+        return cls(
+            job=job,
+            seconds_left=job.undo_seconds_left(now),
+            window_seconds=window,
+            state=ToastState.of(job, now),
+        )
 
     @property
     def id(self) -> int:

@@ -3,11 +3,53 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
-from .errors import InvalidArgument
+from .errors import InvalidArgument, JobNotFound
 from .jobs import JobStatus
+
+#: Ids are 64-bit signed integers on both backends, starting at 1.
+MAX_JOB_ID = 2**63 - 1
+
+#: Deepest nesting of lists and objects a payload (or result) may have. PostgreSQL's
+#: and SQLite's JSON functions, and Python's own encoder, all give up somewhere
+#: between 1,000 and 10,000 levels, each with a different error; no real payload
+#: comes near 100.
+MAX_PAYLOAD_DEPTH = 100
+
+#: Default of ``DEFER_MAX_PAYLOAD_BYTES``: a payload is an intent, not a file.
+DEFAULT_MAX_PAYLOAD_BYTES = 1_000_000
+
+# PostgreSQL stores neither NUL nor a UTF-16 surrogate code point, in text or in
+# JSONB; SQLite would, so without this one rule the two backends would disagree.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+# The same characters as json.dumps (ensure_ascii) escapes them. A surrogate *pair* is
+# how the encoder writes an emoji, so the precise check only runs when this matches.
+_MAYBE_UNSTORABLE = re.compile(r"\\u(?:0000|d[89a-f])", re.IGNORECASE)
+
+#: One encoder for every payload check, without building one per call.
+_STRICT_JSON = json.JSONEncoder(allow_nan=False)
+
+
+def storable_text(value: str, argument: str) -> str:
+    """Refuse a string PostgreSQL cannot store (NUL, lone surrogates), naming *argument*."""
+    found = _UNSTORABLE.search(value)
+    if found is not None:
+        raise InvalidArgument(
+            argument,
+            f"contains {_describe(found.group())} at position {found.start()}, "
+            "which the database cannot store",
+        )
+    return value
+
+
+def _describe(char: str) -> str:
+    if char == "\x00":
+        return "a NUL character (\\u0000)"
+    return f"a lone surrogate (\\u{ord(char):04x})"
 
 
 def identity(job_id: Any, key: Any) -> tuple[int | None, str | None]:
@@ -16,6 +58,9 @@ def identity(job_id: Any, key: Any) -> tuple[int | None, str | None]:
         raise InvalidArgument("id", "give exactly one of id or key=")
     if job_id is not None and (isinstance(job_id, bool) or not isinstance(job_id, int)):
         raise InvalidArgument("id", f"expected an integer job id, got {job_id!r}")
+    if job_id is not None and not 1 <= job_id <= MAX_JOB_ID:
+        # No row can have it; asking the database would overflow its bigint instead.
+        raise JobNotFound(job_id=job_id)
     return job_id, checked_text(key, "key")
 
 
@@ -29,7 +74,7 @@ def checked_text(value: Any, argument: str, *, allow_empty: bool = False) -> str
         raise InvalidArgument(argument, "must not be empty")
     if len(value) > 255:
         raise InvalidArgument(argument, f"at most 255 characters, got {len(value)}")
-    return value
+    return storable_text(value, argument)
 
 
 def checked_limit(limit: Any) -> int:
@@ -39,16 +84,70 @@ def checked_limit(limit: Any) -> int:
     return limit
 
 
-def checked_payload(payload: Any) -> Any:
+def checked_payload(payload: Any, *, max_bytes: int | None = None) -> Any:
     """Refuse what JSON cannot carry before anything is written; return the stored form."""
     if payload is None:
         return {}
-    try:
-        text = json.dumps(payload, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise InvalidArgument("payload", f"must be JSON-serialisable: {error}") from None
+    text = payload_text(payload, "payload", max_bytes=max_bytes)
     # Round-trip so the caller's Job shows exactly what the handler will receive.
     return json.loads(text)
+
+
+def payload_text(value: Any, argument: str, *, max_bytes: int | None = None) -> str:
+    """*value* as the JSON text both backends store, or :class:`InvalidArgument`.
+
+    Refused, naming *argument*: what JSON cannot carry (sets, NaN, objects), nesting
+    deeper than :data:`MAX_PAYLOAD_DEPTH`, strings the database cannot store (see
+    :func:`storable_text`, in keys too), and text longer than *max_bytes*.
+    """
+    try:
+        text = _STRICT_JSON.encode(value)
+    except RecursionError:
+        raise InvalidArgument(
+            argument, f"nested deeper than {MAX_PAYLOAD_DEPTH} levels of lists and objects"
+        ) from None
+    except (TypeError, ValueError) as error:
+        raise InvalidArgument(argument, f"must be JSON-serialisable: {error}") from None
+    if max_bytes is not None and len(text) > max_bytes:
+        # ensure_ascii: one character of the text is one byte.
+        raise InvalidArgument(
+            argument,
+            f"{len(text)} bytes as JSON, more than DEFER_MAX_PAYLOAD_BYTES ({max_bytes}); "
+            "store the data in your own table and pass its id",
+        )
+    # Both checks below walk the value, so they only run when the text says they may
+    # find something: a payload needs at least that many brackets to be that deep.
+    if text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH:
+        _check_depth(value, argument)
+    if _MAYBE_UNSTORABLE.search(text):
+        _check_strings(value, argument)
+    return text
+
+
+def _check_depth(value: Any, argument: str) -> None:
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if isinstance(item, dict | list | tuple):
+            if depth > MAX_PAYLOAD_DEPTH:
+                raise InvalidArgument(
+                    argument, f"nested deeper than {MAX_PAYLOAD_DEPTH} levels of lists and objects"
+                )
+            stack.extend((child, depth + 1) for child in children)
+
+
+def _check_strings(value: Any, argument: str) -> None:
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            storable_text(item, argument)
+        elif isinstance(item, dict):
+            stack.extend(str(k) if not isinstance(k, str) else k for k in item)
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
 
 
 def statuses(

@@ -32,8 +32,9 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import replace
+from datetime import datetime
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -45,7 +46,10 @@ from .pool import HandlerPool
 from .runner import Runner
 from .store import JobStore
 from .timeutil import utcnow
-from .wake import Waker
+from .wake import Wake, Waker
+
+if TYPE_CHECKING:
+    from .helpers.recurring import Ticker
 
 logger = logging.getLogger("flask_defer.worker")
 
@@ -96,8 +100,13 @@ class Worker:
         options: WorkerOptions,
         *,
         clock: Clock = utcnow,
+        ticker: Ticker | None = None,
     ) -> None:
         self.store = store
+        #: Recurring schedules: synced at start, their due ticks written each round.
+        self.ticker = ticker
+        self._next_tick: datetime | None = None
+        self._tick_recheck = 0.0
         self.executor = executor
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         #: Who this worker's claims, outcomes and reclaims are in the job history.
@@ -128,11 +137,14 @@ class Worker:
         # Prefetch one claim batch: with every thread busy, the next jobs are already
         # claimed (their leases renewed by the heartbeat), so a finishing thread never
         # waits for a round trip. Other workers still get the rest of the backlog.
+        # Prefetched jobs are claimed without counting an attempt; it is counted when a
+        # thread starts one, so a killed worker's queue costs its jobs no attempt.
         self.pool = HandlerPool(
             options.concurrency,
             lambda job: self.runner.execute(job, self.clock, batch=True),
             self._finished,
             prefetch=options.claim_batch,
+            start=lambda job: store.start_claimed(job, now=self.clock(), actor=self.actor),
         )
         # Handlers' outcomes waiting for the loop to write them in one batch, each
         # with whether it counts in the summary (False: abandoned at its timeout).
@@ -163,6 +175,8 @@ class Worker:
             self.pool.start()
             self._heartbeat.start()
             self._warn_if_pool_too_small()
+            if self.ticker is not None:
+                self.ticker.sync(self.clock())
             logger.info(
                 "worker %s started: %d thread(s), queues %s, %s%s",
                 self.name,
@@ -204,7 +218,11 @@ class Worker:
             if sleep is None:
                 return  # burst: nothing more is due
             if sleep > 0 and not self._stop.is_set():
-                self.waker.wait(sleep)
+                woke = self.waker.wait(sleep)
+                if woke in (Wake.NOTIFY, Wake.RECONNECTED):
+                    # A schedule may have been resumed or added elsewhere (they notify):
+                    # look at the schedules table again instead of at the next poll.
+                    self._tick_recheck = 0.0
 
     def _step(self) -> float | None:
         """One round: time-outs, maintenance, acks, claim. Returns how long to sleep."""
@@ -217,15 +235,25 @@ class Worker:
         if self._stop.is_set():
             return 0.0
         opts = self.options
+        self._write_ticks()
         now = self.clock()
         free = self.pool.free()
         claimed = 0
         if free and free >= self._claim_threshold():
             limit = min(free, opts.claim_batch)
-            jobs = self.runner.claim(now, limit, queues=opts.queues)
-            for job in jobs:
-                self.pool.submit(job, self._timeout_for(job.name))
-            claimed = len(jobs)
+            # Jobs for idle threads start at once: their claim counts the attempt.
+            # The rest wait in the queue and count it when they start (one more
+            # statement each, only when every thread is busy).
+            starting = min(self.pool.idle(), limit)
+            for count, spent in ((starting, True), (limit - starting, False)):
+                if not count:
+                    continue
+                jobs = self.runner.claim(now, count, queues=opts.queues, spend_attempt=spent)
+                for job in jobs:
+                    self.pool.submit(job, self._timeout_for(job.name), spent=spent)
+                claimed += len(jobs)
+                if len(jobs) < count:
+                    break  # nothing more is due
             self._backlog = claimed == limit
             if claimed == limit and self.pool.free() >= self._claim_threshold():
                 return 0.0  # a full batch and room for another: more may be due now
@@ -238,7 +266,11 @@ class Worker:
                 waits.append((next_run_at - self.clock()).total_seconds())
             if not self.waker.listening:
                 waits.append(opts.poll_interval.total_seconds())
-        # With the pool full there is nothing to claim; a finishing handler wakes us.
+        if self._next_tick is not None and self._next_tick > now:
+            # A tick due before any job must wake the loop too, or it would be late. (One
+            # still due after _write_ticks is a schedule that failed: no busy loop on it.)
+            waits.append((self._next_tick - self.clock()).total_seconds())
+        # With every thread busy there is nothing to claim; a finishing handler wakes us.
         mono = time.monotonic()
         deadline = self.pool.next_deadline()
         if deadline is not None:
@@ -289,6 +321,23 @@ class Worker:
         for outcome, (_, counted) in zip(outcomes, batch, strict=True):
             if counted:
                 self._count(outcome)
+
+    def _write_ticks(self) -> None:
+        """Write the jobs of due recurring ticks, and learn when the next tick is.
+
+        The schedules table is read when a known tick is due, and otherwise every
+        ``poll_interval`` (another process may have resumed or changed a schedule), so
+        an idle worker costs the table one indexed read per poll.
+        """
+        if self.ticker is None:
+            return
+        mono = time.monotonic()
+        now = self.clock()
+        if mono < self._tick_recheck and (self._next_tick is None or self._next_tick > now):
+            return
+        self.ticker.materialise(now)
+        self._next_tick = self.ticker.next_due()
+        self._tick_recheck = mono + self.options.poll_interval.total_seconds()
 
     def _record_timeouts(self) -> None:
         for task in self.pool.expire():
@@ -349,7 +398,11 @@ class Worker:
         """Let running handlers finish within the grace period; release the rest."""
         grace_ends = time.monotonic() + self.options.shutdown_grace.total_seconds()
         # Prefetched jobs that no thread started go back at once, not after the grace.
-        self._release(self.pool.withdraw_queued(), "claimed but not started")
+        withdrawn = self.pool.withdraw_queued()
+        self._release([t.job for t in withdrawn if t.spent], "claimed but not started")
+        self._release(
+            [t.job for t in withdrawn if not t.spent], "claimed but not started", spent=False
+        )
         if self.pool.busy():
             logger.info(
                 "waiting up to %g s for %d running job(s)",
@@ -383,12 +436,12 @@ class Worker:
         self.pool.close()
         self.waker.close()
 
-    def _release(self, jobs: list[Job], why: str) -> None:
+    def _release(self, jobs: list[Job], why: str, *, spent: bool = True) -> None:
         """Hand *jobs* back to pending (attempt not spent), logging each one."""
         if not jobs:
             return
         try:
-            released = self.store.release(jobs, now=self.clock())
+            released = self.store.release(jobs, now=self.clock(), spent=spent)
         except SQLAlchemyError as error:
             logger.error(
                 "could not release %d job(s) (%s); they return to pending when "
@@ -455,13 +508,14 @@ def make_worker(
     queues: Collection[str] | None = None,
     burst: bool = False,
     clock: Clock | None = None,
+    ticker: Ticker | None = None,
     **overrides: Any,
 ) -> Worker:
     """A :class:`Worker` configured from *config*; *overrides* replace option fields."""
     options = config.worker_options(concurrency=concurrency, queues=queues, burst=burst)
     if overrides:
         options = replace(options, **overrides)
-    return Worker(store, executor, options, clock=clock or utcnow)
+    return Worker(store, executor, options, clock=clock or utcnow, ticker=ticker)
 
 
 def _brief(error: BaseException) -> str:

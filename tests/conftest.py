@@ -295,8 +295,9 @@ def axe_violations() -> Callable[[Any], list[dict[str, Any]]]:
 
     axe = Axe()
 
-    def run(page: Any) -> list[dict[str, Any]]:
-        found = axe.run(page).response["violations"]
+    def run(page: Any, context: Any = None) -> list[dict[str, Any]]:
+        # context: axe's include/exclude selectors ({"exclude": [[".x"]]}); None: all.
+        found = axe.run(page, context=context).response["violations"]
         return [v for v in found if v.get("impact") in BLOCKING_IMPACTS]
 
     return run

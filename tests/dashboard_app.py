@@ -96,6 +96,11 @@ def create_app(database_url: str, *, auth: bool = True, **config: Any) -> OpsApp
     def sync_invoices(job: Job) -> None:
         _post_invoices(job.payload["account"])
 
+    defer.recurring(
+        "nightly-invoices", "sync_invoices", cron="0 3 * * *", tz="Europe/Berlin",
+        payload={"account": 1},
+    )
+
     manager = LoginManager(app)
 
     @manager.user_loader

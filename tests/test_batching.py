@@ -88,13 +88,31 @@ def test_debounce_moves_the_batch_but_never_past_max_wait(
     assert add(kit, "a", at(0), **options).run_at == at(10)
     assert add(kit, "b", at(5), **options).run_at == at(15)
     assert add(kit, "c", at(12), **options).run_at == at(22)
-    assert add(kit, "d", at(25), **options).run_at == at(30)  # capped: 0 + max_wait
+    assert add(kit, "d", at(21), **options).run_at == at(30)  # capped: 0 + max_wait
     assert add(kit, "e", at(29), **options).run_at == at(30)
     assert kit.defer.run_due(now=at(29.9)).ran == 0
     assert kit.defer.run_due(now=at(30)).done == 1
     assert digests[0].payload["items"] == ["a", "b", "c", "d", "e"]
     # After the flush the next item opens a fresh batch with its own deadline.
     assert add(kit, "f", at(31), **options).run_at == at(41)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_an_item_for_a_batch_that_is_already_due_opens_the_next_batch(
+    kit: AppKit, digests: list[Job]
+) -> None:
+    # Due means the worker's: joining it would let a busy key's items keep the batch
+    # locked (PostgreSQL) and push its start past max_wait.
+    options = {"window": 1, "mode": "debounce", "max_wait": 1}
+    first = add(kit, "a", at(0), **options)
+    assert add(kit, "b", at(0.5), **options).job_id == first.job_id
+    late = add(kit, "c", at(1.2), **options)
+    assert late.opened and late.job_id != first.job_id and late.run_at == at(2.2)
+    window = add(kit, "w1", at(0), window=10, key="post:2")
+    overdue = add(kit, "w2", at(10), window=10, key="post:2")
+    assert overdue.opened and overdue.job_id != window.job_id
+    assert kit.defer.run_due(now=at(1)).done == 1
+    assert digests[0].payload["items"] == ["a", "b"]
 
 
 def test_debounce_without_max_wait_keeps_moving(kit: AppKit, digests: list[Job]) -> None:

@@ -175,6 +175,26 @@ def test_screenshot_of_the_dashboard(
     page.screenshot(path=str(artifacts / f"dashboard-job{suffix}.png"), full_page=True)
 
 
+def test_schedules_page_pauses_and_resumes_a_schedule_in_place(
+    live: Live, operator_page: Callable[..., Page], artifacts: Path
+) -> None:
+    page = operator_page()
+    page.get_by_role("link", name="Schedules").click()
+    row = page.locator("#defer-schedule-nightly-invoices")
+    expect(row).to_have_attribute("data-defer-state", "active")
+    expect(row).to_contain_text("0 3 * * * (Europe/Berlin)")
+    row.get_by_role("button", name="Pause").click()
+    expect(page.locator("#defer-outcome")).to_contain_text("Schedule nightly-invoices paused.")
+    expect(row).to_have_attribute("data-defer-state", "paused")  # the table refreshed
+    page.screenshot(path=str(artifacts / "schedules-paused.png"), full_page=True)
+    with live.ops.context():
+        assert live.ops.defer.list_recurring()[0].paused
+    row.get_by_role("button", name="Resume").click()
+    expect(row).to_have_attribute("data-defer-state", "active")
+    with live.ops.context():
+        assert not live.ops.defer.list_recurring()[0].paused
+
+
 # -- the job's history timeline ------------------------------------------------------------
 
 #: Where the committed screenshots of the job history live.

@@ -94,7 +94,7 @@ def open_as(new_browser_context: Callable[..., BrowserContext]) -> Callable[...,
 
 
 def toasts(page: Page) -> Locator:
-    return page.locator(".defer-toast--live")
+    return page.locator('[data-defer-toast][data-defer-state="open"]')
 
 
 def send(page: Page, subject: str) -> Locator:
@@ -154,8 +154,20 @@ def test_send_and_let_it_go_turns_sent_by_itself(
     mark_page(page)
     toast = toasts(page).last
     expect(toast.get_by_role("button", name="Undo")).to_be_visible()
-    expect(toast.locator("[data-defer-settled]")).to_have_text("Done", timeout=6000)
-    expect(row.locator("[data-pill]")).to_have_text("Sent", timeout=10_000)
+    job_id = toast.get_attribute("data-defer-toast")
+    item = page.locator(f'[data-defer-toast="{job_id}"]')
+    page.evaluate(
+        "window.__settled = [];"
+        "document.body.addEventListener('defer:settled', (e) => window.__settled.push(e.detail))"
+    )
+    expect(item).to_have_attribute("data-defer-state", "waiting", timeout=4000)
+    expect(item).to_contain_text("Sending…")
+    expect(row.locator("[data-pill]")).to_have_text("Sending…")  # the truth, both places
+    expect(item).to_have_attribute("data-defer-state", "done", timeout=6000)
+    expect(item).to_contain_text("Sent")
+    # The outbox follows through defer:settled (it does not poll), within a second.
+    expect(row.locator("[data-pill]")).to_have_text("Sent", timeout=1000)
+    assert [d["status"] for d in page.evaluate("window.__settled")] == ["done"]
     expect(row).to_contain_text("outbox #1")
     assert_not_reloaded(page)
     message_id = demo.id_of(Message, subject="Lunch on Friday?")

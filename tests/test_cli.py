@@ -149,3 +149,22 @@ def test_status_prints_counts_and_exits_3_past_a_threshold(cli_kit: AppKit) -> N
     assert data["scheduled"] == 1 and data["owed"] == 1 and data["counts"]["pending"] == 2
     code, output = invoke(cli_kit, "status", "--max-owed", "0")
     assert code == 3 and "threshold crossed: owed 1 > 0" in output
+
+
+def test_schedules_lists_pauses_and_resumes(cli_kit: AppKit) -> None:
+    cli_kit.defer.recurring("digest", "send_email", cron="0 9 * * MON", tz="Europe/Berlin")
+    invoke(cli_kit, "install")
+    code, output = invoke(cli_kit, "schedules")
+    assert code == 0, output
+    assert "digest  send_email  0 9 * * MON (Europe/Berlin)  active" in output
+    code, output = invoke(cli_kit, "schedules", "pause", "digest")
+    assert (code, output.strip()) == (0, "schedule digest paused")
+    assert invoke(cli_kit, "schedules", "pause", "digest")[1].strip() == (
+        "schedule digest was already paused"
+    )
+    (row,) = [json.loads(line) for line in invoke(cli_kit, "schedules", "--json")[1].splitlines()]
+    assert row["id"] == "digest" and row["paused"] is True and row["tz"] == "Europe/Berlin"
+    code, output = invoke(cli_kit, "schedules", "resume", "digest")
+    assert (code, output.strip()) == (0, "schedule digest resumed")
+    code, output = invoke(cli_kit, "schedules", "pause", "nope")
+    assert code == 1 and "no recurring schedule has the id 'nope'" in output

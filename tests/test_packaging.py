@@ -108,6 +108,16 @@ def test_the_wheel_contains_templates_and_static_files(wheel: Path) -> None:
         "flask_defer/static/defer/dashboard.css",
         "flask_defer/static/defer/dashboard.js",
         "flask_defer/py.typed",
+        # the translations, compiled
+        "flask_defer/translations/de/LC_MESSAGES/flask_defer.mo",
+        "flask_defer/translations/fr/LC_MESSAGES/flask_defer.mo",
+    ):
+        assert expected in names, expected
+    # The schema revisions and their Alembic environment (flask defer db upgrade).
+    for expected in (
+        "flask_defer/migrations/env.py",
+        "flask_defer/migrations/script.py.mako",
+        "flask_defer/migrations/versions/0001_initial.py",
     ):
         assert expected in names, expected
     assert not any(name.startswith("tests/") for name in names)

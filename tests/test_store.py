@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from flask_defer import JobExists, JobStatus
+from flask_defer import Job, JobExists, JobStatus
 from flask_defer.store import UNKNOWN_HANDLER_NOTE, JobFilter, JobStore, NewJob
 
 MakeJob = Callable[..., NewJob]
@@ -134,6 +134,38 @@ def test_cancel_with_owner_only_touches_that_owners_job(
         assert store.cancel(conn, now=now, job_id=job_id, owner="alice") is not None
 
 
+def test_hold_is_one_guarded_update_owner_open_later_and_capped(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    s = timedelta(seconds=1)
+    job_id = insert(store, new_job(owner="alice", run_at=now + 6 * s, undo_until=now + 5 * s), now)
+
+    def hold(to: timedelta, *, owner: str | None = "alice", at: datetime = now) -> Job | None:
+        with store.begin() as conn:
+            return store.hold(
+                conn,
+                job_id,
+                owner=owner,
+                undo_until=now + to,
+                margin=s,
+                max_hold=4 * s,
+                now=at,
+            )
+
+    assert hold(8 * s, owner="bob") is None  # another owner's job
+    assert hold(4 * s) is None  # never earlier
+    moved = hold(8 * s)
+    assert moved is not None and (moved.undo_until, moved.run_at) == (now + 8 * s, now + 9 * s)
+    assert moved.due_at == now + 6 * s  # the first due time stays: the cap counts from it
+    capped = hold(20 * s, owner=None)  # no owner given: any owner's job; cut to the cap
+    assert capped is not None and (capped.undo_until, capped.run_at) == (now + 9 * s, now + 10 * s)
+    assert hold(20 * s) is None  # at the cap: no further
+    assert hold(9.5 * s, at=now + 9 * s) is None  # the window is over at that moment
+    with store.begin() as conn:
+        store.cancel(conn, now=now, job_id=job_id)
+    assert hold(8.9 * s) is None  # no longer pending
+
+
 def test_ack_is_compare_and_set_on_the_claim_token(
     store: JobStore, new_job: MakeJob, now: datetime
 ) -> None:
@@ -148,6 +180,44 @@ def test_ack_is_compare_and_set_on_the_claim_token(
     with store.begin() as conn:
         job = store.get(conn, job_id=fresh.id)
     assert job.status is JobStatus.DONE and job.attempts == 2
+
+
+def test_heartbeat_cannot_extend_a_lease_taken_over_by_another_worker(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    insert(store, new_job(max_attempts=5), now)
+    (stale,) = claim(store, now)
+    later = now + timedelta(minutes=5)
+    store.reclaim_lapsed(now=later)
+    (fresh,) = claim(store, later)
+    # The old worker's heartbeat names the same id, with its old token.
+    far = later + timedelta(hours=1)
+    assert store.extend_leases([stale], now=later, lease_until=far) == 0
+    with store.begin() as conn:
+        job = store.get(conn, job_id=fresh.id)
+    assert job.lease_expires_at == later + timedelta(seconds=30)
+    assert store.extend_leases([fresh], now=later, lease_until=far) == 1
+    with store.begin() as conn:
+        assert store.get(conn, job_id=fresh.id).lease_expires_at == far
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_claim_skips_a_row_another_transaction_holds_locked(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    ids = [insert(store, new_job(run_at=now - timedelta(seconds=n)), now) for n in (3, 2, 1)]
+    table = store.table
+    claimed: list[list[int]] = []
+    with store.engine.connect() as holder, holder.begin():
+        # The oldest due row, locked as an appender or an undo would hold it.
+        holder.execute(table.select().where(table.c.id == ids[0]).with_for_update()).all()
+        worker = threading.Thread(target=lambda: claimed.append([j.id for j in claim(store, now)]))
+        worker.start()
+        # Without SKIP LOCKED the claim would wait for this transaction to end.
+        worker.join(5)
+        assert not worker.is_alive(), "the claim waited for a locked row"
+    assert claimed == [ids[1:]]
+    assert [j.id for j in claim(store, now)] == [ids[0]]
 
 
 def test_reclaim_fails_a_job_out_of_attempts(

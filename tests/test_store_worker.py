@@ -278,3 +278,30 @@ def test_heartbeat_extends_only_rows_this_claim_still_owns(
     assert store.extend_leases(mine, now=now, lease_until=until) == 1
     assert _get(store, ids[0]).lease_expires_at == until
     assert _get(store, ids[1]).lease_expires_at == now + timedelta(seconds=30)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_batched_ack_writes_the_free_rows_and_waits_for_a_held_one_alone(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    # Waiting for a held row while holding the batch's others could deadlock with the
+    # holder; the batch writes the free rows at once and the held one on its own.
+    ids = [insert(store, new_job(), now) for _ in range(2)]
+    store.claim(now=now, limit=2, token="me", lease_until=now + timedelta(minutes=1))
+    answer: list[set[int]] = []
+    with store.engine.connect() as holder, holder.begin():
+        holder.execute(text("SELECT id FROM defer_jobs WHERE id = :id FOR UPDATE"), {"id": ids[1]})
+        flusher = threading.Thread(
+            target=lambda: answer.append(
+                store.acknowledge_many([Ack(i, "me", "done") for i in ids], now=now)
+            )
+        )
+        flusher.start()
+        deadline = time.monotonic() + 10
+        while _get(store, ids[0]).status is not JobStatus.DONE:
+            assert time.monotonic() < deadline, "the free row waited for the held one"
+            time.sleep(0.02)
+        assert _get(store, ids[1]).status is JobStatus.RUNNING and not answer
+    flusher.join(10)
+    assert answer == [set(ids)]
+    assert _get(store, ids[1]).status is JobStatus.DONE

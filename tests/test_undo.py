@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, select
 
-from flask_defer import InvalidArgument, Job, JobNotFound, JobStatus
+from flask_defer import InvalidArgument, Job, JobNotFound, JobNotPending, JobStatus
 from flask_defer.timeutil import utcnow
-from flask_defer.undo import Toast, UndoOutcome
+from flask_defer.undo import Toast, ToastState, UndoOutcome, announcement, state_text
 
 from .conftest import AppKit
 
@@ -150,6 +150,9 @@ def test_undo_of_a_failed_job_says_it_already_ran(kit: AppKit) -> None:
 
 def test_undo_of_another_owners_job_is_not_found(mail: AppKit) -> None:
     job = undoable(mail, owner="alice")
+    # Mallory is a real owner with a job of her own: her undo reaches the owner check.
+    own = undoable(mail, owner="mallory")
+    assert [toast.job.id for toast in mail.defer.toasts("mallory")] == [own.id]
     with pytest.raises(JobNotFound):
         mail.defer.undo(job.id, owner="mallory")
     assert mail.defer.get(job.id).status is JobStatus.PENDING  # type: ignore[union-attr]
@@ -293,13 +296,173 @@ def test_pending_for_lists_the_owners_pending_jobs_soonest_first(mail: AppKit) -
     assert soon.id != later.id
 
 
-def test_undo_outcome_sentences() -> None:
-    assert UndoOutcome.UNDONE.describe("Message sent") == "“Message sent” — undone."
-    assert UndoOutcome.RUNNING.describe(None) == "Too late — it is running now."
-    assert UndoOutcome.ALREADY_RAN.describe("") == "Too late — it already ran."
+def test_undo_outcome_sentences_are_built_from_the_state_texts_without_quotes(
+    mail: AppKit,
+) -> None:
+    job = undoable(
+        mail, label="Message sent", done_label="Sent", undone_label="Sending undone."
+    )
+    assert UndoOutcome.UNDONE.describe(job) == "Sending undone."
+    assert UndoOutcome.ALREADY_RAN.describe(job) == "Too late — already sent."
+    assert UndoOutcome.RUNNING.describe(job) == "Too late — it is running now."
+    assert UndoOutcome.ALREADY_UNDONE.describe(job) == "Already undone."
+    plain = undoable(mail)
+    assert UndoOutcome.UNDONE.describe(plain) == "Undone."
+    assert UndoOutcome.ALREADY_RAN.describe(None) == "Too late — it already ran."
+    # An acronym keeps its capitals inside the sentence.
+    sms = undoable(mail, done_label="SMS sent")
+    assert UndoOutcome.ALREADY_RAN.describe(sms) == "Too late — already SMS sent."
     assert UndoOutcome.ALREADY_UNDONE.undone and not UndoOutcome.RUNNING.undone
     assert UndoOutcome.for_status(JobStatus.FAILED) is UndoOutcome.ALREADY_RAN
 
+
+def test_the_state_texts_are_stored_with_the_label_and_read_back(mail: AppKit) -> None:
+    job = undoable(
+        mail,
+        label="Message sent",
+        waiting_label="Sending…",
+        done_label="Sent",
+        failed_label="Couldn't send",
+        undone_label="Sending undone.",
+    )
+    stored = mail.defer.get(job.id)
+    assert stored is not None
+    assert stored.label == "Message sent"
+    assert (stored.waiting_label, stored.done_label) == ("Sending…", "Sent")
+    assert (stored.failed_label, stored.undone_label) == ("Couldn't send", "Sending undone.")
+    # The texts survive the job settling (the toast reads them then).
+    mail.defer.run_due(now=job.run_at)
+    ran = mail.defer.get(job.id)
+    assert ran is not None and ran.status is JobStatus.DONE and ran.done_label == "Sent"
+    # Only a label: the column holds exactly the label, as before.
+    only = undoable(mail, label="Message sent")
+    assert (only.label, only.done_label) == ("Message sent", None)
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("done_label", "a\x1fb"), ("failed_label", ""), ("waiting_label", 7), ("label", "x" * 250)],
+)
+def test_undoable_refuses_bad_state_texts(mail: AppKit, argument: str, value: object) -> None:
+    texts: dict[str, object] = {"done_label": "Sent", argument: value}
+    with pytest.raises(InvalidArgument) as caught:
+        undoable(mail, **texts)
+    assert caught.value.argument == argument
+
+
+def test_toast_state_comes_from_the_row_alone(mail: AppKit) -> None:
+    job = undoable(mail)
+    assert job.undo_until is not None
+    assert ToastState.of(job, job.undo_until - timedelta(seconds=1)) is ToastState.OPEN
+    # Window closed, not run yet: waiting, never done.
+    assert ToastState.of(job, job.undo_until) is ToastState.WAITING
+    assert ToastState.of(job, job.run_at + timedelta(hours=1)) is ToastState.WAITING
+    mail.defer.run_due(now=job.run_at)
+    ran = mail.defer.get(job.id)
+    assert ran is not None and ToastState.of(ran, utcnow()) is ToastState.DONE
+    other = undoable(mail)
+    mail.defer.undo(other.id, owner="alice")
+    undone = mail.defer.get(other.id)
+    assert undone is not None and ToastState.of(undone, utcnow()) is ToastState.UNDONE
+
+
+def test_no_default_state_text_claims_an_outcome(mail: AppKit) -> None:
+    job = undoable(mail)
+    assert state_text(job, ToastState.OPEN) == "Action scheduled"
+    assert state_text(job, ToastState.WAITING) == "In progress…"
+    assert "Done" not in state_text(job, ToastState.OPEN) + state_text(job, ToastState.WAITING)
+    assert state_text(job, ToastState.DONE) == "Done."
+    assert state_text(job, ToastState.FAILED) == "Failed."
+    labelled = undoable(mail, label="Message sent", done_label="Sent", failed_label="Couldn't send")
+    assert state_text(labelled, ToastState.DONE) == "Sent"
+    assert state_text(labelled, ToastState.FAILED) == "Couldn't send"
+
+
+def test_the_announcement_says_what_happened_and_how_to_undo(mail: AppKit) -> None:
+    assert announcement(undoable(mail, label="Message sent")) == "Message sent. Press Z to undo."
+    assert announcement(undoable(mail, label="Deleted!")) == "Deleted! Press Z to undo."
+
+
+def test_toasts_with_waiting_include_closed_windows_until_the_job_settles(mail: AppKit) -> None:
+    job = undoable(mail)
+    assert job.undo_until is not None
+    later = job.undo_until + timedelta(seconds=3)
+    assert mail.defer.toasts("alice", now=later) == []
+    waiting = mail.defer.toasts("alice", now=later, waiting=True)
+    assert [(t.id, t.state) for t in waiting] == [(job.id, ToastState.WAITING)]
+    mail.defer.run_due(now=job.run_at)
+    assert mail.defer.toasts("alice", now=later, waiting=True) == []
+
+
+# -- hold (hover or focus on a toast) ---------------------------------------------------
+
+
+def test_hold_keeps_the_window_open_and_the_margin_after_it(mail: AppKit) -> None:
+    job = undoable(mail)
+    assert job.undo_until is not None
+    before = utcnow()
+    held = mail.defer.hold(job.id, seconds=8, owner="alice")
+    assert held.undo_until is not None
+    assert before + timedelta(seconds=8) <= held.undo_until <= utcnow() + timedelta(seconds=8)
+    assert held.run_at - held.undo_until == timedelta(seconds=1)  # the margin holds
+    assert held.due_at == job.due_at  # the first due time is what the cap counts from
+    stored = mail.defer.get(job.id)
+    assert stored is not None and stored.run_at == held.run_at
+
+
+def test_hold_never_moves_a_job_earlier(mail: AppKit) -> None:
+    job = undoable(mail, window=30)
+    held = mail.defer.hold(job.id, seconds=2, owner="alice")
+    assert (held.undo_until, held.run_at) == (job.undo_until, job.run_at)
+
+
+def test_hold_is_capped_by_max_hold_per_job(make_app: Callable[..., AppKit]) -> None:
+    kit = make_app(DEFER_UNDO_MAX_HOLD=timedelta(seconds=3))
+    with kit.context():
+        kit.db.create_all()
+
+        @kit.defer.job("send_email")
+        def send_email(job: Job) -> None:
+            pass
+
+        job = undoable(kit)
+        for _ in range(3):
+            held = kit.defer.hold(job.id, seconds=20, owner="alice")
+        assert held.run_at == job.due_at + timedelta(seconds=3)
+        assert held.run_at - held.undo_until == timedelta(seconds=1)  # type: ignore[operator]
+        again = kit.defer.hold(job.id, seconds=20, owner="alice")
+        assert again.run_at == held.run_at
+
+
+def test_hold_of_a_closed_window_or_a_settled_job_is_not_pending(mail: AppKit) -> None:
+    job = undoable(mail, window=0.05)
+    import time
+
+    time.sleep(0.1)
+    with pytest.raises(JobNotPending):
+        mail.defer.hold(job.id, seconds=5, owner="alice")
+    other = undoable(mail)
+    mail.defer.undo(other.id, owner="alice")
+    with pytest.raises(JobNotPending):
+        mail.defer.hold(other.id, seconds=5, owner="alice")
+
+
+def test_hold_of_another_owners_job_is_not_found(mail: AppKit) -> None:
+    job = undoable(mail, owner="alice")
+    with pytest.raises(JobNotFound):
+        mail.defer.hold(job.id, seconds=5, owner="mallory")
+    with pytest.raises(JobNotFound):
+        mail.defer.hold(2**62, seconds=5, owner="alice")
+    stored = mail.defer.get(job.id)
+    assert stored is not None and stored.run_at == job.run_at
+
+
+@pytest.mark.parametrize("seconds", [0, -1, 7200, "soon"])
+def test_hold_refuses_a_bad_duration(mail: AppKit, seconds: object) -> None:
+    job = undoable(mail)
+    with pytest.raises(InvalidArgument) as caught:
+        mail.defer.hold(job.id, seconds=seconds, owner="alice")  # type: ignore[arg-type]
+    assert caught.value.argument == "seconds"
 
 def test_commit_clears_the_uncommitted_mark_for_every_new_app() -> None:
     """Regression: undo() once refused to run after a commit in a fresh app.

@@ -715,6 +715,9 @@ def test_past_the_settled_cap_figures_and_the_total_say_at_least(
     assert "1–2 of 4+" in html and "Page 1 of 3+" in html
 
 
+
+
+
 # -- job history -----------------------------------------------------------------------
 
 

@@ -165,7 +165,7 @@ def test_htmx_undo_cancels_and_answers_undone(mail: MailApp) -> None:
     assert response.status_code == 200
     html = response.get_data(as_text=True)
     assert 'data-defer-outcome="undone"' in html
-    assert "“Message sent” — undone." in html
+    assert "Undone." in html and "“" not in html
     assert status_of(mail, job_id) is JobStatus.CANCELLED
     # A double click: harmless, and says so.
     again = client.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token})
@@ -185,7 +185,7 @@ def test_undo_of_a_running_job_answers_too_late(mail: MailApp) -> None:
         f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token_of(client)}
     )
     assert response.status_code == 200
-    assert "too late, it is running now" in response.get_data(as_text=True)
+    assert "Too late — it is running now." in response.get_data(as_text=True)
     assert status_of(mail, job_id) is JobStatus.RUNNING
 
 
@@ -210,7 +210,7 @@ def test_plain_post_undo_redirects_back_with_the_outcome_flashed(mail: MailApp) 
     assert response.status_code == 303
     assert response.headers["Location"] == "/inbox?page=2"
     page = client.get("/inbox?page=2").get_data(as_text=True)
-    assert "“Message sent” — undone." in page
+    assert "Undone." in page
     assert 'data-defer-outcome="undone"' in page
     assert f'id="defer-toast-{job_id}"' not in page
     # Flashed once: the next page is clean.
@@ -227,7 +227,7 @@ def test_plain_post_undo_after_it_ran_flashes_too_late(mail: MailApp) -> None:
         data={"csrf_token": token_of(client), "next": "/"},
         follow_redirects=True,
     )
-    assert "“Message sent” — too late, it already ran." in response.get_data(as_text=True)
+    assert "Too late — it already ran." in response.get_data(as_text=True)
 
 
 # -- ownership -----------------------------------------------------------------------------
@@ -236,8 +236,16 @@ def test_plain_post_undo_after_it_ran_flashes_too_late(mail: MailApp) -> None:
 def test_another_owner_gets_404_and_cannot_see_the_toast(mail: MailApp) -> None:
     alice = mail.app.test_client()
     job_id = send(alice)
+    # Mallory is a real owner with a job of her own, so the owner check is reached
+    # (a visitor without an owner id is refused before it).
     mallory = mail.app.test_client()
+    own_id = send(mallory)
     token = token_of(mallory)
+    with mail.context():
+        own, alices = mail.defer.get(own_id), mail.defer.get(job_id)
+        assert own is not None and alices is not None and own.owner
+        assert own.owner != alices.owner
+    assert f"defer-toast-{own_id}" in mallory.get("/").get_data(as_text=True)
     assert f"defer-toast-{job_id}" not in mallory.get("/").get_data(as_text=True)
     assert f"defer-toast-{job_id}" not in mallory.get("/defer/toasts").get_data(as_text=True)
     for headers, data in (({**HTMX, "X-CSRFToken": token}, None), ({}, {"csrf_token": token})):
@@ -414,7 +422,7 @@ def test_pending_page_lists_the_owners_undoable_and_scheduled_jobs(mail: MailApp
         data={"csrf_token": token.group(1), "next": "/defer/pending"},
         follow_redirects=True,
     )
-    assert "“Publish post” — undone." in response.get_data(as_text=True)
+    assert "Undone." in response.get_data(as_text=True)
     assert status_of(mail, undoable_id) is JobStatus.PENDING
 
 
@@ -475,3 +483,208 @@ def test_defer_toasts_links_its_assets_once_per_page(mail: MailApp) -> None:
         )
     assert html.count("defer/defer.css") == 1
     assert html.count("defer/defer.js") == 1
+
+
+# -- states, hold, translations ------------------------------------------------------------
+
+
+def states(client: FlaskClient, *ids: int) -> list[dict[str, Any]]:
+    query = "&".join(f"id={i}" for i in ids)
+    response = client.get(f"/defer/toasts/state?{query}")
+    assert response.status_code == 200
+    assert response.headers["Cache-Control"] == "no-store"
+    jobs: list[dict[str, Any]] = response.get_json()["jobs"]
+    return jobs
+
+
+def test_a_toast_carries_its_state_and_the_texts_of_the_others(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client, done_label="Sent", failed_label="Couldn't send", waiting_label="Sending…")
+    html = client.get("/").get_data(as_text=True)
+    assert f'data-defer-toast="{job_id}"' in html and 'data-defer-state="open"' in html
+    assert 'data-defer-text-done="Sent"' in html
+    assert 'data-defer-text-failed="Couldn&#39;t send"' in html
+    assert 'data-defer-text-announce="Message sent. Press Z to undo."' in html
+
+
+def test_after_the_window_a_reload_renders_the_toast_waiting_not_done(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client, window="0.2", waiting_label="Sending…")
+    import time
+
+    time.sleep(0.3)
+    html = client.get("/").get_data(as_text=True)
+    assert f'data-defer-toast="{job_id}"' in html
+    assert 'data-defer-state="waiting"' in html and "Sending…</p>" in html
+    assert "defer-toast__form" not in html  # no Undo once the window closed
+    assert [j["state"] for j in states(client, job_id)] == ["waiting"]
+    run_due_at_run_at(mail, job_id)
+    assert f'data-defer-toast="{job_id}"' not in client.get("/").get_data(as_text=True)
+
+
+def test_the_state_endpoint_answers_the_owners_jobs_only(mail: MailApp) -> None:
+    alice = mail.app.test_client()
+    sent_id = send(alice, done_label="Sent")
+    failing_id = send(alice, subject="FAIL", failed_label="Couldn't send")
+    bob = mail.app.test_client()
+    send(bob)
+    run_due_at_run_at(mail, sent_id)
+    run_due_at_run_at(mail, failing_id)
+    answer = {j["id"]: j for j in states(alice, sent_id, failing_id, 999999, 0)}
+    assert set(answer) == {sent_id, failing_id}
+    assert answer[sent_id]["state"] == "done" and answer[sent_id]["text"] == "Sent"
+    assert answer[sent_id]["status"] == "done"
+    assert answer[failing_id]["state"] == "failed"
+    assert answer[failing_id]["text"] == "Couldn't send"
+    assert states(bob, sent_id, failing_id) == []  # someone else's ids: like missing ones
+    assert mail.app.test_client().get(f"/defer/toasts/state?id={sent_id}").get_json() == {
+        "jobs": []
+    }
+
+
+def hold(client: FlaskClient, job_id: int, seconds: float, token: str | None) -> Any:
+    headers = {"X-CSRFToken": token} if token else {}
+    return client.post(f"/defer/hold/{job_id}", data={"seconds": seconds}, headers=headers)
+
+
+def test_hold_keeps_the_owners_window_open(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client)
+    with mail.context():
+        before = mail.defer.get(job_id)
+    assert before is not None
+    response = hold(client, job_id, 9, token_of(client))
+    assert response.status_code == 200
+    body = response.get_json()
+    assert body["state"] == "open" and body["capped"] is False
+    assert 8.5 < body["seconds_left"] <= 9
+    with mail.context():
+        after = mail.defer.get(job_id)
+    assert after is not None and after.run_at > before.run_at + timedelta(seconds=3)
+
+
+def test_hold_of_another_owners_job_answers_404_like_a_missing_one(mail: MailApp) -> None:
+    alice = mail.app.test_client()
+    job_id = send(alice)
+    mallory = mail.app.test_client()
+    send(mallory)  # mallory is an owner too
+    token = token_of(mallory)
+    foreign = hold(mallory, job_id, 9, token)
+    missing = hold(mallory, 10**9, 9, token)
+    assert foreign.status_code == missing.status_code == 404
+    assert foreign.get_data() == missing.get_data()
+    with mail.context():
+        job = mail.defer.get(job_id)
+    assert job is not None and job.undo_until is not None
+    assert job.undo_until < job.created_at + timedelta(seconds=5.1)  # type: ignore[operator]
+
+
+def test_hold_without_a_valid_csrf_token_is_refused(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client)
+    assert hold(client, job_id, 9, None).status_code == 400
+    assert hold(client, job_id, 9, "forged").status_code == 400
+    assert hold(client, job_id, "soon", token_of(client)).status_code == 400  # type: ignore[arg-type]
+
+
+def test_hold_of_a_job_that_is_not_open_answers_409_with_its_state(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client)
+    token = token_of(client)
+    client.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token})
+    response = hold(client, job_id, 9, token)
+    assert response.status_code == 409
+    assert response.get_json() == {"state": "undone"}
+    ran_id = send(client)
+    run_due_at_run_at(mail, ran_id)
+    assert hold(client, ran_id, 9, token).get_json() == {"state": "done"}
+
+
+def test_hold_stops_at_the_cap(make_mail: Callable[..., MailApp]) -> None:
+    mail = make_mail(DEFER_UNDO_MAX_HOLD=timedelta(seconds=2))
+    client = mail.app.test_client()
+    job_id = send(client)
+    response = hold(client, job_id, 30, token_of(client))
+    assert response.status_code == 200 and response.get_json()["capped"] is True
+    with mail.context():
+        job = mail.defer.get(job_id)
+    assert job is not None and job.run_at == job.due_at + timedelta(seconds=2)
+
+
+def test_a_german_browser_reads_german_toasts_and_pages(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    german = {"Accept-Language": "de-DE,de;q=0.9"}
+    response = client.post(
+        "/send", data={"csrf_token": token_of(client), "label": "Nachricht gesendet"}
+    )
+    job_id = int(parse_qs(urlsplit(response.headers["Location"]).query)["sent"][0])
+    html = client.get("/", headers=german).get_data(as_text=True)
+    assert "Rückgängig<span" in html
+    announce = "Nachricht gesendet. Drücken Sie Z zum Rückgängigmachen."
+    assert f'data-defer-text-announce="{announce}"' in html
+    assert 'data-defer-locale="de"' in html
+    pending = client.get("/defer/pending", headers=german).get_data(as_text=True)
+    assert "Ausstehende Aktionen" in pending and '<html lang="de">' in pending
+    token = token_of(client)
+    answer = client.post(
+        f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token, **german}
+    ).get_data(as_text=True)
+    assert "Rückgängig gemacht." in answer
+    french = client.get("/defer/pending", headers={"Accept-Language": "fr"}).get_data(as_text=True)
+    assert "Actions en attente" in french
+
+
+def test_without_flask_babel_the_texts_are_english(make_mail: Callable[..., MailApp]) -> None:
+    mail = make_mail(babel=False)
+    client = mail.app.test_client()
+    send(client)
+    html = client.get("/", headers={"Accept-Language": "de"}).get_data(as_text=True)
+    assert "Undo<span" in html and "data-defer-locale" not in html
+
+
+# -- clickjacking ----------------------------------------------------------------------------
+
+
+def blueprint_responses(mail: MailApp, client: FlaskClient) -> dict[str, Any]:
+    """One response of each kind the blueprint serves: pages, fragments, errors, assets."""
+    job_id = send(client)
+    token = token_of(client)
+    return {
+        "dashboard": client.get("/defer/"),
+        "job page": client.get(f"/defer/jobs/{job_id}"),
+        "pending": client.get("/defer/pending"),
+        "toasts": client.get("/defer/toasts"),
+        "undo": client.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token}),
+        "404": client.post("/defer/undo/999999", headers={**HTMX, "X-CSRFToken": token}),
+        "asset": client.get("/defer/static/defer/defer.js"),
+    }
+
+
+def test_every_blueprint_response_forbids_foreign_frames(make_mail: Callable[..., MailApp]) -> None:
+    mail = make_mail(DEBUG=True)  # debug mode opens the dashboard without an auth hook
+    for what, response in blueprint_responses(mail, mail.app.test_client()).items():
+        assert response.headers.get("Content-Security-Policy") == "frame-ancestors 'self'", what
+        assert response.headers.get("X-Frame-Options") == "SAMEORIGIN", what
+        response.close()
+    # The app's own pages are the app's business.
+    assert "Content-Security-Policy" not in mail.app.test_client().get("/").headers
+
+
+def test_frame_ancestors_is_configurable(make_mail: Callable[..., MailApp]) -> None:
+    mail = make_mail(DEBUG=True, DEFER_FRAME_ANCESTORS="'self' https://admin.example.com")
+    response = mail.app.test_client().get("/defer/")
+    expected = "frame-ancestors 'self' https://admin.example.com"
+    assert response.headers["Content-Security-Policy"] == expected
+    assert "X-Frame-Options" not in response.headers  # it cannot name other hosts
+    off = make_mail(DEBUG=True, DEFER_FRAME_ANCESTORS=None).app.test_client().get("/defer/")
+    assert "Content-Security-Policy" not in off.headers
+
+
+@pytest.mark.parametrize("value", ["'self'; script-src *", "", 7])
+def test_frame_ancestors_refuses_values_that_would_change_other_directives(
+    make_mail: Callable[..., MailApp], value: object
+) -> None:
+    from flask_defer import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="DEFER_FRAME_ANCESTORS"):
+        make_mail(DEFER_FRAME_ANCESTORS=value)

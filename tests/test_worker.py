@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -599,3 +599,102 @@ def test_bad_worker_arguments_name_the_argument(make_kit: MakeKit) -> None:
         kit.defer.worker(concurrency=0)
     with pytest.raises(InvalidArgument, match="queues"):
         kit.defer.worker(queues="mail")
+
+
+def test_prefetched_jobs_spend_an_attempt_only_when_a_handler_starts(
+    make_kit: MakeKit,
+) -> None:
+    # What a worker killed with a full queue leaves behind: only the job whose handler
+    # started has an attempt counted; the prefetched ones come back untouched.
+    kit = make_kit(DEFER_CLAIM_BATCH=5)
+    entered, go = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    @kit.defer.job("held")
+    def held(job: Job) -> None:
+        ran.append(job.payload["n"])
+        entered.set()
+        go.wait(10)
+
+    jobs = [kit.defer.schedule("held", {"n": n}) for n in range(6)]
+    kit.db.session.commit()
+    worker = kit.defer.worker(concurrency=1)
+    with worker_thread(worker):
+        assert entered.wait(10)
+        wait_until(lambda: len(worker.pool.in_flight()) == 6)
+        claimed = [load(kit, job.id) for job in jobs]
+        assert all(job.status is JobStatus.RUNNING for job in claimed)
+        assert sorted(job.attempts for job in claimed) == [0, 0, 0, 0, 0, 1]
+        # The worker "dies": its leases lapse and another worker's reclaim runs.
+        returned, failed = kit.defer.store.reclaim_lapsed(now=utcnow() + timedelta(hours=1))
+        assert (returned, failed) == (6, 0)
+        go.set()
+        # The queued jobs' claims are gone: this worker must not start them now.
+        wait_until(lambda: not worker.pool.busy())
+        worker.stop()
+    after = [load(kit, job.id) for job in jobs]
+    assert len(ran) == 1
+    started = next(job for job in after if job.payload["n"] == ran[0])
+    assert started.status is JobStatus.PENDING and started.attempts == 1
+    others = [job for job in after if job is not started]
+    assert all(j.status is JobStatus.PENDING and j.attempts == 0 for j in others)
+
+
+def test_a_prefetched_job_counts_its_attempt_when_it_starts(make_kit: MakeKit) -> None:
+    kit = make_kit(DEFER_CLAIM_BATCH=3)
+    seen: list[int] = []
+
+    @kit.defer.job("count")
+    def count(job: Job) -> None:
+        seen.append(job.attempts)
+        time.sleep(0.05)
+
+    jobs = [kit.defer.schedule("count") for _ in range(4)]
+    kit.db.session.commit()
+    summary = burst(kit, concurrency=1)
+    assert summary.done == 4
+    assert seen == [1, 1, 1, 1]
+    assert all(load(kit, job.id).attempts == 1 for job in jobs)
+# -- recurring schedules ----------------------------------------------------------------
+
+
+def test_worker_wakes_for_a_tick_due_before_any_job(make_kit: MakeKit) -> None:
+    # Polls and idle sleeps far longer than the interval: only a wake-up that knows the
+    # next tick starts each tick on time.
+    kit = make_kit(DEFER_POLL_INTERVAL=5, DEFER_MAX_SLEEP=30)
+    ran: list[tuple[Job, datetime]] = []
+
+    @kit.defer.job("tick")
+    def tick(job: Job) -> None:
+        ran.append((job, utcnow()))
+
+    kit.defer.schedule("tick", delay=timedelta(hours=1))  # the next job is an hour away
+    kit.db.session.commit()
+    kit.defer.recurring("every-second", "tick", every=1)
+    with worker_thread(kit.defer.worker(concurrency=1)):
+        wait_until(lambda: len(ran) >= 3, timeout=10)
+    ticks = [(job, at) for job, at in ran if job.key and job.key.startswith("recurring:")]
+    assert len(ticks) >= 3
+    lateness = [(at - job.run_at).total_seconds() for job, at in ticks]
+    assert max(lateness) < 0.5, lateness
+    assert [job.run_at.microsecond for job, _ in ticks] == [0] * len(ticks)
+
+
+def test_burst_worker_at_an_injected_time_writes_and_runs_the_due_tick(
+    make_kit: MakeKit,
+) -> None:
+    kit = make_kit()
+    ran: list[Job] = []
+
+    @kit.defer.job("tick")
+    def tick(job: Job) -> None:
+        ran.append(job)
+
+    kit.defer.recurring("hourly", "tick", cron="0 * * * *")
+    start = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
+    kit.defer.worker(burst=True, clock=lambda: start).run(install_signal_handlers=False)
+    assert ran == []  # synced at start: the first tick is 10:00
+    at_ten = datetime(2026, 3, 1, 10, 0, 5, tzinfo=UTC)
+    kit.defer.worker(burst=True, clock=lambda: at_ten).run(install_signal_handlers=False)
+    wait_for_handler_threads()
+    assert [job.key for job in ran] == ["recurring:hourly:2026-03-01T10:00:00Z"]

@@ -17,7 +17,7 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -443,3 +443,66 @@ def test_release_and_acks_of_the_dead_are_noops_on_a_settled_job(
         assert worker_app.db.session.scalars(
             select(worker_app.Run.job_id)
         ).all() == [scheduled.id]
+
+
+# -- recurring schedules ---------------------------------------------------------------
+
+
+def test_worker_processes_write_every_tick_of_a_one_second_schedule_exactly_once(
+    spawn: Any, database_url: str, backend: str
+) -> None:
+    # Three processes on PostgreSQL for a minute; SQLite, one writer at a time, two
+    # processes for 15 s. Every process syncs the same declaration and races for
+    # every tick: the compare-and-set on the schedule's next tick lets one win.
+    app = worker_app.create_app(database_url, RECURRING_EVERY=1)
+    seconds = 60 if backend == "postgresql" else 15
+    try:
+        workers = [
+            spawn(database_url, "--concurrency", "2", RECURRING_EVERY=1)
+            for _ in range(3 if backend == "postgresql" else 2)
+        ]
+        for worker in workers:
+            worker.wait_started()
+        time.sleep(seconds)
+        with app.app_context():
+            assert worker_app.defer.pause_recurring("heartbeat")
+            (schedule,) = worker_app.defer.list_recurring()
+
+        def ticks() -> list[Job]:
+            with app.app_context():
+                return worker_app.defer.list(key_prefix="recurring:heartbeat:", limit=10_000)
+
+        wait_until(
+            lambda: all(j.status == JobStatus.DONE for j in ticks()), timeout=30, interval=0.25
+        )
+        for worker in workers:
+            worker.signal(signal.SIGTERM)
+        for worker in workers:
+            assert worker.wait() == 0, worker.log()
+
+        jobs = sorted(ticks(), key=lambda j: j.run_at)
+        assert schedule.last_run_at == jobs[-1].run_at
+        span = int((jobs[-1].run_at - jobs[0].run_at).total_seconds())
+        expected = [jobs[0].run_at + timedelta(seconds=n) for n in range(span + 1)]
+        recorded = runs(app)
+        per_job = Counter(run.job_id for run in recorded)
+        keys = Counter(j.key for j in jobs)
+        duplicates = sum(n - 1 for n in keys.values()) + sum(n - 1 for n in per_job.values())
+        ran_at = {r.job_id: r.at if r.at.tzinfo else r.at.replace(tzinfo=UTC) for r in recorded}
+        lateness = [(ran_at[j.id] - j.run_at).total_seconds() for j in jobs if j.id in ran_at]
+        median = sorted(lateness)[len(lateness) // 2]
+        print(
+            f"\n{backend}: {len(workers)} workers, {seconds} s: expected {len(expected)} ticks, "
+            f"ran {len(per_job)}, duplicates {duplicates}; lateness median "
+            f"{median * 1000:.0f} ms, max {max(lateness) * 1000:.0f} ms"
+        )
+        assert [j.run_at for j in jobs] == expected, "a tick is missing"
+        assert len(expected) >= seconds - 5
+        assert duplicates == 0
+        assert set(per_job) == {j.id for j in jobs}, "a tick's job did not run"
+        for worker in workers:
+            assert "Traceback" not in worker.log()
+    finally:
+        with app.app_context():
+            worker_app.db.session.remove()
+            worker_app.db.engine.dispose()

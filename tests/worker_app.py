@@ -110,6 +110,10 @@ def create_app(database_url: str | None = None, **config: Any) -> Flask:
         logging.basicConfig(level=logging.INFO, format="%(process)d %(name)s %(message)s")
     if not app.config.get("SQLALCHEMY_DATABASE_URI"):
         raise RuntimeError("set WORKER_APP_SQLALCHEMY_DATABASE_URI")
+    every = app.config.get("RECURRING_EVERY")
+    if every:
+        # A schedule ticking every *every* seconds, recorded like any job.
+        defer.recurring("heartbeat", "record", every=float(every), catch_up="all")
     db.init_app(app)
     defer.init_app(app)
     with app.app_context():

@@ -1,8 +1,9 @@
-"""Helpers built on the per-app state: soft delete, batching and HTTP jobs.
+"""Helpers built on the per-app state: soft delete, batching, HTTP jobs, recurring.
 
 Each helper is handed the app's :class:`~flask_defer.state.DeferState` (or the
 registry, to register its built-in jobs) and never imports ``Defer``; the facade's
-``soft_delete``, ``restore``, ``batch`` and ``schedule_http`` only forward to them.
+``soft_delete``, ``restore``, ``batch``, ``schedule_http`` and the ``*_recurring``
+methods only forward to them.
 Their built-in jobs are registered on every ``Defer`` by :func:`builtin_handlers`,
 the way a task queue ships a blueprint of built-in tasks.
 """

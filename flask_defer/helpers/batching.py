@@ -17,8 +17,13 @@ holding a pending batch that accepts them; a new batch opens in the first free s
 A batch that reaches ``max_items`` gives its slot up at once (its key becomes
 ``f"{key}#full-{id}"``), so full batches waiting for a worker hold no slot. With one
 batch running and one filling, slots 1 and 2 are all a key ever uses, and an item
-costs one ``UPDATE`` (two while a batch runs). Keys ending in ``#<number>`` or
-``#full-<number>`` are therefore reserved for batching. In a rare race (a running
+costs one ``UPDATE`` (two while a batch runs). A batch that is due takes no more
+items: the next item moves it out of its slot (``f"{key}#due-{id}"``) and opens a new
+batch there. So a busy key's items never keep a due batch locked away from the
+worker's claim (PostgreSQL's SKIP LOCKED passes over a row an open transaction has
+updated), and ``max_wait`` holds however many producers there are. Keys ending in
+``#<number>``, ``#full-<number>`` or ``#due-<number>`` are therefore reserved for
+batching. In a rare race (a running
 batch finishing between another item's two steps) two pending batches of a key can
 coexist for a while: each item is still in exactly one of them, and both are delivered.
 """
@@ -36,6 +41,7 @@ from ..errors import DeferError, InvalidArgument, JobExists
 from ..state import DeferState
 from ..store import BatchAppend, NewJob
 from ..timeutil import Duration, as_duration, as_utc, utcnow
+from ..validation import payload_text, storable_text
 
 #: Default batching window of ``defer.batch``.
 DEFAULT_WINDOW = timedelta(minutes=1)
@@ -97,10 +103,8 @@ def batch(
     if len(key) > MAX_KEY_CHARS:
         # Room for a suffix ("#2", "#full-<id>") within the 255 characters of the column.
         raise InvalidArgument("key", f"at most {MAX_KEY_CHARS} characters, got {len(key)}")
-    try:
-        item_json = json.dumps(item, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as error:
-        raise InvalidArgument("item", f"must be JSON-serialisable: {error}") from None
+    storable_text(key, "key")
+    item_json = payload_text(item, "item", max_bytes=state.config.max_payload_bytes)
     window = as_duration(window, "window")
     if max_items is not None and (
         isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1
@@ -167,11 +171,16 @@ def batch(
             opened = open_batch(slot_key(key, slot), arrived + window)
             if opened is not None:
                 return opened
-            # Taken: by a batch opened a moment ago (join it), or by one that is running
-            # (move on to the next slot).
+            # Taken: by a batch opened a moment ago (join it), by one that is due and
+            # waits for a worker (move it out of the slot and take the slot), or by
+            # one that is running (move on to the next slot).
             appended = append(conn, slot)
             if appended is not None:
                 return _batched(appended)
+            if store.batch_retire_due(conn, name=name, key=slot_key(key, slot), now=arrived):
+                opened = open_batch(slot_key(key, slot), arrived + window)
+                if opened is not None:
+                    return opened
     raise DeferError(
         f"{MAX_SLOTS} batches of key {key!r} are running at once; "
         "the item was not added (add workers or use max_items)"

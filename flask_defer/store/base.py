@@ -29,12 +29,13 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
-from ..schema import UTCDateTime
+from ..schema import UTCDateTime, typed_jobs_table
 from .records import (
     NOTIFY_CHANNEL,
     HistoryEvent,
     JobFilter,
 )
+from .versioning import record_on_create
 
 logger = logging.getLogger("flask_defer")
 
@@ -44,10 +45,18 @@ class StoreBase:
 
     def __init__(self, engine: Engine, table: Table, history: Table | None = None) -> None:
         self.engine = engine
-        self.table = table
-        #: The history table, or None when history is off (``DEFER_HISTORY = False``).
-        self.history_table = history
-        self._history_insert: Any = insert(history) if history is not None else None
+        # Creating the table from the app's metadata (db.create_all()) or from the store
+        # records the newest revision in the same transaction.
+        record_on_create(table)
+        # The statements run on a copy with aware-UTC types (see schema.typed_jobs_table).
+        self.table = table = typed_jobs_table(table)
+        record_on_create(table)
+        #: The history table (a typed copy, like the jobs table's), or None when history
+        #: is off (``DEFER_HISTORY = False``).
+        self.history_table = typed_jobs_table(history) if history is not None else None
+        self._history_insert: Any = (
+            insert(self.history_table) if self.history_table is not None else None
+        )
         self.is_postgres = engine.dialect.name == "postgresql"
         self.is_sqlite = engine.dialect.name == "sqlite"
         if not (self.is_postgres or self.is_sqlite):
@@ -66,7 +75,7 @@ class StoreBase:
         # The prebuilt keyless insert, by (NOTIFY, history event) in its CTEs (per store).
         self._insert_sql: dict[tuple[bool, bool], tuple[str, list[str], list[Any]]] = {}
         # The prebuilt claim, per queue selection (see ClaimStatements._claim_statement).
-        self._claim_sql: dict[tuple[str, ...], Any] = {}
+        self._claim_sql: dict[tuple[tuple[str, ...], bool], Any] = {}
         # The prebuilt batched acknowledgement, per backend.
         self._ack_sql: dict[str, str] = {}
         self._quoted_table = engine.dialect.identifier_preparer.format_table(table)

@@ -10,6 +10,7 @@ import json
 import zlib
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -51,15 +52,22 @@ class ClaimStatements(HistoryStatements):
         lease_until: datetime,
         queues: Collection[str] | None = None,
         actor: str = "app",
+        spend_attempt: bool = True,
     ) -> list[Job]:
         """Atomically move up to *limit* due pending jobs to running and return them.
 
         PostgreSQL: ``FOR UPDATE SKIP LOCKED`` lets many workers claim side by side
         without ever taking the same row. SQLite: one ``UPDATE ... RETURNING`` inside
-        ``BEGIN IMMEDIATE``, serialised by the database's single write lock. Each
-        claimed job's ``started`` event, by *actor*, is written with the claim: on
-        PostgreSQL by a data-modifying CTE of the same statement, on SQLite by one
-        INSERT for the batch in the same transaction.
+        ``BEGIN IMMEDIATE``, serialised by the database's single write lock.
+
+        ``spend_attempt=False`` claims without counting an attempt: for jobs a worker
+        queues beside its running ones, whose attempt :meth:`start_claimed` counts
+        when a handler really starts. A worker killed before that leaves them with
+        their attempts untouched.
+        Each claimed job's ``started`` event, by *actor*, is written with the claim
+        (only a claim that spends the attempt; :meth:`start_claimed` writes it for the
+        others): on PostgreSQL by a data-modifying CTE of the same statement, on SQLite
+        by one INSERT for the batch in the same transaction.
         """
         if self.is_sqlite:
             # Look before taking the write lock: an idle worker polling an empty
@@ -67,16 +75,16 @@ class ClaimStatements(HistoryStatements):
             next_at = self.next_run_at(queues=queues)
             if next_at is None or next_at > now:
                 return []
-        stmt = self._claim_statement(tuple(queues) if queues else ())
+        stmt = self._claim_statement(tuple(queues) if queues else (), spend_attempt)
         params = {"now": now, "limit": limit, "token": token, "lease_until": lease_until}
-        if self.is_postgres and self.history_table is not None:
+        if self.is_postgres and self.history_table is not None and spend_attempt:
             params["actor"] = actor
         try:
             # PostgreSQL: the claim is one statement, so it runs as its own transaction
             # (no BEGIN and COMMIT round trips); SQLite takes the write lock first.
             with self.autocommit() if self.is_postgres else self.begin_immediate() as conn:
                 rows = conn.execute(stmt, params).mappings().all()
-                if self.is_sqlite:
+                if self.is_sqlite and spend_attempt:
                     self.record_events(
                         conn,
                         [
@@ -94,19 +102,21 @@ class ClaimStatements(HistoryStatements):
                 lease_until=lease_until,
                 queues=queues,
                 actor=actor,
+                spend_attempt=spend_attempt,
             )
         jobs = [Job.from_row(row) for row in rows]
         jobs.sort(key=lambda job: (job.run_at, job.id))
         return jobs
 
-    def _claim_statement(self, queues: tuple[str, ...]) -> Any:
+    def _claim_statement(self, queues: tuple[str, ...], spend_attempt: bool = True) -> Any:
         """The claim, built once per queue selection; now, limit, token, lease are binds.
 
         Its parts are kept apart on purpose (the conditions a due row meets, its order)
         so that priorities (``ORDER BY priority, run_at``) and paused queues (one more
         condition) extend this one statement rather than needing a second design.
         """
-        cached = self._claim_sql.get(queues)
+        key = (queues, spend_attempt)
+        cached = self._claim_sql.get(key)
         if cached is not None:
             return cached
         t = self.table
@@ -126,7 +136,7 @@ class ClaimStatements(HistoryStatements):
             due = self._sqlite_due_ids(None, None, queues)
         values = {
             "status": JobStatus.RUNNING.value,
-            "attempts": t.c.attempts + 1,
+            "attempts": t.c.attempts + 1 if spend_attempt else t.c.attempts,
             "claim_token": bindparam("token", type_=String()),
             "lease_expires_at": bindparam("lease_until", type_=UTCDateTime()),
             "updated_at": now,
@@ -136,7 +146,7 @@ class ClaimStatements(HistoryStatements):
             # subquery PostgreSQL may re-run it per row, claiming more than *limit*.
             due_cte = due.cte("due").prefix_with("MATERIALIZED")
             stmt = update(t).where(t.c.id == due_cte.c.id).values(values).returning(*t.c)
-            if self.history_table is not None:
+            if self.history_table is not None and spend_attempt:
                 stmt = self._claim_recording_started(stmt, now)
         else:
             # No second "status = 'pending'" test on the outer UPDATE: the subquery
@@ -145,7 +155,7 @@ class ClaimStatements(HistoryStatements):
             # every pending row through the status index instead of looking the
             # chosen ids up by rowid.
             stmt = update(t).where(t.c.id.in_(due)).values(values).returning(*t.c)
-        self._claim_sql[queues] = stmt
+        self._claim_sql[key] = stmt
         return stmt
 
     def _claim_recording_started(self, claim: Any, now: Any) -> Any:
@@ -170,6 +180,26 @@ class ClaimStatements(HistoryStatements):
         ).cte("recorded")
         return select(claimed).add_cte(recorded)
 
+    def start_claimed(self, job: Job, *, now: datetime, actor: str = "app") -> Job | None:
+        """Count the attempt of a job claimed with ``spend_attempt=False``, as it starts.
+
+        Returns the job with its new ``attempts``, or None when this claim no longer
+        owns it (its lease lapsed while it waited): then it must not run here. Its
+        ``started`` event, by *actor*, is written in the same transaction.
+        """
+        t = self.table
+        stmt = (
+            self._guarded_ack(job)
+            .values(attempts=t.c.attempts + 1, updated_at=now)
+            .returning(t.c.attempts)
+        )
+        with self.begin() as conn:
+            attempts = conn.execute(stmt).scalar()
+            if attempts is not None:
+                started = HistoryEvent(job.id, "started", now, actor, int(attempts))
+                self.record_events(conn, [started])
+        return None if attempts is None else replace(job, attempts=int(attempts))
+
     def ack_done(
         self,
         job: Job,
@@ -178,15 +208,17 @@ class ClaimStatements(HistoryStatements):
         result: Any = None,
         conn: Connection | None = None,
         actor: str = "app",
+        note: str | None = None,
     ) -> bool:
         """Mark a claimed job done; False if this claim no longer owns it.
 
         Pass *conn* to commit the mark together with the handler's own database work
-        (``atomic=True`` handlers).
+        (``atomic=True`` handlers). *note* is kept as ``last_error`` (a warning about
+        a run that succeeded).
         """
         values = self._settle_values(JobStatus.DONE, now)
-        values.update(last_error=None, result=result)
-        event = HistoryEvent(job.id, "done", now, actor, job.attempts)
+        values.update(last_error=note, result=result)
+        event = HistoryEvent(job.id, "done", now, actor, job.attempts, note)
         return self._acknowledge(job, values, now=now, event=event, conn=conn)
 
     def ack_retry(
@@ -256,6 +288,12 @@ class ClaimStatements(HistoryStatements):
         return self._acknowledge_many_sqlite(acks, now, actor)
 
     def _acknowledge_many_pg(self, acks: Sequence[Ack], now: datetime, actor: str) -> set[int]:
+        # The batch statement never waits for a row lock: rows another transaction
+        # holds (an app's UPDATE that re-checked our row under READ COMMITTED keeps a
+        # lock on it until it ends) are skipped and answered "busy". Waiting there
+        # while holding the batch's other rows could close a deadlock with that
+        # transaction; instead each busy row is written alone afterwards, holding
+        # nothing else, as single acknowledgements always were.
         history = self.history_table is not None
         sql = self._ack_sql.get("pg+history" if history else "pg")
         if sql is None:
@@ -276,17 +314,79 @@ class ClaimStatements(HistoryStatements):
                 actor=actor, events=[a.event for a in acks], attempts=[a.attempt for a in acks]
             )
         with self.autocommit() as conn:
-            return {int(row[0]) for row in conn.exec_driver_sql(sql, params)}
+            answer = [(int(row[0]), bool(row[1])) for row in conn.exec_driver_sql(sql, params)]
+        owned = {job_id for job_id, written in answer if written}
+        busy = {job_id for job_id, written in answer if not written}
+        for ack in acks:
+            if ack.job_id in busy and self._acknowledge_one_pg(ack, now, actor):
+                owned.add(ack.job_id)
+        return owned
+
+    def _acknowledge_one_pg(self, ack: Ack, now: datetime, actor: str) -> bool:
+        """One acknowledgement on its own (it may wait for the row; it holds no other)."""
+        t = self.table
+        values: dict[str, Any] = {
+            "status": ack.status,
+            "attempts": t.c.attempts + ack.attempts_delta,
+            "last_error": ack.last_error,
+            "claim_token": None,
+            "lease_expires_at": None,
+            "updated_at": now,
+        }
+        if ack.run_at is not None:
+            values["run_at"] = ack.run_at
+        if ack.due_at is not None:
+            values["due_at"] = ack.due_at
+        if ack.status == JobStatus.DONE.value:
+            values["result"] = ack.result
+        if ack.status in (JobStatus.DONE.value, JobStatus.FAILED.value):
+            values["finished_at"] = now
+        stmt = (
+            update(t)
+            .where(
+                t.c.id == ack.job_id,
+                t.c.claim_token == ack.claim_token,
+                t.c.status == JobStatus.RUNNING.value,
+            )
+            .values(values)
+        )
+        if self.history_table is None:
+            with self.autocommit() as conn:
+                return int(conn.execute(stmt).rowcount) == 1
+        with self.begin() as conn:
+            if int(conn.execute(stmt).rowcount) != 1:
+                return False
+            event = HistoryEvent(
+                ack.job_id, ack.event, now, actor, ack.attempt, ack.last_error, ack.run_at
+            )
+            self.record_events(conn, [event])
+            return True
 
     def _ack_many_pg_sql(self, history: bool) -> str:
-        """The batched acknowledgement, with its history INSERT riding along if *history*."""
+        """The batched acknowledgement; with *history*, its events' INSERT rides along."""
+        t = self._quoted_table
         extra_arrays = ", %(events)s::text[], %(attempts)s::int[]" if history else ""
         extra_names = ", event, attempt" if history else ""
-        returning = " RETURNING t.id"
+        returning = ", v.event, v.attempt, v.last_error, v.run_at" if history else ""
+        recorded = ""
         if history:
-            returning += ", v.event, v.attempt, v.last_error, v.run_at"
-        update_sql = (
-            f"UPDATE {self._quoted_table} AS t SET"
+            assert self.history_table is not None
+            quoted = self.engine.dialect.identifier_preparer.format_table(self.history_table)
+            recorded = (
+                f", recorded AS (INSERT INTO {quoted} (job_id, event, at, actor, attempt,"
+                " error, run_at) SELECT id, event, %(now)s, %(actor)s, attempt, last_error,"
+                " run_at FROM written)"
+            )
+        sql = (
+            "WITH v AS (SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[],"
+            " %(statuses)s::text[], %(run_ats)s::timestamptz[], %(due_ats)s::timestamptz[],"
+            f" %(deltas)s::int[], %(errors)s::text[], %(results)s::text[]{extra_arrays})"
+            " AS v(id, token, status, run_at, due_at, attempts_delta, last_error, result"
+            f"{extra_names})),"
+            f" mine AS MATERIALIZED (SELECT t.id FROM {t} AS t JOIN v ON t.id = v.id"
+            " AND t.claim_token = v.token WHERE t.status = 'running'"
+            " FOR UPDATE OF t SKIP LOCKED),"
+            f" written AS (UPDATE {t} AS t SET"
             " status = v.status,"
             " run_at = COALESCE(v.run_at, t.run_at),"
             " due_at = COALESCE(v.due_at, t.due_at),"
@@ -296,26 +396,14 @@ class ClaimStatements(HistoryStatements):
             " finished_at = CASE WHEN v.status IN ('done', 'failed') THEN %(now)s"
             " ELSE t.finished_at END,"
             " claim_token = NULL, lease_expires_at = NULL, updated_at = %(now)s"
-            " FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(statuses)s::text[],"
-            " %(run_ats)s::timestamptz[], %(due_ats)s::timestamptz[], %(deltas)s::int[],"
-            f" %(errors)s::text[], %(results)s::text[]{extra_arrays})"
-            " AS v(id, token, status, run_at, due_at, attempts_delta, last_error, result"
-            f"{extra_names})"
-            " WHERE t.id = v.id AND t.claim_token = v.token AND t.status = 'running'"
-            f"{returning}"
+            f" FROM v, mine WHERE t.id = v.id AND t.id = mine.id RETURNING t.id{returning})"
+            f"{recorded}"
+            " SELECT id, true FROM written"
+            f" UNION ALL SELECT t.id, false FROM {t} AS t JOIN v ON t.id = v.id"
+            " AND t.claim_token = v.token WHERE t.status = 'running'"
+            " AND t.id NOT IN (SELECT id FROM mine)"
         )
-        if not history:
-            self._ack_sql["pg"] = update_sql
-            return update_sql
-        assert self.history_table is not None
-        quoted = self.engine.dialect.identifier_preparer.format_table(self.history_table)
-        sql = (
-            f"WITH acked AS ({update_sql}), recorded AS ("
-            f"INSERT INTO {quoted} (job_id, event, at, actor, attempt, error, run_at)"
-            " SELECT id, event, %(now)s, %(actor)s, attempt, last_error, run_at FROM acked)"
-            " SELECT id FROM acked"
-        )
-        self._ack_sql["pg+history"] = sql
+        self._ack_sql["pg+history" if history else "pg"] = sql
         return sql
 
     def _acknowledge_many_sqlite(
@@ -365,17 +453,25 @@ class ClaimStatements(HistoryStatements):
             )
         return owned
 
-    def release(self, jobs: Sequence[Job], *, now: datetime, keep_run_at: bool = False) -> int:
+    def release(
+        self,
+        jobs: Sequence[Job],
+        *,
+        now: datetime,
+        keep_run_at: bool = False,
+        spent: bool = True,
+    ) -> int:
         """Hand claimed jobs back to pending, attempt not spent (shutdown, ``run_due``).
 
-        They are due now, or at their old ``run_at`` with ``keep_run_at``. The claim
-        is undone, attempt and all, so its ``started`` event goes too: the handler was
-        never given the job.
+        They are due now, or at their old ``run_at`` with ``keep_run_at``. ``spent``
+        says their claim counted an attempt, which is given back; jobs claimed with
+        ``spend_attempt=False`` and never started pass ``spent=False``. Their ``started``
+        event goes too, when the claim wrote one: the handler was never given the job.
         """
         t = self.table
         values: dict[str, Any] = {
             "status": JobStatus.PENDING.value,
-            "attempts": t.c.attempts - 1,
+            "attempts": t.c.attempts - 1 if spent else t.c.attempts,
             "claim_token": None,
             "lease_expires_at": None,
             "updated_at": now,
@@ -387,7 +483,8 @@ class ClaimStatements(HistoryStatements):
             for job in jobs:
                 if conn.execute(self._guarded_ack(job).values(values)).rowcount == 1:
                     released.append(job)
-            self._forget_started(conn, released)
+            if spent:
+                self._forget_started(conn, released)
         return len(released)
 
     def extend_leases(self, jobs: Sequence[Job], *, now: datetime, lease_until: datetime) -> int:

@@ -216,6 +216,40 @@ class ReadStatements(StoreBase):
         )
         return [Job.from_row(row) for row in conn.execute(stmt).mappings()]
 
+    def toast_jobs_for(
+        self, conn: Connection, owner: str, *, since: datetime, limit: int
+    ) -> list[Job]:
+        """*owner*'s live jobs with an Undo window that closed after *since* or is open.
+
+        Open ones (pending, window not over) and waiting ones (window over, not settled
+        yet: pending until the worker claims it, or running), newest window first: the
+        toasts a page renders. Uses the partial owner index like :meth:`undoable_for`.
+        """
+        t = self.table
+        stmt = (
+            select(t)
+            .where(
+                t.c.owner == owner,
+                t.c.status.in_(LIVE_STATUSES),
+                t.c.undo_until > since,
+            )
+            .order_by(t.c.undo_until.desc(), t.c.id.desc())
+            .limit(limit)
+        )
+        return [Job.from_row(row) for row in conn.execute(stmt).mappings()]
+
+    def owned(self, conn: Connection, owner: str, ids: Collection[int]) -> list[Job]:
+        """The jobs among *ids* that belong to *owner* (others' ids are left out, unsaid).
+
+        What a page that watches its toasts asks for while one of them is waiting: a
+        primary-key lookup of a handful of rows.
+        """
+        if not ids:
+            return []
+        t = self.table
+        stmt = select(t).where(t.c.id.in_(list(ids)), t.c.owner == owner).order_by(t.c.id)
+        return [Job.from_row(row) for row in conn.execute(stmt).mappings()]
+
     def pending_for(self, conn: Connection, owner: str, *, limit: int) -> list[Job]:
         """*owner*'s pending jobs, soonest first (the "pending actions" page)."""
         t = self.table

@@ -7,7 +7,7 @@ cancel that races the worker's claim either wins or cleanly loses.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -370,6 +370,68 @@ class SchedulingStatements(HistoryStatements):
         self.notify(conn, row["queue"])
         return Job.from_row(row)
 
+    def hold(
+        self,
+        conn: Connection,
+        job_id: int,
+        *,
+        owner: str | None,
+        undo_until: datetime,
+        margin: timedelta,
+        max_hold: timedelta,
+        now: datetime,
+    ) -> Job | None:
+        """Push an open Undo window to *undo_until* (``run_at`` a *margin* after it).
+
+        ``None`` when refused: not *owner*'s job (any owner's with None), not pending,
+        its window already over at *now*, or already at least that late. A request past
+        the cap — ``run_at`` at most *max_hold* after ``due_at``, the time the job was
+        first due, which a hold (like a retry's backoff) never moves — is cut to the
+        cap. Each write is one guarded statement; the cap is compared as ``due_at >=
+        run_at - max_hold`` so no date arithmetic happens in SQL (SQLite stores text).
+        The read between the two attempts only finds the cap; the guard decides.
+        """
+        moved = self._guarded_hold(conn, job_id, owner, undo_until, margin, max_hold, now)
+        if moved is not None:
+            return moved
+        t = self.table
+        current = conn.execute(select(t.c.due_at, t.c.undo_until).where(t.c.id == job_id)).first()
+        if current is None or current.undo_until is None:
+            return None
+        cap = current.due_at + max_hold - margin
+        if current.undo_until < cap < undo_until:
+            return self._guarded_hold(conn, job_id, owner, cap, margin, max_hold, now)
+        return None
+
+    def _guarded_hold(
+        self,
+        conn: Connection,
+        job_id: int,
+        owner: str | None,
+        undo_until: datetime,
+        margin: timedelta,
+        max_hold: timedelta,
+        now: datetime,
+    ) -> Job | None:
+        t = self.table
+        run_at = undo_until + margin
+        stmt = (
+            update(t)
+            .where(
+                t.c.id == job_id,
+                t.c.status == JobStatus.PENDING.value,
+                t.c.undo_until > now,
+                t.c.undo_until < undo_until,
+                t.c.due_at >= run_at - max_hold,
+            )
+            .values(undo_until=undo_until, run_at=run_at, updated_at=now)
+            .returning(*t.c)
+        )
+        if owner is not None:
+            stmt = stmt.where(t.c.owner == owner)
+        row = conn.execute(stmt).mappings().first()
+        return Job.from_row(row) if row is not None else None
+
     def retry_failed(
         self, conn: Connection, job_id: int, *, now: datetime, actor: str = "app"
     ) -> Job | None:
@@ -454,7 +516,8 @@ class SchedulingStatements(HistoryStatements):
         *item_json* is the item as JSON text. ``debounce_until`` moves ``run_at`` there,
         but never past the batch's ``flush_by`` (its ``max_wait`` deadline); a batch
         that reaches *max_items* is made due at once and its key becomes
-        ``<key>#full-<id>``. ``None`` when no such row accepts the item.
+        ``<key>#full-<id>``. ``None`` when no such row accepts the item, which includes
+        a batch already due at *now*.
         """
         # Long on purpose: one guarded UPDATE built for both dialects; splitting it would
         # hide which conditions the single statement checks together.
@@ -496,7 +559,14 @@ class SchedulingStatements(HistoryStatements):
             t.c.key == key,
             t.c.name == name,
             t.c.status == JobStatus.PENDING.value,
+            # A batch that is due belongs to the worker: on PostgreSQL every append
+            # locks the row until its transaction commits, and the claim's SKIP LOCKED
+            # passes over a locked row, so a busy key's appenders would keep an
+            # overdue batch from ever being claimed. Late items open the next batch.
+            # (SQLite has no row locks: its claim waits for the write lock instead.)
         ]
+        if self.is_postgres:
+            conditions.append(t.c.run_at > now)
         values: dict[str, Any] = {"payload": appended, "updated_at": now}
         if max_items is not None:
             conditions.append(count_before < max_items)
@@ -523,6 +593,27 @@ class SchedulingStatements(HistoryStatements):
             # Full: wake a sleeping worker now rather than at its next poll.
             self.notify(conn, row[2])
         return result
+
+    def batch_retire_due(self, conn: Connection, *, name: str, key: str, now: datetime) -> bool:
+        """Move a due, unclaimed batch out of its slot (key ``<key>#due-<id>``); True if one was.
+
+        A batch that is due takes no more items (see :meth:`batch_append`), so the slot
+        it holds is only in the way of the next batch. It keeps its run_at and is
+        claimed like any due job; one write per due batch, by the item that needs
+        the slot, instead of every later item locking it.
+        """
+        t = self.table
+        stmt = (
+            update(t)
+            .where(
+                t.c.key == key,
+                t.c.name == name,
+                t.c.status == JobStatus.PENDING.value,
+                t.c.run_at <= now,
+            )
+            .values(key=t.c.key + literal_column("'#due-'") + cast(t.c.id, String()))
+        )
+        return bool(conn.execute(stmt).rowcount)
 
     def hold_claim(self, conn: Connection, job: Job) -> bool:
         """Lock a claimed job's row in the caller's transaction; False if the claim is lost.

@@ -28,7 +28,7 @@ from ..health import SETTLED_COUNT_CAP, Health
 from ..jobs import JobStatus
 from ..timeutil import utcnow
 from ..undo import MAX_JOB_ID
-from . import dashboard_actions, dashboard_confirm, formatting, metrics_view
+from . import dashboard_actions, dashboard_confirm, formatting, metrics_view, schedules
 from .access import current_defer, operators_only
 from .csrf import csrf_token, field_name
 from .dashboard_actions import FLASH_OK, FLASH_REFUSED, ActionOutcome
@@ -46,6 +46,7 @@ def register(blueprint: Blueprint) -> None:
     blueprint.add_url_rule("/jobs/<int:job_id>", "dashboard_job", job_page, methods=["GET"])
     dashboard_actions.register(blueprint)
     dashboard_confirm.register(blueprint)
+    schedules.register(blueprint)
     metrics_view.register(blueprint)
     formatting.register(blueprint)
     blueprint.register_error_handler(400, _bad_request)

@@ -13,7 +13,7 @@ from typing import Any
 
 from flask import Blueprint
 
-from .undo_views import format_seconds
+from .i18n import plain_seconds as format_seconds
 
 #: Longest one-line error summary shown in the job list.
 SUMMARY_CHARS = 140

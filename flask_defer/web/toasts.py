@@ -21,6 +21,7 @@ from markupsafe import Markup
 from ..undo import Toast, UndoOutcome
 from .access import current_defer
 from .csrf import csrf_token, field_name
+from .i18n import locale_tag
 from .redirects import path_of, safe_local_target
 
 #: Flash categories of the no-JavaScript Undo's outcomes ("defer-undone", ...).
@@ -51,9 +52,12 @@ def defer_toasts(*, assets: bool = True, htmx: bool = True) -> Markup:
 
 def toast_context(*, page: str | None) -> dict[str, Any]:
     """What ``defer/_toast_list.html`` needs: the toasts, a CSRF token, the way back."""
-    toasts: list[Toast] = current_defer().toasts()
+    # Open and waiting toasts: a reload while the job is still on its way keeps the
+    # toast waiting instead of dropping it.
+    toasts: list[Toast] = current_defer().toasts(waiting=True)
     return {
         "toasts": toasts,
+        "locale": locale_tag(),
         # A token is only needed (and the session only touched) when there is a form.
         "csrf_token": csrf_token() if toasts else "",
         "csrf_field": field_name(),
@@ -72,6 +76,7 @@ def page_of_fragment_request() -> str | None:
 
 
 def _flashed_outcomes() -> list[tuple[UndoOutcome, str]]:
+    # Flashed by the no-JavaScript Undo: the outcome sentence, already translated.
     flashed = cast(
         "list[tuple[str, str]]",
         get_flashed_messages(with_categories=True, category_filter=list(FLASH_CATEGORIES)),

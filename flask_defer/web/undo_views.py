@@ -1,15 +1,25 @@
-"""The Undo endpoints: toasts fragment, Undo (htmx and plain form), pending actions page.
+"""The Undo endpoints: toasts, their states, Undo (htmx and plain form), hold, pending page.
 
 Every view works for "the current owner" only and calls the facade; a job id that is
 not the owner's answers 404 exactly like an id that does not exist.
+
+How a page learns an outcome: while one of its toasts (or pending rows) is *waiting*,
+``defer.js`` asks ``GET /toasts/state?id=…`` a few times a second, one primary-key
+lookup per id, and stops as soon as nothing waits. A plain request-response costs a
+sync WSGI server a thread for a few milliseconds; a server-sent event stream would
+hold one thread per waiting tab for the whole wait (unbounded while no worker runs),
+which is what ``DESIGN`` rules out. An idle page asks nothing.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from flask import (
     Blueprint,
     abort,
     flash,
+    jsonify,
     redirect,
     render_template,
     request,
@@ -17,42 +27,80 @@ from flask import (
 )
 from flask.typing import ResponseReturnValue
 
-from ..errors import JobNotFound
+from ..errors import InvalidArgument, JobNotFound, JobNotPending
+from ..jobs import Job
 from ..timeutil import utcnow
+from ..undo import MAX_JOB_ID, ToastState, announcement, state_text
 from .access import current_defer
 from .csrf import csrf_token, field_name, require_csrf
+from .i18n import format_seconds, gettext, locale_tag
 from .redirects import path_of, safe_local_target
 from .responses import is_htmx, no_store
 from .toasts import page_of_fragment_request, toast_context
+
+#: At most this many ids in one state request (a page shows a handful of toasts).
+MAX_WATCHED = 50
 
 
 def register(blueprint: Blueprint) -> None:
     """Add the Undo views to *blueprint*."""
     blueprint.add_url_rule("/toasts", "toasts", toasts_fragment, methods=["GET"])
+    blueprint.add_url_rule("/toasts/state", "toast_states", toast_states, methods=["GET"])
     blueprint.add_url_rule("/undo/<int:job_id>", "undo", undo, methods=["POST"])
+    blueprint.add_url_rule("/hold/<int:job_id>", "hold", hold, methods=["POST"])
     blueprint.add_url_rule("/pending", "pending", pending_page, methods=["GET"])
     blueprint.add_app_template_filter(format_seconds, "defer_seconds")
+    blueprint.add_app_template_global(gettext, "defer_gettext")
+    blueprint.add_app_template_global(_toast_texts, "defer_toast_texts")
+    blueprint.add_app_template_global(locale_tag, "defer_locale")
 
 
-def format_seconds(seconds: float) -> str:
-    """A short human duration for the pending page: "4 s", "3 min", "2 h 5 min", "3 days"."""
-    total = max(int(seconds + 0.999), 0)
-    if total < 60:
-        return f"{total} s"
-    minutes = total // 60
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    return f"{hours // 24} days"
+def _toast_texts(job: Job) -> dict[str, str]:
+    """Every state's text of *job*'s toast, translated: the page switches between them."""
+    texts = {state.value: state_text(job, state, gettext) for state in ToastState}
+    texts["announce"] = announcement(job, gettext)
+    return texts
 
 
 def toasts_fragment() -> ResponseReturnValue:
-    """The current owner's live toasts as HTML (the toast region refreshes from it)."""
+    """The current owner's open and waiting toasts as HTML (the region merges it in)."""
     return no_store(
         render_template("defer/_toast_list.html", **toast_context(page=page_of_fragment_request()))
     )
+
+
+def toast_states() -> ResponseReturnValue:
+    """What the server knows about the watched jobs: ``{"jobs": [{id, key, status, state,
+    text, seconds_left}]}``.
+
+    Ids that are not the current owner's are left out, exactly like ids that do not
+    exist; the page stops watching them.
+    """
+    defer = current_defer()
+    owner = defer.current_owner()
+    ids: list[int] = []
+    for raw in request.args.getlist("id")[:MAX_WATCHED]:
+        if raw.isdigit() and 1 <= int(raw) <= MAX_JOB_ID:
+            ids.append(int(raw))
+    now = utcnow()
+    found: list[dict[str, Any]] = []
+    if owner is not None:
+        for job_id in dict.fromkeys(ids):
+            job = defer.get(job_id)
+            if job is None or job.owner != owner:
+                continue
+            state = ToastState.of(job, now)
+            found.append(
+                {
+                    "id": job.id,
+                    "key": job.key,
+                    "status": job.status.value,
+                    "state": state.value,
+                    "text": state_text(job, state, gettext),
+                    "seconds_left": round(job.undo_seconds_left(now), 3),
+                }
+            )
+    return no_store(jsonify(jobs=found))
 
 
 def undo(job_id: int) -> ResponseReturnValue:
@@ -67,15 +115,51 @@ def undo(job_id: int) -> ResponseReturnValue:
     except JobNotFound:
         abort(404)
     job = defer.get(job_id)
-    label = job.label if job is not None else None
-    text = outcome.describe(label)
+    text = outcome.describe(job, gettext)
     if is_htmx():
+        state = ToastState.of(job, utcnow()) if job is not None else ToastState.UNDONE
         return no_store(
-            render_template("defer/_outcome.html", outcome=outcome, text=text, job=job)
+            render_template(
+                "defer/_outcome.html", outcome=outcome, text=text, job=job, state=state
+            )
         )
     flash(text, f"defer-{outcome.value}")
     target = safe_local_target(request.form.get("next")) or url_for("defer.pending")
     return redirect(target, code=303)
+
+
+def hold(job_id: int) -> ResponseReturnValue:
+    """Hold the owner's open toast: keep its window open ``seconds`` more (form field).
+
+    200 ``{state, seconds_left, capped}`` while the window is open (``capped``: the
+    request was cut by ``DEFER_UNDO_MAX_HOLD``); 409 ``{state}`` once it is closed or
+    the job is no longer pending; 404 for another owner's or a missing job; 400 without
+    a valid CSRF token or with a bad ``seconds``.
+    """
+    require_csrf()
+    defer = current_defer()
+    owner = defer.current_owner()
+    if owner is None:
+        abort(404)
+    try:
+        seconds = float(request.form.get("seconds", ""))
+    except ValueError:
+        abort(400, description="seconds: expected a number of seconds")
+    now = utcnow()
+    try:
+        job = defer.hold(job_id, seconds=seconds, owner=owner)
+    except JobNotFound:
+        abort(404)
+    except InvalidArgument as error:
+        abort(400, description=str(error))
+    except JobNotPending:
+        current = defer.get(job_id)
+        state = ToastState.of(current, utcnow()) if current is not None else ToastState.UNDONE
+        return no_store((jsonify(state=state.value), 409))
+    left = job.undo_seconds_left(now)
+    capped = left < seconds - 0.05
+    answer = jsonify(state=ToastState.OPEN.value, seconds_left=round(left, 3), capped=capped)
+    return no_store(answer)
 
 
 def pending_page() -> ResponseReturnValue:
@@ -91,5 +175,6 @@ def pending_page() -> ResponseReturnValue:
             csrf_token=csrf_token() if jobs else "",
             csrf_field=field_name(),
             back_url=path_of(request.referrer, request.host_url),
+            locale=locale_tag(),
         )
     )

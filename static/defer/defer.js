@@ -1,30 +1,50 @@
 /* flask_defer: the Undo toasts' behaviour in the browser.
  *
- * The server renders each toast with the seconds left in its Undo window (computed
- * from the job's row), so this script never decides *whether* Undo is possible: it
- * only counts the server's number down, hides the button at zero, and settles the
- * toast. Undo itself is an htmx POST (or a plain form POST without JavaScript).
+ * Every toast (and every row of the pending page) carries data-defer-state, one of
+ * open | waiting | done | failed | undone, rendered by the server. This script never
+ * decides an outcome: it counts the server's remaining seconds down (open → waiting
+ * at zero, a neutral "Sending…"), and only a server answer moves an element to done,
+ * failed or undone.
  *
- * Also here: the `z` shortcut (undo the newest toast, as in Gmail), an aria-live
- * announcer, dismiss buttons, and refreshing the toasts when an htmx response says
- * `HX-Trigger: defer-toasts`, when the tab becomes visible again, or when the page
- * comes back from the back/forward cache.
+ * Cost: while some element is waiting, it asks GET <state-url>?id=… every 250 ms
+ * (750 ms after 20 s of waiting), and stops as soon as nothing waits; an idle page
+ * makes no requests. When a job settles it fires `defer:settled` on <body>
+ * (detail: id, key, status), so app fragments can hx-trigger="defer:settled from:body".
  *
- * No inline script or style is needed, so it works under a strict CSP.
+ * Hovering or focusing an open toast holds its countdown and asks the server (POST
+ * <hold-url>, once a second) to keep the window open; the server caps the extension
+ * (DEFER_UNDO_MAX_HOLD), and the countdown resumes when it says so or on leaving.
+ *
+ * Keys: Z undoes the newest open toast (not while typing); F6 moves focus to the
+ * toasts and back; Escape dismisses the newest settled toast. Focus returns to where
+ * it was. No inline script or style is needed, so it works under a strict CSP.
  */
 (function () {
   "use strict";
   if (window.flaskDefer) { return; }
 
-  var SETTLED_LINGER_MS = 4000;
+  var SETTLED_LINGER_MS = 6000;
   var OUTCOME_LINGER_MS = 8000;
   var TICK_MS = 200;
+  var POLL_FAST_MS = 250;
+  var POLL_SLOW_MS = 750;
+  var FAST_FOR_MS = 20000;
+  var HOLD_BEAT_MS = 1000;
+  var HOLD_SLACK_S = 1.5; // the server's window outlives a missed heartbeat
+  var MAX_TIMER_S = 86400;
   var DISMISSED_KEY = "flask_defer.dismissed";
   var ANNOUNCED_KEY = "flask_defer.announced";
+  var SETTLED = { done: true, failed: true, undone: true };
 
   var ticker = null;
+  var pollTimer = null;
+  var pollInFlight = false;
+  var waitingSince = null;
+  var settledFired = {};
+  var returnFocus = null;
 
   function now() { return performance.now(); }
+  function each(list, fn) { Array.prototype.forEach.call(list, fn); }
 
   /* When the page's HTML arrived: the moment the server's remaining seconds refer to. */
   function navigationAnchor() {
@@ -36,6 +56,15 @@
 
   function region() { return document.querySelector("[data-defer-toasts]"); }
   function list() { var r = region(); return r && r.querySelector("[data-defer-list]"); }
+
+  function locale() {
+    var r = region();
+    return (r && r.getAttribute("data-defer-locale")) || document.documentElement.lang ||
+      navigator.language || undefined;
+  }
+  function formatNumber(n) {
+    try { return new Intl.NumberFormat(locale()).format(n); } catch (e) { return String(n); }
+  }
 
   /* ---- session memory (announced and dismissed toasts survive navigation) ---- */
 
@@ -61,12 +90,65 @@
     setTimeout(function () { live.textContent = text; }, 50);
   }
 
-  function labelOf(toast) {
-    var text = toast.querySelector(".defer-toast__text");
-    return text ? text.textContent.trim() : "";
+  /* ---- states ---- */
+
+  function stateOf(el) { return el.getAttribute("data-defer-state"); }
+  function textFor(el, state) { return el.getAttribute("data-defer-text-" + state); }
+  function isToast(el) { return el.classList.contains("defer-toast"); }
+
+  function setState(el, state, text) {
+    var previous = stateOf(el);
+    el.setAttribute("data-defer-state", state);
+    if (isToast(el)) {
+      if (previous) { el.classList.remove("defer-toast--" + previous); }
+      el.classList.add("defer-toast--" + state);
+    }
+    var target = el.querySelector("[data-defer-text]");
+    if (target && text) { target.textContent = text; }
   }
 
-  /* ---- toasts ---- */
+  function removeForm(el) {
+    var form = el.querySelector(".defer-toast__form, [data-defer-row-form]");
+    if (!form) { return; }
+    var hadFocus = form.contains(document.activeElement);
+    form.parentNode.removeChild(form);
+    if (hadFocus) {
+      var close = el.querySelector("[data-defer-dismiss]");
+      if (close && !close.hidden) { close.focus({ preventScroll: true }); } else { restoreFocus(); }
+    }
+  }
+
+  /* The window closed by the clock: the outcome is not known yet, so say nothing of it. */
+  function toWaiting(el) {
+    if (stateOf(el) !== "open") { return; }
+    releaseHold(el);
+    setState(el, "waiting", textFor(el, "waiting"));
+    removeForm(el);
+    schedulePoll();
+  }
+
+  /* The server says the job settled: show its text, tell the page, then fade. */
+  function settle(el, job) {
+    releaseHold(el);
+    var text = job.text || textFor(el, job.state);
+    setState(el, job.state, text);
+    removeForm(el);
+    if (fireSettled(job)) { announce(text); }
+    if (isToast(el)) { lingerThenDismiss(el, SETTLED_LINGER_MS); }
+  }
+
+  /* Tell the page (once per job) that a job of its owner settled. */
+  function fireSettled(job) {
+    if (settledFired[job.id]) { return false; }
+    settledFired[job.id] = true;
+    document.body.dispatchEvent(new CustomEvent("defer:settled", {
+      bubbles: true,
+      detail: { id: job.id, key: job.key, status: job.status }
+    }));
+    return true;
+  }
+
+  /* ---- toasts and rows ---- */
 
   function showClose(toast) {
     var close = toast.querySelector("[data-defer-dismiss]");
@@ -76,106 +158,275 @@
   function dismiss(toast) {
     if (!toast || toast.__deferLeaving) { return; }
     toast.__deferLeaving = true;
+    var hadFocus = toast.contains(document.activeElement);
+    releaseHold(toast);
     if (toast.__defer) { remember(DISMISSED_KEY, toast.getAttribute("data-defer-toast")); }
     toast.classList.add("defer-toast--leaving");
-    setTimeout(function () { if (toast.parentNode) { toast.parentNode.removeChild(toast); } }, 250);
+    setTimeout(function () {
+      if (toast.parentNode) { toast.parentNode.removeChild(toast); }
+      if (hadFocus) { restoreFocus(); }
+    }, 250);
   }
 
-  function initToast(toast, anchor) {
-    if (toast.__defer) { return; }
-    var id = toast.getAttribute("data-defer-toast");
-    if (remembered(DISMISSED_KEY).indexOf(id) !== -1) {
-      toast.parentNode.removeChild(toast);
+  /* Fade a settled toast after a while, but never under the pointer or the focus. */
+  function lingerThenDismiss(toast, ms) {
+    if (toast.__deferLinger) { return; }
+    toast.__deferLinger = true;
+    var at = now() + ms;
+    (function check() {
+      if (!toast.parentNode) { return; }
+      var busy = toast.matches(":hover") || toast.contains(document.activeElement);
+      if (!busy && now() >= at) { dismiss(toast); return; }
+      setTimeout(check, busy ? 500 : Math.max(at - now(), 50));
+    })();
+  }
+
+  function initWatched(el, anchor) {
+    if (el.__defer) { return; }
+    var id = el.getAttribute("data-defer-watch") || el.getAttribute("data-defer-toast");
+    if (isToast(el) && el.hasAttribute("data-defer-toast") &&
+        remembered(DISMISSED_KEY).indexOf(id) !== -1) {
+      el.parentNode.removeChild(el);
       return;
     }
-    var remaining = parseFloat(toast.getAttribute("data-defer-remaining")) || 0;
-    var fraction = parseFloat(toast.getAttribute("data-defer-fraction")) || 0;
-    toast.__defer = { deadline: anchor + remaining * 1000, remaining: remaining, fraction: fraction };
-    showClose(toast);
-    startBar(toast);
-    update(toast);
-    if (toast.classList.contains("defer-toast--live")) {
-      if (fraction > 0.8 && remembered(ANNOUNCED_KEY).indexOf(id) === -1) {
-        remember(ANNOUNCED_KEY, id);
-        announce(labelOf(toast) + ". Undo is possible for " + Math.ceil(secondsLeft(toast)) +
-          " seconds: press Z.");
+    var remaining = parseFloat(el.getAttribute("data-defer-remaining")) || 0;
+    el.__defer = {
+      id: id,
+      deadline: remaining > MAX_TIMER_S ? Infinity : anchor + remaining * 1000,
+      window: parseFloat(el.getAttribute("data-defer-window")) || remaining || 1,
+      held: false, frozen: 0, hover: false, focus: false, capped: false, beat: null
+    };
+    if (isToast(el)) { showClose(el); }
+    var state = stateOf(el);
+    if (state === "open") {
+      if (isToast(el)) {
+        el.classList.add("defer-toast--timed");
+        wireHold(el);
+        if (remembered(ANNOUNCED_KEY).indexOf(id) === -1) {
+          remember(ANNOUNCED_KEY, id);
+          announce(textFor(el, "announce"));
+        }
       }
+      update(el);
       startTicking();
+    } else if (state === "waiting") {
+      schedulePoll();
+    } else if (SETTLED[state] && isToast(el)) {
+      lingerThenDismiss(el, SETTLED_LINGER_MS);
     }
   }
 
-  function secondsLeft(toast) {
-    return Math.max((toast.__defer.deadline - now()) / 1000, 0);
+  function secondsLeft(el) {
+    var state = el.__defer;
+    if (state.held) { return state.frozen; }
+    return Math.max((state.deadline - now()) / 1000, 0);
   }
 
-  function startBar(toast) {
-    var bar = toast.querySelector(".defer-toast__bar");
-    var state = toast.__defer;
-    if (!bar || !state || state.remaining <= 0) { return; }
-    var left = secondsLeft(toast);
-    toast.classList.add("defer-toast--timed"); // shows the bar, so it can transition
-    bar.style.transition = "none";
-    bar.style.transform = "scaleX(" + (state.fraction * left / state.remaining) + ")";
-    void bar.offsetWidth; // apply the starting width before transitioning from it
-    bar.style.transition = "transform " + left + "s linear";
-    bar.style.transform = "scaleX(0)";
-  }
-
-  function update(toast) {
-    if (!toast.classList.contains("defer-toast--live") || !toast.__defer) { return; }
-    // Once asked, the server's answer decides; reaching zero meanwhile must not
-    // settle the toast as if nothing had been clicked.
-    if (toast.getAttribute("data-defer-busy")) { return; }
-    var left = secondsLeft(toast);
-    if (left <= 0) { settle(toast); return; }
-    var count = toast.querySelector("[data-defer-count]");
-    var shown = String(Math.ceil(left));
+  function update(el) {
+    if (!el.__defer || stateOf(el) !== "open") { return; }
+    // Once Undo is asked, the server's answer decides, not the clock.
+    if (el.getAttribute("data-defer-busy")) { return; }
+    var left = secondsLeft(el);
+    if (left <= 0) { toWaiting(el); return; }
+    var count = el.querySelector("[data-defer-count]");
+    var shown = formatNumber(Math.ceil(left));
     if (count && count.textContent !== shown) { count.textContent = shown; }
+    var bar = el.querySelector(".defer-toast__bar");
+    if (bar) {
+      bar.style.transform = "scaleX(" + Math.min(left / el.__defer.window, 1) + ")";
+    }
   }
 
-  /* The window closed: the job will run. No button any more; say it is done. */
-  function settle(toast) {
-    toast.classList.remove("defer-toast--live");
-    toast.classList.add("defer-toast--settled");
-    var form = toast.querySelector(".defer-toast__form");
-    if (form) { form.parentNode.removeChild(form); }
-    var settled = toast.querySelector("[data-defer-settled]");
-    if (settled) { settled.hidden = false; }
-    announce(labelOf(toast) + (settled ? " — " + settled.textContent.trim() : ""));
-    setTimeout(function () { dismiss(toast); }, SETTLED_LINGER_MS);
-  }
+  function watched() { return document.querySelectorAll("[data-defer-watch]"); }
 
-  function liveToasts() {
-    var l = list();
-    return l ? Array.prototype.slice.call(l.querySelectorAll(".defer-toast--live")) : [];
+  function openOnes() {
+    return Array.prototype.filter.call(watched(), function (el) {
+      return el.__defer && stateOf(el) === "open" && el.__defer.deadline !== Infinity;
+    });
   }
 
   function startTicking() {
     if (ticker !== null) { return; }
     ticker = setInterval(function () {
-      var live = liveToasts();
-      live.forEach(update);
-      if (!live.length) { clearInterval(ticker); ticker = null; }
+      var open = openOnes();
+      open.forEach(update);
+      if (!open.length) { clearInterval(ticker); ticker = null; }
     }, TICK_MS);
+  }
+
+  function initAll(root, anchor) {
+    var scope = root || document;
+    each(scope.querySelectorAll(".defer-toast--outcome"), initOutcome);
+    each(scope.querySelectorAll("[data-defer-watch]"), function (el) { initWatched(el, anchor); });
+    each(scope.querySelectorAll("time[data-defer-local-time]"), localTime);
+  }
+
+  function localTime(el) {
+    var when = new Date(el.getAttribute("datetime"));
+    if (isNaN(when.getTime())) { return; }
+    try {
+      el.textContent = "(" + new Intl.DateTimeFormat(locale(), {
+        dateStyle: "medium", timeStyle: "short"
+      }).format(when) + ")";
+    } catch (e) { /* no Intl: the relative time alone says it */ }
   }
 
   function initOutcome(toast) {
     if (toast.__deferOutcome) { return; }
     toast.__deferOutcome = true;
     showClose(toast);
-    announce(labelOf(toast));
-    setTimeout(function () { dismiss(toast); }, OUTCOME_LINGER_MS);
+    var text = toast.querySelector("[data-defer-text]");
+    announce(text ? text.textContent.trim() : "");
+    var jobId = toast.getAttribute("data-defer-job");
+    if (jobId && SETTLED[stateOf(toast)]) {
+      fireSettled({
+        id: parseInt(jobId, 10),
+        key: toast.getAttribute("data-defer-key") || null,
+        status: toast.getAttribute("data-defer-status")
+      });
+    }
+    if (toast.hasAttribute("data-defer-watch") && stateOf(toast) === "waiting") {
+      initWatched(toast, now());
+    } else {
+      lingerThenDismiss(toast, OUTCOME_LINGER_MS);
+    }
   }
 
-  function initAll(root, anchor) {
-    var scope = root || document;
-    Array.prototype.forEach.call(scope.querySelectorAll(".defer-toast--outcome"), initOutcome);
-    Array.prototype.forEach.call(scope.querySelectorAll("[data-defer-toast]"), function (t) {
-      initToast(t, anchor);
+  /* ---- learning the outcome: short polling, only while something waits ---- */
+
+  function waitingIds() {
+    var ids = [];
+    each(watched(), function (el) {
+      var id = el.getAttribute("data-defer-watch");
+      if (el.__defer && stateOf(el) === "waiting" && ids.indexOf(id) === -1) { ids.push(id); }
+    });
+    return ids;
+  }
+
+  function schedulePoll() {
+    if (pollTimer !== null || pollInFlight) { return; }
+    if (!waitingIds().length) { waitingSince = null; return; }
+    if (document.visibilityState === "hidden") { return; } // resumed on visibilitychange
+    if (waitingSince === null) { waitingSince = now(); }
+    var delay = now() - waitingSince < FAST_FOR_MS ? POLL_FAST_MS : POLL_SLOW_MS;
+    pollTimer = setTimeout(poll, delay);
+  }
+
+  function poll() {
+    pollTimer = null;
+    var r = region();
+    var ids = waitingIds();
+    if (!r || !ids.length || !window.fetch) { waitingSince = null; return; }
+    pollInFlight = true;
+    var url = r.getAttribute("data-defer-state-url") + "?" +
+      ids.map(function (id) { return "id=" + encodeURIComponent(id); }).join("&");
+    fetch(url, { credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" } })
+      .then(function (response) {
+        if (!response.ok) { throw new Error("toast states: HTTP " + response.status); }
+        return response.json();
+      })
+      .then(function (data) { applyStates(ids, data.jobs || []); })
+      .catch(function () { /* try again on the next round */ })
+      .then(function () { pollInFlight = false; schedulePoll(); });
+  }
+
+  function applyStates(ids, jobs) {
+    var byId = {};
+    jobs.forEach(function (job) { byId[String(job.id)] = job; });
+    each(watched(), function (el) {
+      var id = el.getAttribute("data-defer-watch");
+      if (ids.indexOf(id) === -1 || stateOf(el) !== "waiting") { return; }
+      var job = byId[id];
+      // Gone, or not this owner's any more (signed out): stop asking about it.
+      if (!job) { el.removeAttribute("data-defer-watch"); return; }
+      if (SETTLED[job.state]) { settle(el, job); }
     });
   }
 
+  /* ---- hold on hover and focus ---- */
+
+  function wireHold(toast) {
+    if (!toast.getAttribute("data-defer-hold-url")) { return; }
+    toast.addEventListener("mouseenter", function () { toast.__defer.hover = true; holdIfNeeded(toast); });
+    toast.addEventListener("mouseleave", function () { toast.__defer.hover = false; holdIfNeeded(toast); });
+    toast.addEventListener("focusin", function () { toast.__defer.focus = true; holdIfNeeded(toast); });
+    toast.addEventListener("focusout", function (event) {
+      if (event.relatedTarget && toast.contains(event.relatedTarget)) { return; }
+      toast.__defer.focus = false;
+      holdIfNeeded(toast);
+    });
+  }
+
+  function holdIfNeeded(toast) {
+    var s = toast.__defer;
+    var want = (s.hover || s.focus) && !s.capped && stateOf(toast) === "open";
+    if (want && !s.held) {
+      s.frozen = secondsLeft(toast);
+      if (s.frozen <= 0) { return; }
+      s.held = true;
+      toast.classList.add("defer-toast--held");
+      sendHold(toast);
+      s.beat = setInterval(function () { sendHold(toast); }, HOLD_BEAT_MS);
+    } else if (!want && s.held) {
+      releaseHold(toast);
+    }
+  }
+
+  /* Resume counting from where the hold froze it (or from the server's *left*). */
+  function releaseHold(toast, left) {
+    var s = toast.__defer;
+    if (!s || !s.held) { return; }
+    if (s.beat !== null) { clearInterval(s.beat); s.beat = null; }
+    s.held = false;
+    s.deadline = now() + (left === undefined ? s.frozen : left) * 1000;
+    toast.classList.remove("defer-toast--held");
+  }
+
+  function sendHold(toast) {
+    var s = toast.__defer;
+    if (!s.held || stateOf(toast) !== "open" || s.holdInFlight) { return; }
+    s.holdInFlight = true;
+    var body = "seconds=" + encodeURIComponent((s.frozen + HOLD_SLACK_S).toFixed(3));
+    fetch(toast.getAttribute("data-defer-hold-url"), {
+      method: "POST",
+      credentials: "same-origin",
+      cache: "no-store",
+      headers: {
+        "Content-Type": "application/x-www-form-urlencoded",
+        "X-CSRFToken": toast.getAttribute("data-defer-csrf") || "",
+        Accept: "application/json"
+      },
+      body: body
+    }).then(function (response) {
+      return response.json().catch(function () { return {}; }).then(function (data) {
+        if (response.ok && data.capped) {
+          // The server will not hold longer: count down what it still keeps open.
+          s.capped = true;
+          toast.classList.add("defer-toast--capped");
+          releaseHold(toast, Math.max(data.seconds_left - HOLD_SLACK_S, 0));
+        } else if (response.status === 409) {
+          // The window closed on the server (or the job left pending): wait for it.
+          releaseHold(toast, 0);
+          toWaiting(toast);
+        } else if (!response.ok) {
+          releaseHold(toast); // not held on the server: do not pretend it is
+          s.capped = true;
+        }
+      });
+    }).catch(function () {
+      releaseHold(toast);
+    }).then(function () { s.holdInFlight = false; });
+  }
+
   /* ---- Undo ---- */
+
+  function openToasts() {
+    var l = list();
+    if (!l) { return []; }
+    return Array.prototype.filter.call(l.querySelectorAll("[data-defer-toast]"), function (t) {
+      return stateOf(t) === "open" && !t.getAttribute("data-defer-busy") && !t.__deferLeaving;
+    });
+  }
 
   function submitUndo(toast) {
     var form = toast.querySelector(".defer-toast__form");
@@ -185,9 +436,9 @@
   }
 
   function undoNewest() {
-    var live = liveToasts().filter(function (t) { return !t.getAttribute("data-defer-busy"); });
-    if (!live.length) { return false; }
-    submitUndo(live[live.length - 1]);
+    var open = openToasts();
+    if (!open.length) { return false; }
+    submitUndo(open[open.length - 1]);
     return true;
   }
 
@@ -200,14 +451,73 @@
     );
   }
 
+  /* ---- keyboard: F6 into the toasts and back, Escape, Z ---- */
+
+  function restoreFocus() {
+    var target = returnFocus;
+    returnFocus = null;
+    if (target && target.isConnected && typeof target.focus === "function") {
+      target.focus({ preventScroll: true });
+    } else if (document.activeElement && document.activeElement !== document.body &&
+               !document.activeElement.isConnected) {
+      document.body.focus();
+    }
+  }
+
+  function focusToasts() {
+    var r = region();
+    var l = list();
+    if (!r || !l) { return false; }
+    var items = l.querySelectorAll(".defer-toast:not(.defer-toast--leaving)");
+    var newest = items[items.length - 1];
+    var target = newest && (newest.querySelector(".defer-toast__undo") ||
+      newest.querySelector("[data-defer-dismiss]:not([hidden])"));
+    if (!r.contains(document.activeElement)) { returnFocus = document.activeElement; }
+    (target || r).focus({ preventScroll: true });
+    return true;
+  }
+
+  function newestSettled() {
+    var l = list();
+    if (!l) { return null; }
+    var items = Array.prototype.filter.call(l.querySelectorAll(".defer-toast"), function (t) {
+      return !t.__deferLeaving && (SETTLED[stateOf(t)] || t.classList.contains("defer-toast--outcome"));
+    });
+    return items[items.length - 1] || null;
+  }
+
   function onKey(event) {
-    if (event.defaultPrevented || event.ctrlKey || event.metaKey || event.altKey || event.repeat) {
+    if (event.defaultPrevented || event.ctrlKey || event.metaKey || event.altKey) { return; }
+    var r = region();
+    if (event.key === "F6") {
+      if (r && r.contains(document.activeElement) && document.activeElement !== document.body) {
+        restoreFocus();
+        event.preventDefault();
+      } else if (focusToasts()) {
+        event.preventDefault();
+      }
       return;
     }
-    if (event.key !== "z" && event.key !== "Z") { return; }
+    if (event.key === "Escape") {
+      var settled = newestSettled();
+      if (settled) { dismiss(settled); event.preventDefault(); }
+      else if (r && r.contains(document.activeElement)) { restoreFocus(); event.preventDefault(); }
+      return;
+    }
+    if (event.repeat || (event.key !== "z" && event.key !== "Z")) { return; }
     if (isTyping(event.target)) { return; }
     if (undoNewest()) { event.preventDefault(); }
   }
+
+  function onFocusIn(event) {
+    // Tabbing (or clicking) into the toasts: remember where focus came from.
+    var r = region();
+    if (r && r.contains(event.target) && event.relatedTarget && !r.contains(event.relatedTarget)) {
+      returnFocus = event.relatedTarget;
+    }
+  }
+
+  /* ---- htmx Undo ---- */
 
   function toastOf(event) {
     var elt = event.detail && event.detail.elt;
@@ -217,6 +527,7 @@
   function onBeforeRequest(event) {
     var toast = toastOf(event);
     if (!toast) { return; }
+    releaseHold(toast); // the Undo answer decides now; stop asking to hold
     toast.setAttribute("data-defer-busy", "1");
     toast.classList.add("defer-toast--asking");
   }
@@ -226,9 +537,10 @@
     if (toast) { toast.removeAttribute("data-defer-busy"); toast.classList.remove("defer-toast--asking"); }
   }
 
-  function showError(toast, text) {
-    var settled = toast.querySelector("[data-defer-settled]");
-    if (settled) { settled.textContent = text; settled.hidden = false; }
+  function showError(toast, key, fallback) {
+    var text = (region() && region().getAttribute("data-defer-error-" + key)) || fallback;
+    var target = toast.querySelector("[data-defer-text]");
+    if (target) { target.textContent = text; }
     toast.classList.add("defer-toast--error");
     announce(text);
   }
@@ -238,28 +550,28 @@
     if (!toast) { return; }
     var status = event.detail.xhr ? event.detail.xhr.status : 0;
     if (status === 404) {
-      showError(toast, "This can no longer be undone here.");
+      showError(toast, "gone", "This can no longer be undone here.");
     } else if (status === 400 || status === 403) {
-      showError(toast, "Your session changed: reload the page and try again.");
+      showError(toast, "session", "Your session changed: reload the page and try again.");
     } else {
-      showError(toast, "Could not undo (error " + status + "). Try again.");
+      showError(toast, "server", "Could not undo. Try again.");
     }
   }
 
   function onSendError(event) {
     var toast = toastOf(event);
-    if (toast) { showError(toast, "Could not reach the server. Try again."); }
+    if (toast) { showError(toast, "network", "Could not reach the server. Try again."); }
   }
 
   function onLoad(event) {
     var elt = event.detail && event.detail.elt;
-    if (!elt || !elt.classList) { return; }
-    if (elt.classList.contains("defer-toast--outcome")) {
-      initOutcome(elt);
+    if (!elt || !elt.classList || !elt.classList.contains("defer-toast--outcome")) { return; }
+    initOutcome(elt);
+    // The Undo button that had the focus is gone: keep the focus in the same place.
+    var active = document.activeElement;
+    if (!active || active === document.body || !active.isConnected) {
       var close = elt.querySelector("[data-defer-dismiss]");
-      if (close && (document.activeElement === document.body || !document.activeElement)) {
-        close.focus({ preventScroll: true });
-      }
+      if (close) { close.focus({ preventScroll: true }); }
     }
   }
 
@@ -271,12 +583,12 @@
     var template = document.createElement("template");
     template.innerHTML = html;
     var fresh = {};
-    Array.prototype.forEach.call(template.content.querySelectorAll("[data-defer-toast]"), function (t) {
+    each(template.content.querySelectorAll("[data-defer-toast]"), function (t) {
       var id = t.getAttribute("data-defer-toast");
       fresh[id] = true;
       var existing = l.querySelector('[data-defer-toast="' + id + '"]');
       if (existing) {
-        if (existing.__defer && existing.classList.contains("defer-toast--live")) {
+        if (existing.__defer && stateOf(existing) === "open" && !existing.__defer.held) {
           // Re-anchor on the server's clock (after a sleep, a bfcache restore ...).
           existing.__defer.deadline = anchor + (parseFloat(t.getAttribute("data-defer-remaining")) || 0) * 1000;
         }
@@ -284,13 +596,13 @@
       }
       l.appendChild(t);
       if (window.htmx) { window.htmx.process(t); }
-      initToast(t, anchor);
+      initWatched(t, anchor);
     });
-    liveToasts().forEach(function (t) {
+    openToasts().forEach(function (t) {
       var id = t.getAttribute("data-defer-toast");
-      if (fresh[id] || t.getAttribute("data-defer-busy")) { return; }
-      // No longer undoable on the server: undone in another tab, or its window ended.
-      if (secondsLeft(t) < 1) { settle(t); } else { dismiss(t); }
+      // Not open on the server any more (undone in another tab, its window ended):
+      // wait for what the server says happened.
+      if (!fresh[id]) { toWaiting(t); }
     });
   }
 
@@ -321,12 +633,13 @@
       var close = event.target.closest && event.target.closest("[data-defer-dismiss]");
       if (close) { dismiss(close.closest(".defer-toast")); }
     });
-    initAll(r, navigationAnchor());
+    initAll(document, navigationAnchor());
     var entries = performance.getEntriesByType ? performance.getEntriesByType("navigation") : [];
     if (entries[0] && entries[0].type === "back_forward") { refresh(); }
   }
 
   document.addEventListener("keydown", onKey);
+  document.addEventListener("focusin", onFocusIn);
   document.addEventListener("defer-toasts", refresh);
   document.addEventListener("htmx:beforeRequest", onBeforeRequest);
   document.addEventListener("htmx:afterRequest", onAfterRequest);
@@ -334,7 +647,7 @@
   document.addEventListener("htmx:sendError", onSendError);
   document.addEventListener("htmx:load", onLoad);
   document.addEventListener("visibilitychange", function () {
-    if (document.visibilityState === "visible") { refresh(); }
+    if (document.visibilityState === "visible") { refresh(); schedulePoll(); }
   });
   window.addEventListener("pageshow", function (event) { if (event.persisted) { refresh(); } });
 
@@ -344,5 +657,5 @@
     start();
   }
 
-  window.flaskDefer = { refresh: refresh, undoNewest: undoNewest };
+  window.flaskDefer = { refresh: refresh, undoNewest: undoNewest, focusToasts: focusToasts };
 })();

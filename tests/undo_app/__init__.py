@@ -17,9 +17,13 @@ from flask import Flask, redirect, render_template, request, url_for
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.orm import DeclarativeBase
 
-from flask_defer import Defer, Job
+from flask_defer import Defer, Fail, Job
 
 TEMPLATES = Path(__file__).parent / "templates"
+#: The locales the app offers (Flask-Babel picks one from Accept-Language).
+LOCALES = ["en", "de", "fr"]
+#: The toast's state texts the compose form may pass to undoable().
+STATE_TEXTS = ("waiting_label", "done_label", "failed_label", "undone_label")
 
 
 @dataclass
@@ -48,6 +52,7 @@ def create_app(
     login: bool = False,
     flask_wtf: bool = False,
     template_folder: Path | None = None,
+    babel: bool = True,
     **config: Any,
 ) -> MailApp:
     """Build the mail app on *database_url*, its tables created."""
@@ -73,11 +78,17 @@ def create_app(
         from flask_wtf.csrf import CSRFProtect
 
         CSRFProtect(app)
+    if babel:
+        from flask_babel import Babel
+
+        Babel(app, locale_selector=lambda: request.accept_languages.best_match(LOCALES))
     defer.init_app(app, db=db)
     mail = MailApp(app, db, defer)
 
     @defer.job("send_email")
     def send_email(job: Job) -> None:
+        if job.payload.get("subject") == "FAIL":
+            raise Fail("the mail server refused the message")
         with mail.lock:
             mail.sent.append(dict(job.payload))
 
@@ -101,11 +112,15 @@ def create_app(
             {"subject": subject},
             label=request.form.get("label") or "Message sent",
             window=float(window) if window else None,
+            **{name: request.form[name] for name in STATE_TEXTS if request.form.get(name)},
         )
         db.session.commit()
         if request.headers.get("HX-Request") == "true":
             return "", 204
-        return redirect(url_for("compose", sent=job.id, window=window or None), code=303)
+        keep = {name: request.form[name] for name in STATE_TEXTS if request.form.get(name)}
+        return redirect(
+            url_for("compose", sent=job.id, window=window or None, **keep), code=303
+        )
 
     with app.app_context():
         db.create_all()

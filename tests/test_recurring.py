@@ -1,0 +1,328 @@
+"""Recurring schedules through the facade and run_due(now=...), on both backends."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from flask_defer import InvalidArgument, Job, NotConfigured, ScheduleNotFound, UnknownJob
+
+from .conftest import AppKit
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+def record_runs(kit: AppKit, name: str = "tick") -> list[Job]:
+    ran: list[Job] = []
+
+    @kit.defer.job(name)
+    def handler(job: Job) -> None:
+        ran.append(job)
+
+    return ran
+
+
+def tick_keys(kit: AppKit, schedule_id: str) -> list[str]:
+    jobs = kit.defer.list(key_prefix=f"recurring:{schedule_id}:", limit=10_000)
+    return sorted(job.key or "" for job in jobs)
+
+
+def test_monday_0900_berlin_is_0800_utc_before_the_march_change_and_0700_after(
+    kit: AppKit,
+) -> None:
+    ran = record_runs(kit, "send_digest")
+    kit.defer.recurring("weekly-digest", "send_digest", cron="0 9 * * MON", tz="Europe/Berlin")
+    kit.defer.run_due(now=utc(2026, 3, 20, 12))  # Friday: first sync, nothing due
+    assert ran == []
+    (row,) = kit.defer.list_recurring()
+    assert row.next_run_at == utc(2026, 3, 23, 8)  # CET, UTC+1
+    kit.defer.run_due(now=utc(2026, 3, 23, 7, 59, 59))
+    assert ran == []
+    kit.defer.run_due(now=utc(2026, 3, 23, 8))
+    kit.defer.run_due(now=utc(2026, 3, 23, 8, 0, 30))  # again: no second job
+    assert [job.key for job in ran] == ["recurring:weekly-digest:2026-03-23T08:00:00Z"]
+    # The clocks went forward on 29 March: 09:00 CEST is 07:00 UTC.
+    kit.defer.run_due(now=utc(2026, 3, 30, 6, 59))
+    assert len(ran) == 1
+    kit.defer.run_due(now=utc(2026, 3, 30, 7))
+    kit.defer.run_due(now=utc(2026, 3, 30, 7, 0, 10))
+    assert [job.key for job in ran][1:] == ["recurring:weekly-digest:2026-03-30T07:00:00Z"]
+    (row,) = kit.defer.list_recurring()
+    assert row.last_run_at == utc(2026, 3, 30, 7)
+    assert row.next_run_at == utc(2026, 4, 6, 7)
+
+
+def run_every_quarter_hour(kit: AppKit, start: datetime, end: datetime) -> None:
+    moment = start
+    while moment <= end:
+        kit.defer.run_due(now=moment)
+        moment += timedelta(minutes=15)
+
+
+def test_new_york_spring_forward_runs_the_missing_0230_once_at_0300_local(kit: AppKit) -> None:
+    ran = record_runs(kit)
+    kit.defer.recurring("nightly", "tick", cron="30 2 * * *", tz="America/New_York")
+    # 8 March 2026: 02:00 EST jumps to 03:00 EDT, so 02:30 never happens.
+    run_every_quarter_hour(kit, utc(2026, 3, 7, 6), utc(2026, 3, 9, 8))
+    assert [job.run_at for job in ran] == [
+        utc(2026, 3, 7, 7, 30),  # 02:30 EST
+        utc(2026, 3, 8, 7, 0),  # the next valid instant: 03:00 EDT
+        utc(2026, 3, 9, 6, 30),  # 02:30 EDT
+    ]
+
+
+def test_new_york_fall_back_runs_the_repeated_0130_once(kit: AppKit) -> None:
+    ran = record_runs(kit)
+    kit.defer.recurring("nightly", "tick", cron="30 1 * * *", tz="America/New_York")
+    # 1 November 2026: 02:00 EDT falls back to 01:00 EST, so 01:30 happens twice.
+    run_every_quarter_hour(kit, utc(2026, 10, 31, 5), utc(2026, 11, 2, 7))
+    assert [job.run_at for job in ran] == [
+        utc(2026, 10, 31, 5, 30),  # 01:30 EDT
+        utc(2026, 11, 1, 5, 30),  # the first 01:30 (EDT) only
+        utc(2026, 11, 2, 6, 30),  # 01:30 EST
+    ]
+
+
+@pytest.mark.parametrize(
+    ("catch_up", "expected"),
+    [
+        ("latest", ["2026-03-04T09:00:00Z"]),
+        ("skip", []),
+        (
+            "all",
+            [f"2026-03-{d:02d}T{h:02d}:00:00Z" for d in (1, 2, 3, 4) for h in range(24)][10:82],
+        ),
+    ],
+)
+def test_catch_up_policies_after_a_three_day_outage(
+    kit: AppKit, catch_up: str, expected: list[str]
+) -> None:
+    ran = record_runs(kit)
+    kit.defer.recurring("hourly", "tick", cron="0 * * * *", catch_up=catch_up)  # type: ignore[arg-type]
+    kit.defer.run_due(now=utc(2026, 3, 1, 9, 30))  # synced: next tick 10:00
+    kit.defer.run_due(now=utc(2026, 3, 4, 9, 30))  # three days later, 72 ticks missed
+    assert [job.key.removeprefix("recurring:hourly:") for job in ran if job.key] == expected
+    (row,) = kit.defer.list_recurring()
+    assert row.next_run_at == utc(2026, 3, 4, 10)
+    kit.defer.run_due(now=utc(2026, 3, 4, 10))  # and on time again
+    assert ran[-1].key == "recurring:hourly:2026-03-04T10:00:00Z"
+
+
+def test_catch_up_all_is_bounded_by_max_catch_up(make_app: Any) -> None:
+    kit = make_app(DEFER_RECURRING_MAX_CATCH_UP=5)
+    with kit.app.app_context():
+        kit.db.create_all()
+        ran = record_runs(kit)
+        kit.defer.recurring("hourly", "tick", cron="0 * * * *", catch_up="all")
+        kit.defer.run_due(now=utc(2026, 3, 1, 9, 30))
+        kit.defer.run_due(now=utc(2026, 3, 4, 9, 30))
+        assert [job.run_at for job in ran] == [utc(2026, 3, 4, h) for h in range(5, 10)]
+
+
+def test_pause_writes_no_ticks_and_resume_runs_only_the_next_tick(kit: AppKit) -> None:
+    ran = record_runs(kit)
+    kit.defer.recurring("hourly", "tick", cron="0 * * * *", catch_up="all")
+    kit.defer.run_due(now=utc(2026, 3, 1, 10))
+    assert len(ran) == 1
+    assert kit.defer.pause_recurring("hourly") is True
+    assert kit.defer.pause_recurring("hourly") is False  # already paused
+    for hour in range(11, 16):
+        kit.defer.run_due(now=utc(2026, 3, 1, hour))
+    assert len(ran) == 1
+    assert kit.defer.list_recurring()[0].paused
+    assert kit.defer.resume_recurring("hourly", now=utc(2026, 3, 1, 15, 30)) is True
+    assert kit.defer.resume_recurring("hourly", now=utc(2026, 3, 1, 15, 30)) is False
+    kit.defer.run_due(now=utc(2026, 3, 1, 15, 45))
+    assert len(ran) == 1  # no burst of the paused hours, even with catch_up="all"
+    kit.defer.run_due(now=utc(2026, 3, 1, 16))
+    assert [job.run_at for job in ran] == [utc(2026, 3, 1, 10), utc(2026, 3, 1, 16)]
+
+
+def test_removing_the_declaration_orphans_the_schedule_and_stops_it(
+    make_app: Any,
+) -> None:
+    first = make_app()
+    with first.app.app_context():
+        first.db.create_all()
+        record_runs(first)
+        first.defer.recurring("hourly", "tick", cron="0 * * * *")
+        first.defer.run_due(now=utc(2026, 3, 1, 10))
+    # The next deploy no longer declares it.
+    second = make_app()
+    with second.app.app_context():
+        ran = record_runs(second)
+        second.defer.run_due(now=utc(2026, 3, 1, 11))
+        (row,) = second.defer.list_recurring()
+        assert row.id == "hourly" and row.orphaned and not row.paused
+        assert row.next_run_at == utc(2026, 3, 1, 11)  # kept, visible
+        second.defer.run_due(now=utc(2026, 3, 1, 14))
+        assert ran == []
+        assert tick_keys(second, "hourly") == ["recurring:hourly:2026-03-01T10:00:00Z"]
+    # Declared again: it restarts from its next tick, without the orphaned hours.
+    third = make_app()
+    with third.app.app_context():
+        ran = record_runs(third)
+        third.defer.recurring("hourly", "tick", cron="0 * * * *", catch_up="all")
+        third.defer.run_due(now=utc(2026, 3, 1, 15, 30))
+        assert ran == []
+        (row,) = third.defer.list_recurring()
+        assert not row.orphaned and row.next_run_at == utc(2026, 3, 1, 16)
+
+
+def test_interval_ticks_at_whole_multiples_of_the_interval(kit: AppKit) -> None:
+    ran = record_runs(kit)
+    kit.defer.recurring("five", "tick", every=timedelta(minutes=5), payload={"x": 1})
+    kit.defer.run_due(now=utc(2026, 3, 1, 10, 2))
+    (row,) = kit.defer.list_recurring()
+    assert row.next_run_at == utc(2026, 3, 1, 10, 5)
+    assert row.every == timedelta(minutes=5) and row.cron is None and row.tz == "UTC"
+    kit.defer.run_due(now=utc(2026, 3, 1, 10, 5, 1))
+    kit.defer.run_due(now=utc(2026, 3, 1, 10, 10, 30))
+    assert [job.run_at for job in ran] == [utc(2026, 3, 1, 10, 5), utc(2026, 3, 1, 10, 10)]
+    assert ran[0].payload == {"x": 1}
+
+
+def test_changing_the_rule_in_code_restarts_the_schedule_from_now(make_app: Any) -> None:
+    first = make_app()
+    with first.app.app_context():
+        first.db.create_all()
+        record_runs(first)
+        first.defer.recurring("report", "tick", cron="0 9 * * *")
+        first.defer.run_due(now=utc(2026, 3, 1, 8))
+    second = make_app()
+    with second.app.app_context():
+        record_runs(second)
+        second.defer.recurring("report", "tick", cron="0 18 * * *")
+        second.defer.run_due(now=utc(2026, 3, 1, 8, 30))
+        (row,) = second.defer.list_recurring()
+        assert row.cron == "0 18 * * *" and row.next_run_at == utc(2026, 3, 1, 18)
+
+
+def test_a_late_schedule_counts_as_backlog_in_health(kit: AppKit) -> None:
+    record_runs(kit)
+    kit.defer.recurring("hourly", "tick", cron="0 * * * *")
+    kit.defer.run_due(now=utc(2026, 3, 1, 9, 30))
+    on_time = kit.defer.health(now=utc(2026, 3, 1, 10, 0, 30))
+    assert on_time.late_schedules == 0 and on_time.owed == 0
+    late = kit.defer.health(now=utc(2026, 3, 1, 10, 5))
+    assert late.late_schedules == 1 and late.owed == 1
+    assert late.oldest_owed_age == 300
+    kit.defer.pause_recurring("hourly")
+    assert kit.defer.health(now=utc(2026, 3, 1, 10, 5)).late_schedules == 0
+
+
+def test_a_tick_is_an_ordinary_job_that_can_be_cancelled(kit: AppKit) -> None:
+    ran = record_runs(kit)
+    kit.defer.recurring("hourly", "tick", cron="0 * * * *")
+    kit.defer.run_due(now=utc(2026, 3, 1, 9, 30))
+    kit.defer.store  # noqa: B018 - the store is the app's
+    # The worker materialises the tick at 10:00; cancelling it then stops that run only.
+    state = kit.app.extensions["defer"]
+    assert state.recurring is not None
+    (job,) = state.recurring.materialise(utc(2026, 3, 1, 10))
+    assert kit.defer.cancel(key="recurring:hourly:2026-03-01T10:00:00Z") is True
+    kit.defer.run_due(now=utc(2026, 3, 1, 10, 0, 5))
+    assert ran == []
+    kit.defer.run_due(now=utc(2026, 3, 1, 11))
+    assert [j.key for j in ran] == ["recurring:hourly:2026-03-01T11:00:00Z"]
+    assert job.name == "tick"
+
+
+def test_run_recurring_now_writes_one_extra_job_and_leaves_the_ticks(kit: AppKit) -> None:
+    ran = record_runs(kit)
+    kit.defer.recurring("hourly", "tick", cron="0 * * * *")
+    kit.defer.list_recurring()
+    job = kit.defer.run_recurring_now("hourly")
+    assert job.key is not None and job.key.startswith("recurring:hourly:")
+    assert job.key.endswith(":now")
+    kit.defer.run_due()
+    assert [j.id for j in ran] == [job.id]
+    with pytest.raises(ScheduleNotFound):
+        kit.defer.run_recurring_now("nope")
+    with pytest.raises(ScheduleNotFound):
+        kit.defer.pause_recurring("nope")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"cron": "61 * * * *"}, "cron"),
+        ({"cron": "0 9 * *"}, "cron"),
+        ({"cron": 5}, "cron"),
+        ({"cron": "0 9 * * *", "tz": "Europe/Nowhere"}, "tz"),
+        ({"cron": "0 9 * * *", "every": 60}, "cron"),
+        ({}, "cron"),
+        ({"every": 0}, "every"),
+        ({"every": timedelta(seconds=-5)}, "every"),
+        ({"every": "5m"}, "every"),
+        ({"every": 60, "catch_up": "some"}, "catch_up"),
+        ({"every": 60, "payload": {"x": object()}}, "payload"),
+    ],
+)
+def test_recurring_refuses_bad_arguments_naming_them(
+    kit: AppKit, kwargs: dict[str, Any], argument: str
+) -> None:
+    record_runs(kit)
+    with pytest.raises(InvalidArgument) as raised:
+        kit.defer.recurring("s", "tick", **kwargs)
+    assert raised.value.argument == argument
+
+
+def test_recurring_refuses_a_bad_id_and_an_unregistered_job_at_declaration(kit: AppKit) -> None:
+    record_runs(kit)
+    for bad in ("", "has space", "a/b", 7):
+        with pytest.raises(InvalidArgument) as raised:
+            kit.defer.recurring(bad, "tick", every=60)  # type: ignore[arg-type]
+        assert raised.value.argument == "id"
+    with pytest.raises(UnknownJob):
+        kit.defer.recurring("s", "not_registered", every=60)
+    kit.defer.recurring("s", "tick", every=60)
+    kit.defer.recurring("s", "tick", every=60)  # the same declaration again is fine
+    with pytest.raises(InvalidArgument) as raised:
+        kit.defer.recurring("s", "tick", every=120)
+    assert raised.value.argument == "id"
+
+
+def test_max_catch_up_must_be_a_positive_integer(make_app: Any) -> None:
+    for bad in (0, -1, "5", 2.5, True):
+        with pytest.raises(InvalidArgument) as raised:
+            make_app(DEFER_RECURRING_MAX_CATCH_UP=bad)
+        assert raised.value.argument == "DEFER_RECURRING_MAX_CATCH_UP"
+
+
+def test_pausing_with_uncommitted_jobs_in_the_session_says_commit_first(kit: AppKit) -> None:
+    record_runs(kit)
+    kit.defer.recurring("hourly", "tick", cron="0 * * * *")
+    kit.defer.list_recurring()
+    kit.defer.schedule("tick")
+    with pytest.raises(NotConfigured, match="commit"):
+        kit.defer.pause_recurring("hourly")
+    kit.db.session.commit()
+    assert kit.defer.pause_recurring("hourly") is True
+
+
+def test_a_broken_schedule_row_is_logged_and_skipped_while_the_others_tick(
+    kit: AppKit, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran = record_runs(kit)
+    kit.defer.recurring("good", "tick", cron="0 * * * *")
+    kit.defer.recurring("bad", "tick", cron="0 * * * *")
+    kit.defer.run_due(now=utc(2026, 3, 1, 9, 30))
+    ticker = kit.app.extensions["defer"].recurring
+    with ticker.store.engine.begin() as conn:  # say, a zone this system's tzdata lacks
+        conn.execute(
+            update(ticker.store.table)
+            .where(ticker.store.table.c.id == "bad")
+            .values(tz="Nowhere/Gone")
+        )
+    kit.db.session.commit()
+    written = ticker.materialise(utc(2026, 3, 1, 10))
+    assert [job.key for job in written] == ["recurring:good:2026-03-01T10:00:00Z"]
+    assert "recurring schedule 'bad': could not write its tick" in caplog.text
+    kit.defer.run_due(now=utc(2026, 3, 1, 10, 0, 1))
+    assert [job.key for job in ran] == ["recurring:good:2026-03-01T10:00:00Z"]
