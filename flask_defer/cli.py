@@ -45,19 +45,20 @@ def defer_cli() -> None:
     """Durable delayed jobs: install, inspect, cancel and run them."""
 
 
-@defer_cli.command("install", short_help="Create the jobs table and its indexes.")
+@defer_cli.command("install", short_help="Create or upgrade flask_defer's tables.")
 @with_appcontext
 @_errors_to_exit_codes
 def install_command() -> None:
-    """Create the jobs table at the newest schema revision and record it (apps without
-    migrations; an existing table is upgraded). Refused in an app that uses Flask-Migrate
-    or whose database has alembic_version: run `flask db upgrade` there."""
+    """Create the jobs and schedules tables at the newest schema revision and record it
+    (apps without migrations; an existing schema is upgraded). Refused in an app that
+    uses Flask-Migrate or whose database has alembic_version: run `flask db upgrade`
+    there."""
     defer = current_defer()
     name = defer.install()
     click.echo(f"table {name} is ready ({defer.schema_status().message})")
 
 
-@defer_cli.group("db")
+@defer_cli.group("db", short_help="Schema revisions: upgrade, check, print the SQL.")
 def db_cli() -> None:
     """The jobs table's schema revisions: upgrade, check, or print the SQL."""
 
@@ -240,14 +241,28 @@ def status_command(
     default=0.0,
     help="Also run what becomes due within this many seconds.",
 )
+@click.option(
+    "--max-seconds",
+    type=click.FloatRange(min=0, min_open=True, max=86_400 * 366),
+    default=None,
+    help="Stop starting jobs after this many seconds (less than the cron interval, "
+    "so one run never overlaps the next); the rest waits for the next run.",
+)
 @with_appcontext
 @_errors_to_exit_codes
-def run_due_command(ahead: float) -> None:
-    """Run every job that is due now, in this process, then exit (for cron)."""
+def run_due_command(ahead: float, max_seconds: float | None) -> None:
+    """Run every job that is due now, in this process, then exit (for cron).
+
+    First returns jobs whose lease lapsed (a run that was killed) to pending, and keeps
+    the leases of the jobs it runs renewed, as a worker does: cron alone is enough,
+    and a worker beside it never runs a job twice.
+    """
     now = datetime.now(UTC) + timedelta(seconds=ahead)
-    summary = current_defer().run_due(now=now)
+    summary = current_defer().run_due(now=now, max_seconds=max_seconds)
     parts = ", ".join(f"{name} {n}" for name, n in summary.counts.items() if n)
     click.echo(f"ran {summary.ran} job(s)" + (f": {parts}" if parts else ""))
+    if summary.out_of_time:
+        click.echo(f"stopped after --max-seconds {max_seconds:g}; more may be due")
 
 
 def _job_dict(job: Job) -> dict[str, Any]:

@@ -68,6 +68,8 @@ class RunSummary:
 
     ran: int = 0
     counts: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
+    #: True when ``run_due`` stopped claiming at its ``max_seconds``: more may be due.
+    out_of_time: bool = False
 
     def add(self, outcome: Outcome) -> None:
         self.ran += 1

@@ -175,9 +175,12 @@ class Defer:
         """
         state = self._state()
         store = state.store
-        versioning.install(store.engine, store.table.name, app_migrations=_uses_flask_migrate())
-        if state.recurring is not None:
-            state.recurring.store.create_table()
+        versioning.install(
+            store.engine,
+            store.table.name,
+            app_migrations=_uses_flask_migrate(),
+            schedules_table=self.schedules_table_name,
+        )
         return store.table.name
 
     @property
@@ -360,7 +363,12 @@ class Defer:
         return operations.hold(self._state(), id, seconds, owner)
 
     def undo(
-        self, id: int | None = None, *, key: str | None = None, owner: str | None = None
+        self,
+        id: int | None = None,
+        *,
+        key: str | None = None,
+        owner: str | None = None,
+        commit: bool = True,
     ) -> UndoOutcome:
         """The user's Undo: cancel a pending job, run its ``on_undo`` hooks, say what happened.
 
@@ -370,10 +378,15 @@ class Defer:
         cancelled → ``ALREADY_UNDONE``. With ``owner`` (the web layer always passes
         it), a job of another owner raises :class:`JobNotFound`, as does no job at
         all: other people's ids are never confirmed to exist. Runs and commits a
-        transaction of its own on ``db.session``, like :meth:`cancel`. The history
-        records it as ``undone`` by the owner.
+        transaction of its own on ``db.session``, like :meth:`cancel`.
+
+        ``commit=False`` cancels and runs the hooks in the caller's ``db.session``
+        transaction and commits nothing (see :meth:`cancel`): a rollback undoes the
+        cancel and every hook's writes together. If a hook raises, the error
+        propagates and the caller rolls back.
+        The history records it as ``undone`` by the owner.
         """
-        return operations.undo(self._state(), id, key, owner)
+        return operations.undo(self._state(), id, key, owner, commit=commit)
 
     def toasts(
         self,
@@ -444,6 +457,7 @@ class Defer:
         key: str | None = None,
         owner: str | None = None,
         actor: str | None = None,
+        commit: bool = True,
     ) -> bool:
         """Cancel a pending job; True only if this call cancelled it.
 
@@ -451,11 +465,33 @@ class Defer:
         False (a running job is in flight and cannot be stopped). Unknown id or key →
         :class:`JobNotFound`. ``owner`` restricts the cancel to that owner's job; a job
         of another owner counts as not found.
+
+        By default the cancel runs and commits a transaction of its own.
+        ``commit=False`` runs the same guarded statement in ``db.session``'s current
+        transaction and leaves the commit to the caller, so a business change and the
+        cancel it implies commit together or not at all::
+
+            offer.status = "accepted"
+            defer.cancel(key=f"offer:{offer.id}:expire", commit=False)
+            db.session.commit()
+
+        The answer is decided when the call returns: True means "this transaction
+        cancelled it". Until the caller commits, the job's row is locked (PostgreSQL;
+        workers skip it) or the database's write lock is held (SQLite; workers wait
+        for it); a rollback leaves the job exactly as it was, and a worker may then
+        take it. ``job_cancelled`` is sent after the commit, never on a rollback.
+        Needs a ``db`` (:class:`InvalidArgument` naming ``commit`` otherwise).
         """
-        return operations.cancel(self._state(), id, key, owner, checked_actor(actor))
+        return operations.cancel(
+            self._state(), id, key, owner, checked_actor(actor), commit=commit
+        )
 
     def cancel_many(
-        self, *, actor: str | None = None, **filters: Unpack[Filters]
+        self,
+        *,
+        actor: str | None = None,
+        commit: bool = True,
+        **filters: Unpack[Filters],
     ) -> dict[str, int]:
         """Cancel every pending job matching the filters; report what was still running.
 
@@ -463,8 +499,11 @@ class Defer:
         running, so they could not be stopped. At least one of ``key_prefix``, ``name``
         or ``owner`` is required; ``status`` narrows further (the dashboard passes its
         status filter, so a bulk cancel never reaches rows the operator did not see).
+        ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
         """
-        return operations.cancel_many(self._state(), filters, checked_actor(actor))
+        return operations.cancel_many(
+            self._state(), filters, checked_actor(actor), commit=commit
+        )
 
     def reschedule(
         self,
@@ -474,19 +513,24 @@ class Defer:
         run_at: datetime | None = None,
         delay: Duration | None = None,
         actor: str | None = None,
+        commit: bool = True,
     ) -> Job:
         """Move a pending job to ``run_at`` or ``now + delay`` and return it.
 
         Only a waiting job moves: a running or settled one raises
         :class:`JobNotPending`; an unknown id or key raises :class:`JobNotFound`.
+        ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
         """
         return operations.reschedule(
-            self._state(), id, key, run_at, delay, checked_actor(actor)
+            self._state(), id, key, run_at, delay, checked_actor(actor), commit=commit
         )
 
-    def retry(self, id: int, *, actor: str | None = None) -> Job:
-        """Put a failed job back to pending, due now, with its attempts reset."""
-        return operations.retry(self._state(), id, checked_actor(actor))
+    def retry(self, id: int, *, actor: str | None = None, commit: bool = True) -> Job:
+        """Put a failed job back to pending, due now, with its attempts reset.
+
+        ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
+        """
+        return operations.retry(self._state(), id, checked_actor(actor), commit=commit)
 
     def history(self, job_id: int) -> list[JobEvent]:
         """Every state change of job *job_id*, oldest first: what, when, who, which attempt.
@@ -539,14 +583,23 @@ class Defer:
             return True
         return self._dashboard_auth is not None and bool(self._dashboard_auth())
 
-    def run_now(self, id: int, *, actor: str | None = None) -> Job:
+    def run_now(self, id: int, *, actor: str | None = None, commit: bool = True) -> Job:
         """Make a pending job due now and return it (the dashboard's "Run now").
 
         One guarded statement, like :meth:`reschedule`: pending → due now. A running or
         settled job raises :class:`JobNotPending`; an unknown id :class:`JobNotFound`.
+        ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
         """
         return operations.reschedule(
-            self._state(), id, None, utcnow(), None, checked_actor(actor), event="run_now"
+            self._state(),
+            id,
+            None,
+            utcnow(),
+            None,
+            checked_actor(actor),
+            commit=commit,
+            operation="run_now",
+            event="run_now",
         )
 
     def count(self, *, limit: int | None = None, **filters: Unpack[Filters]) -> int:
@@ -574,14 +627,27 @@ class Defer:
 
     # -- running ------------------------------------------------------------------
 
-    def run_due(self, now: datetime | None = None, *, limit: int | None = None) -> RunSummary:
+    def run_due(
+        self,
+        now: datetime | None = None,
+        *,
+        limit: int | None = None,
+        max_seconds: Duration | None = None,
+    ) -> RunSummary:
         """Claim and run every job due at *now* in this thread, then return a summary.
 
         For tests and cron: ``defer.run_due(now=datetime.now(UTC) + timedelta(hours=1))``
         runs what would be due in an hour. Retries are scheduled relative to *now*.
-        The claim, execution and acknowledgement are the worker's own code.
+        The claim, execution and acknowledgement are the worker's own code, and so are
+        the two steps that make it a complete cron runner: before claiming it returns
+        jobs with lapsed leases to pending (a run that was killed, with no worker
+        anywhere to notice), and while it runs it renews the leases of the jobs it
+        holds, so a worker beside it never starts one of them a second time.
+        ``max_seconds`` stops claiming and starting jobs once that much time has
+        passed (claimed jobs not started yet go back to pending): a cron run cannot
+        overlap the next, except for the handler running at the limit.
         """
-        return self._state().run_due(now, limit=limit)
+        return self._state().run_due(now, limit=limit, max_seconds=max_seconds)
 
     # -- the worker and retention -------------------------------------------------
 
@@ -603,7 +669,10 @@ class Defer:
         state = self._state()
         # A worker on a schema behind or ahead of the code would fail on every claim.
         versioning.require_current(
-            state.store.engine, state.store.table.name, app_migrations=_uses_flask_migrate()
+            state.store.engine,
+            state.store.table.name,
+            app_migrations=_uses_flask_migrate(),
+            schedules_table=self.schedules_table_name,
         )
         return operations.worker(
             state, concurrency=concurrency, queues=queues, burst=burst, clock=clock
@@ -615,21 +684,30 @@ class Defer:
         """How this app's database's flask_defer schema compares with the code's."""
         store = self._state().store
         return versioning.check(
-            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+            store.engine,
+            store.table.name,
+            app_migrations=_uses_flask_migrate(),
+            schedules_table=self.schedules_table_name,
         )
 
     def upgrade_schema(self) -> Revisions:
         """Upgrade the schema to the newest revision; return the revisions applied."""
         store = self._state().store
         return versioning.upgrade(
-            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+            store.engine,
+            store.table.name,
+            app_migrations=_uses_flask_migrate(),
+            schedules_table=self.schedules_table_name,
         )
 
     def schema_sql(self) -> str:
         """The SQL the upgrade would run, not executed (``flask defer db sql``)."""
         store = self._state().store
         return versioning.pending_sql(
-            store.engine, store.table.name, app_migrations=_uses_flask_migrate()
+            store.engine,
+            store.table.name,
+            app_migrations=_uses_flask_migrate(),
+            schedules_table=self.schedules_table_name,
         )
 
     def prune(self, now: datetime | None = None) -> int:
@@ -644,7 +722,10 @@ class Defer:
 
     def _ticker_for(self, state: DeferState) -> _recurring.Ticker:
         """The recurring schedules of *state*'s app, over a table beside the jobs table."""
-        table = define_schedules_table(state.store.table.metadata, self.schedules_table_name)
+        # In the app's metadata, beside the jobs table, so db.create_all() and Alembic
+        # autogenerate see it also when the db was passed to init_app only.
+        metadata = state.db.metadata if state.db is not None else state.store.table.metadata
+        table = define_schedules_table(metadata, self.schedules_table_name)
         ticker = _recurring.Ticker(
             ScheduleStore(state.store.engine, table, state.store),
             self.schedules,
@@ -653,9 +734,21 @@ class Defer:
             max_catch_up=state.config.recurring_max_catch_up,
             on_written=lambda job: state.send(signals.job_scheduled, job=job),
         )
-        if state.db is None:
+        if state.db is None and self._schema_at_head(state):
+            # A jobs table created just now (by build_state) was recorded at the newest
+            # revision, which includes this table. On an older recorded schema the table
+            # comes from `flask defer db upgrade` (revision flask_defer_0002): creating it
+            # here would make that revision fail on an existing table.
             ticker.store.create_table()
         return ticker
+
+    def _schema_at_head(self, state: DeferState) -> bool:
+        status = versioning.check(
+            state.store.engine,
+            state.store.table.name,
+            schedules_table=self.schedules_table_name,
+        )
+        return status.ok
 
     def recurring(
         self,

@@ -7,7 +7,9 @@ batches so a worker catching up on a large backlog goes back to claiming jobs be
 
 Both are guarded statements, so two workers doing them at once would be merely
 wasteful; on PostgreSQL an advisory lock (``JobStore.maintenance_lock``) makes one
-worker do them while the others skip the round.
+worker do them while the others skip the round. ``run_due`` (a cron run, perhaps with
+no worker anywhere) reclaims with :func:`reclaim_lapsed` before it claims: the same
+step under the same lock.
 """
 
 from __future__ import annotations
@@ -34,6 +36,32 @@ def prune(store: JobStore, policy: MaintenancePolicy, clock: Clock, **limits: in
         failed_before=now - policy.failed_retention,
         **limits,
     )
+
+
+def reclaim_lapsed(store: JobStore, clock: Clock, *, actor: str = "app") -> int | None:
+    """Reclaim lapsed leases now, under the maintenance lock; how many jobs came back.
+
+    None when another process holds the lock: it is reclaiming (or pruning) at this
+    moment, and a second reclaim would find nothing more. Looks first, so a call with
+    nothing to reclaim (the usual case) takes neither the lock nor a write lock.
+    *actor* is who the history says reclaimed the jobs.
+    """
+    if not store.any_lapsed(now=clock()):
+        return 0
+    with store.maintenance_lock() as mine:
+        return _reclaim(store, clock, actor) if mine else None
+
+
+def _reclaim(store: JobStore, clock: Clock, actor: str = "app") -> int:
+    returned, failed = store.reclaim_lapsed(now=clock(), actor=actor)
+    if returned or failed:
+        logger.warning(
+            "reclaimed jobs with lapsed leases: %d back to pending, %d failed "
+            "(out of attempts)",
+            returned,
+            failed,
+        )
+    return returned + failed
 
 
 class Maintenance:
@@ -75,20 +103,9 @@ class Maintenance:
             if not mine:
                 return
             if reclaim_due:
-                self._reclaim()
+                self.reclaimed += _reclaim(self.store, self.clock, self.actor)
             if prune_due:
                 self._prune(now)
-
-    def _reclaim(self) -> None:
-        returned, failed = self.store.reclaim_lapsed(now=self.clock(), actor=self.actor)
-        if returned or failed:
-            logger.warning(
-                "reclaimed jobs with lapsed leases: %d back to pending, %d failed "
-                "(out of attempts)",
-                returned,
-                failed,
-            )
-        self.reclaimed += returned + failed
 
     def _prune(self, now: float) -> None:
         deleted = prune(

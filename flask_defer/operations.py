@@ -21,7 +21,14 @@ from .state import DeferState
 from .store import JobFilter
 from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
 from .undo import MAX_JOB_ID, WAITING_HORIZON, Toast, UndoOutcome
-from .validation import DEFAULT_ACTOR, checked_limit, checked_text, identity, statuses
+from .validation import (
+    DEFAULT_ACTOR,
+    checked_commit,
+    checked_limit,
+    checked_text,
+    identity,
+    statuses,
+)
 from .worker import Worker
 
 
@@ -184,23 +191,34 @@ def worker(
 
 
 def cancel(
-    state: DeferState, job_id: Any, key: Any, owner: str | None, actor: str = DEFAULT_ACTOR
+    state: DeferState,
+    job_id: Any,
+    key: Any,
+    owner: str | None,
+    actor: str = DEFAULT_ACTOR,
+    *,
+    commit: bool = True,
 ) -> bool:
-    """pending → cancelled and True; anything else unchanged and False; unknown raises."""
+    """pending → cancelled and True; anything else unchanged and False; unknown raises.
+
+    ``commit=False`` runs the same guarded statement in the caller's transaction
+    (see :meth:`~flask_defer.transactions.Transactions.caller`).
+    """
     job_id, key = identity(job_id, key)
-    with state.transactions.own("cancel") as conn:
+    commit = checked_commit(commit)
+    with state.transactions.control("cancel", commit=commit) as conn:
         cancelled = state.store.cancel(
             conn, now=utcnow(), job_id=job_id, key=key, owner=owner, actor=actor
         )
         if cancelled is None:
             state.refused(conn, job_id, key, owner)
             return False
-    state.send(signals.job_cancelled, job=cancelled)
+    state.send_when_committed(signals.job_cancelled, commit=commit, job=cancelled)
     return True
 
 
 def cancel_many(
-    state: DeferState, filters: Filters, actor: str = DEFAULT_ACTOR
+    state: DeferState, filters: Filters, actor: str = DEFAULT_ACTOR, *, commit: bool = True
 ) -> dict[str, int]:
     """Cancel matching pending jobs; ``{"cancelled": n, "in_flight": m}``."""
     if all(filters.get(name) is None for name in ("key_prefix", "name", "owner")):
@@ -208,7 +226,8 @@ def cancel_many(
             "key_prefix", "give key_prefix, name or owner; refusing to cancel every job"
         )
     where = job_filter(filters)
-    with state.transactions.own("cancel_many") as conn:
+    commit = checked_commit(commit)
+    with state.transactions.control("cancel_many", commit=commit) as conn:
         cancelled, in_flight = state.store.cancel_many(conn, where, now=utcnow(), actor=actor)
     return {"cancelled": cancelled, "in_flight": in_flight}
 
@@ -221,18 +240,22 @@ def reschedule(
     delay: Duration | None,
     actor: str = DEFAULT_ACTOR,
     *,
+    commit: bool = True,
+    operation: str = "reschedule",
     event: str = "rescheduled",
 ) -> Job:
     """Move a pending job; :class:`JobNotPending` / :class:`JobNotFound` otherwise.
 
+    ``operation`` names the public call in errors (``run_now`` comes this way too);
     *event* is what the history calls it: ``rescheduled``, or ``run_now``.
     """
     if run_at is None and delay is None:
         raise InvalidArgument("run_at", "give run_at or delay to reschedule to")
     job_id, key = identity(job_id, key)
+    commit = checked_commit(commit)
     now = utcnow()
     when = resolve_run_at(run_at, delay, now, strict=state.config.strict_local_times)
-    with state.transactions.own("reschedule") as conn:
+    with state.transactions.control(operation, commit=commit) as conn:
         moved = state.store.reschedule(
             conn, when, now=now, job_id=job_id, key=key, actor=actor, event=event
         )
@@ -242,12 +265,15 @@ def reschedule(
     return moved
 
 
-def retry(state: DeferState, job_id: Any, actor: str = DEFAULT_ACTOR) -> Job:
+def retry(
+    state: DeferState, job_id: Any, actor: str = DEFAULT_ACTOR, *, commit: bool = True
+) -> Job:
     """failed → pending, due now, attempts reset; :class:`JobNotPending` otherwise."""
     checked, _ = identity(job_id, None)
     assert checked is not None
+    commit = checked_commit(commit)
     # No uncommitted-jobs check here: 0.1.0 never made one for retry().
-    with state.transactions.own() as conn:
+    with state.transactions.control("retry", commit=commit, guard=False) as conn:
         job = state.store.retry_failed(conn, checked, now=utcnow(), actor=actor)
         if job is None:
             existing = state.refused(conn, checked, None)
@@ -282,14 +308,17 @@ def count(state: DeferState, filters: Filters, *, limit: int | None = None) -> i
         return state.store.count(conn, where, limit=limit)
 
 
-def undo(state: DeferState, job_id: Any, key: Any, owner: str | None) -> UndoOutcome:
-    """The user's Undo: guarded cancel plus ``on_undo`` hooks in one own transaction."""
+def undo(
+    state: DeferState, job_id: Any, key: Any, owner: str | None, *, commit: bool = True
+) -> UndoOutcome:
+    """The user's Undo: guarded cancel plus ``on_undo`` hooks in one transaction on
+    ``db.session``: its own, committed here (``commit=True``), or the caller's."""
     job_id, key = identity(job_id, key)
     checked_owner = checked_text(owner, "owner")
+    commit = checked_commit(commit)
     if job_id is not None and not 1 <= job_id <= MAX_JOB_ID:
         raise JobNotFound(job_id)
-    state.transactions.refuse_uncommitted("undo")
-    with state.transactions.atomic() as conn:
+    with state.transactions.hooked("undo", commit=commit) as conn:
         cancelled: Job | None = None
         # A failed attempt can put the job back to pending between the cancel and
         # the read below; cancelling again then is right, so try a few times.
@@ -313,7 +342,7 @@ def undo(state: DeferState, job_id: Any, key: Any, owner: str | None) -> UndoOut
             return UndoOutcome.RUNNING
         for hook in state.undo_hooks.for_name(cancelled.name):
             hook(cancelled)
-    state.send(signals.job_cancelled, job=cancelled)
+    state.send_when_committed(signals.job_cancelled, commit=commit, job=cancelled)
     return UndoOutcome.UNDONE
 
 

@@ -13,13 +13,22 @@ No Flask here: the executor carries the app-context factory it was handed.
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 import uuid
 from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from .execution import Clock, Executor, Outcome, PendingAck, RunSummary
 from .jobs import Job
+from .leases import LeaseHeartbeat, brief
 from .store import JobStore
+from .timeutil import utcnow
+
+logger = logging.getLogger("flask_defer.worker")
 
 
 def claim_due(
@@ -101,32 +110,87 @@ class Runner:
         """
         return self.executor.flush(pending, clock, actor=self.actor)
 
-    def run_due(self, clock: Clock, *, limit: int | None = None) -> RunSummary:
-        """Claim and run, in this thread, every job due by *clock* (at most *limit*)."""
+    def run_due(
+        self, clock: Clock, *, limit: int | None = None, deadline: float | None = None
+    ) -> RunSummary:
+        """Claim and run, in this thread, every job due by *clock* (at most *limit*).
+
+        The claimed batch stays leased while it waits and runs: the worker's heartbeat
+        renews it, so a worker beside this call never takes a job over while its lease
+        holds, however long a handler takes. With *deadline* (a ``time.monotonic()``
+        value) no job starts after it: the rest of the batch goes back to pending
+        untouched and ``summary.out_of_time`` is set.
+        """
         summary = RunSummary()
         started: set[int] = set()
-        while limit is None or summary.ran < limit:
-            batch = self.claim_batch if limit is None else limit - summary.ran
-            jobs = self.claim(clock(), batch)
-            # Each job runs at most once per call: a handler that reschedules itself
-            # before the injected *now* (say, by wall-clock time) must not loop forever.
-            again = [job for job in jobs if job.id in started]
-            if again:
-                self.store.release(again, now=clock(), keep_run_at=True)
-            fresh = [job for job in jobs if job.id not in started]
-            if not fresh:
-                break
-            # Outcomes are written per claimed batch, in one statement (see flush).
-            pending: list[PendingAck] = []
-            try:
-                for job in fresh:
-                    started.add(job.id)
-                    result = self.execute(job, clock, batch=True)
-                    if isinstance(result, PendingAck):
-                        pending.append(result)
-                    else:
-                        summary.add(result)
-            finally:
-                for outcome in self.flush(pending, clock):
-                    summary.add(outcome)
+        held: list[Job] = []  # claimed by this call, outcome not written yet
+        lock = threading.Lock()
+
+        def in_flight() -> list[Job]:
+            with lock:
+                return list(held)
+
+        # Leases are judged by the wall clock: an injected *now* in the past must not
+        # renew them into the past.
+        heartbeat = LeaseHeartbeat(
+            self.store, self.lease, lambda: max(clock(), utcnow()), in_flight
+        )
+        try:
+            while limit is None or summary.ran < limit:
+                if deadline is not None and time.monotonic() >= deadline:
+                    summary.out_of_time = True
+                    break
+                batch = self.claim_batch if limit is None else limit - summary.ran
+                jobs = self.claim(clock(), batch)
+                # Each job runs at most once per call: a handler that reschedules itself
+                # before the injected *now* (say, by wall-clock time) must not loop forever.
+                again = [job for job in jobs if job.id in started]
+                if again:
+                    self.store.release(again, now=clock(), keep_run_at=True)
+                fresh = [job for job in jobs if job.id not in started]
+                if not fresh:
+                    break
+                with lock:
+                    held[:] = fresh
+                if heartbeat.ident is None:
+                    heartbeat.start()  # only once something is held: most calls hold nothing
+                # Outcomes are written per claimed batch, in one statement (see flush);
+                # until then the finished jobs stay held, their leases renewed.
+                pending: list[PendingAck] = []
+                try:
+                    for job in fresh:
+                        if deadline is not None and time.monotonic() >= deadline:
+                            summary.out_of_time = True
+                            break  # the rest is handed back below
+                        started.add(job.id)
+                        result = self.execute(job, clock, batch=True)
+                        if isinstance(result, PendingAck):
+                            pending.append(result)
+                        else:
+                            summary.add(result)
+                finally:
+                    for outcome in self.flush(pending, clock):
+                        summary.add(outcome)
+                with lock:
+                    held[:] = [job for job in held if job.id not in started]
+                if summary.out_of_time:
+                    break
+        finally:
+            heartbeat.stop()
+            self._hand_back([job for job in held if job.id not in started], clock)
         return summary
+
+    def _hand_back(self, jobs: list[Job], clock: Clock) -> None:
+        """Return claimed jobs that never started to pending, due as before."""
+        if not jobs:
+            return
+        try:
+            self.store.release(jobs, now=clock(), keep_run_at=True)
+        except SQLAlchemyError as error:
+            # Not raised: it would hide the error that stopped the run, if any.
+            logger.warning(
+                "could not hand back %d claimed job(s) (%s); they return to pending "
+                "when their leases lapse",
+                len(jobs),
+                brief(error),
+            )

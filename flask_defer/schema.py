@@ -200,12 +200,25 @@ def typed_jobs_table(table: Table) -> Table:
     """
     if table.info.get("flask_defer.typed"):
         return table
-    copy = table.to_metadata(MetaData(info=dict(table.metadata.info)))
+    return _typed_copy(table, ("payload", "result"))
+
+
+def typed_schedules_table(table: Table) -> Table:
+    """A copy of the schedules *table* for the store's statements (as
+    :func:`typed_jobs_table`): aware-UTC timestamps, full JSONB payload."""
+    if table.info.get("flask_defer.typed"):
+        return table
+    return _typed_copy(table, ("payload",))
+
+
+def _typed_copy(table: Table, payload_columns: tuple[str, ...]) -> Table:
+    info = {k: v for k, v in table.metadata.info.items() if k != "flask_defer.typed"}
+    copy = table.to_metadata(MetaData(info=info))
     copy.info["flask_defer.typed"] = True
     for column in copy.columns:
         if isinstance(column.type, DateTime):
             column.type = UTCDateTime()
-        elif column.name in ("payload", "result"):
+        elif column.name in payload_columns:
             column.type = _payload_type(for_queries=True)
     return copy
 
@@ -220,10 +233,14 @@ def define_schedules_table(metadata: MetaData, name: str = DEFAULT_SCHEDULES_TAB
     next compare-and-set advances from; the partial index on it serves "which
     schedules are due" and "when is the next tick" for live (not paused, not
     orphaned) schedules.
+
+    Plain SQLAlchemy types, like the jobs table (see the module docstring); the store
+    runs its statements on :func:`typed_schedules_table`. Revision ``flask_defer_0002``
+    creates exactly this table.
     """
     if name in metadata.tables:
         return metadata.tables[name]
-    payload_type = JSON().with_variant(JSONB(), "postgresql")
+    payload_type = _payload_type(for_queries=False)
     table = Table(
         name,
         metadata,
@@ -236,10 +253,10 @@ def define_schedules_table(metadata: MetaData, name: str = DEFAULT_SCHEDULES_TAB
         Column("catch_up", String(16), nullable=False, server_default="latest"),
         Column("paused", Boolean, nullable=False, server_default=false()),
         Column("orphaned", Boolean, nullable=False, server_default=false()),
-        Column("next_run_at", UTCDateTime(), nullable=False),
-        Column("last_run_at", UTCDateTime(), nullable=True),
-        Column("created_at", UTCDateTime(), nullable=False),
-        Column("updated_at", UTCDateTime(), nullable=False),
+        Column("next_run_at", DateTime(timezone=True), nullable=False),
+        Column("last_run_at", DateTime(timezone=True), nullable=True),
+        Column("created_at", DateTime(timezone=True), nullable=False),
+        Column("updated_at", DateTime(timezone=True), nullable=False),
     )
     c = table.c
     active = (c.paused == false()) & (c.orphaned == false())

@@ -11,6 +11,7 @@ helpers (soft delete, batching, HTTP jobs) are handed this object, never ``Defer
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,6 +28,7 @@ from .execution import Clock, Executor, RunSummary
 from .health import Health
 from .jobs import Job, JobEvent
 from .maintenance import prune as prune_settled
+from .maintenance import reclaim_lapsed
 from .registry import HandlerSpec, Registry
 from .runner import Runner
 from .schema import define_history_table, define_jobs_table
@@ -35,7 +37,7 @@ from .store.tuning import tune_sqlite
 from .timeutil import Duration, as_utc, resolve_run_at, utcnow
 from .transactions import Transactions
 from .undo_hooks import UndoHooks
-from .validation import checked_actor, checked_payload, checked_text
+from .validation import checked_actor, checked_max_seconds, checked_payload, checked_text
 from .worker import Worker, make_worker
 
 if TYPE_CHECKING:
@@ -71,6 +73,15 @@ class DeferState:
     def send(self, signal: Signal, **kwargs: Any) -> None:
         """Send one of :mod:`flask_defer.signals` with this app as sender."""
         signal.send(self.app, **kwargs)
+
+    def send_when_committed(self, signal: Signal, *, commit: bool, **kwargs: Any) -> None:
+        """Send *signal* for a control call: now when it committed its own transaction,
+        else once the caller's transaction commits (``commit=False``), never on rollback.
+
+        A receiver must only hear of a cancel that became real: the same call rolled
+        back leaves the job pending, as if it had never been made.
+        """
+        self.transactions.after_commit(lambda: self.send(signal, **kwargs), commit=commit)
 
     def spec_for(self, name: Any) -> HandlerSpec:
         """The registered handler of *name*; :class:`UnknownJob` if there is none."""
@@ -186,20 +197,36 @@ class DeferState:
 
     # -- running -------------------------------------------------------------------
 
-    def run_due(self, now: datetime | None = None, *, limit: int | None = None) -> RunSummary:
-        """Run every job due at *now* in this thread, through the worker's runner."""
+    def run_due(
+        self,
+        now: datetime | None = None,
+        *,
+        limit: int | None = None,
+        max_seconds: Duration | None = None,
+    ) -> RunSummary:
+        """Run every job due at *now* in this thread, through the worker's runner.
+
+        First the jobs of a run that died (``kill -9``, a lost host) whose leases lapsed
+        go back to pending: the worker's reclaim step, under its lock, so a cron run
+        needs no worker anywhere. Leases are judged by the wall clock, not by *now*:
+        ``run_due(now=tomorrow)`` never takes over a job that is running right now.
+        """
         fixed = as_utc(now, "now") if now is not None else None
+        deadline = None
+        if max_seconds is not None:
+            deadline = time.monotonic() + checked_max_seconds(max_seconds).total_seconds()
 
         def clock() -> datetime:
             return fixed if fixed is not None else utcnow()
 
         self.transactions.refuse_uncommitted("run_due")
+        reclaim_lapsed(self.store, utcnow, actor=self.runner.actor)
         if self.recurring is not None:
             # Sync at every call (run_due is a cron runner's whole "worker start"), then
             # write the ticks due by *now*, so the runner below runs them too.
             self.recurring.sync(clock())
             self.recurring.materialise(clock())
-        return self.runner.run_due(clock, limit=limit)
+        return self.runner.run_due(clock, limit=limit, deadline=deadline)
 
     def worker(self, *, clock: Clock | None = None, **options: Any) -> Worker:
         """A worker over this app's store and executor (options as ``make_worker``)."""

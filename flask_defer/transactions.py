@@ -3,12 +3,16 @@
 The product's promise is "the job commits with your change". With the app's
 Flask-SQLAlchemy session, scheduling *joins* that session's transaction: the row
 becomes real when the caller commits and disappears if it rolls back. Without a
-session every call uses a short transaction of its *own*. Operations that must decide
-a race on their own (cancel, reschedule, undo, prune, run_due) always run in their own
-transaction, and refuse to start while the session holds scheduled jobs that are not
+session every call uses a short transaction of its *own*. Operations that decide a
+race (cancel, reschedule, undo, prune, run_due) run in their own transaction by
+default, and refuse to start while the session holds scheduled jobs that are not
 committed yet (on SQLite they would wait for the session's write lock and then fail
-with "database is locked"). An *atomic* scope is the handler's session transaction,
-committed together with the job's done mark.
+with "database is locked"). With ``commit=False`` the control calls run in the
+*caller's* transaction instead (:meth:`Transactions.control`): the guarded statement
+decides the race at once and holds its lock until the caller commits or rolls back,
+and their signals wait for that commit (:meth:`Transactions.after_commit`). An
+*atomic* scope is the handler's session transaction, committed together with the
+job's done mark.
 
 One :class:`Transactions` is built per app at ``init_app`` from the session (or none)
 and the store, and every caller goes through it.
@@ -16,20 +20,22 @@ and the store, and every caller goes through it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session, scoped_session
 
-from .errors import NotConfigured
+from .errors import InvalidArgument, NotConfigured
 from .jobs import Fail
 from .session_events import listen_once
 from .store import JobStore
 
 #: Marks a session whose transaction holds scheduled jobs not yet committed.
 UNCOMMITTED = "flask_defer.uncommitted"
+#: Callbacks (signals of ``commit=False`` calls) to run once the session commits.
+AFTER_COMMIT = "flask_defer.after_commit"
 
 #: Marks a session running an ``atomic=True`` handler, whose commit is the worker's.
 ATOMIC = "flask_defer.atomic"
@@ -62,16 +68,28 @@ def refuse_atomic_commit(session: Session) -> None:
 
 
 def clear_uncommitted(session: Session, transaction: Any) -> None:
-    """Drop the "uncommitted jobs" mark when *session*'s root transaction ends."""
-    # Commit, rollback and close all end the root transaction.
+    """Drop the "uncommitted jobs" mark and unsent callbacks when the root transaction ends."""
+    # Commit, rollback and close all end the root transaction. On commit the callbacks
+    # already ran (after_commit comes first); on rollback they must never run.
     if transaction.parent is None:
         session.info.pop(UNCOMMITTED, None)
+        session.info.pop(AFTER_COMMIT, None)
+
+
+def run_after_commit(session: Session) -> None:
+    """Run the callbacks queued by :meth:`Transactions.after_commit`, once, in order."""
+    # Releasing a savepoint fires after_commit too; only the root commit makes it real.
+    if session.in_nested_transaction():
+        return
+    for callback in session.info.pop(AFTER_COMMIT, ()):
+        callback()
 
 
 def track_uncommitted(session: scoped_session[Session]) -> None:
     """Clear the mark whenever the session's transaction ends (commit or rollback)."""
     # Not event.contains(): it can alias a collected Session class (see session_events).
     listen_once(session, "after_transaction_end", clear_uncommitted)
+    listen_once(session, "after_commit", run_after_commit)
     listen_once(session, "before_commit", refuse_atomic_commit)
 
 
@@ -109,6 +127,62 @@ class Transactions:
             self.refuse_uncommitted(operation)
         with self.store.begin() as conn:
             yield conn
+
+    @contextmanager
+    def caller(self, operation: str) -> Iterator[Connection]:
+        """The caller's transaction on ``db.session``, for a control call with ``commit=False``.
+
+        Nothing is committed here, and the "uncommitted jobs" guard does not apply:
+        this transaction is exactly where the caller wants the change. The guarded
+        statement's lock (the row on PostgreSQL, the database's write lock on SQLite)
+        is held until the caller commits or rolls back. The session is marked as
+        holding uncommitted jobs, so a later call in a transaction of its own refuses
+        instead of waiting for that lock. Without a session there is no caller's
+        transaction to join: :class:`InvalidArgument` naming ``commit``.
+        """
+        if self.session is None:
+            raise InvalidArgument(
+                "commit",
+                f"{operation}(commit=False) runs in db.session's transaction, but this "
+                "app has no db (its jobs live in a database of their own): pass db to "
+                "defer.init_app(app, db=db), or leave commit=True",
+            )
+        with self.joined(writes=True) as conn:
+            yield conn
+
+    def control(
+        self, operation: str, *, commit: bool, guard: bool = True
+    ) -> AbstractContextManager[Connection]:
+        """Where a control call decides its race: its own transaction, committed on exit
+        (``commit=True``), or the caller's (``commit=False``, see :meth:`caller`).
+
+        ``guard=False`` skips the "uncommitted jobs" check of an own transaction.
+        """
+        if not commit:
+            return self.caller(operation)
+        return self.own(operation if guard else None)
+
+    def hooked(self, operation: str, *, commit: bool) -> AbstractContextManager[Connection]:
+        """Like :meth:`control`, but on ``db.session`` itself, where app hooks write.
+
+        ``commit=True``: refused while uncommitted jobs are held, then the session's
+        transaction is committed on exit (rolled back if a hook raises), as
+        :meth:`atomic`. ``commit=False``: the caller's transaction, as :meth:`caller`;
+        if a hook raises, nothing is rolled back here: the caller's transaction holds
+        the cancel and the hooks' writes, and the caller rolls it back.
+        """
+        if not commit:
+            return self.caller(operation)
+        self.refuse_uncommitted(operation)
+        return self.atomic()
+
+    def after_commit(self, callback: Callable[[], None], *, commit: bool) -> None:
+        """Call *callback* now (``commit=True``: already committed) or once the
+        caller's transaction commits (``commit=False``); never after a rollback."""
+        if commit or self.session is None:
+            callback()
+            return
+        self.session.info.setdefault(AFTER_COMMIT, []).append(callback)
 
     @contextmanager
     def atomic(self, *, handler: bool = False) -> Iterator[Connection]:

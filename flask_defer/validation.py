@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 from .errors import InvalidArgument, JobNotFound
 from .jobs import JobStatus
+from .timeutil import as_duration
 
 #: Ids are 64-bit signed integers on both backends, starting at 1.
 MAX_JOB_ID = 2**63 - 1
@@ -75,6 +78,23 @@ def checked_text(value: Any, argument: str, *, allow_empty: bool = False) -> str
     if len(value) > 255:
         raise InvalidArgument(argument, f"at most 255 characters, got {len(value)}")
     return storable_text(value, argument)
+
+
+def checked_commit(commit: Any) -> bool:
+    """The ``commit=`` flag of the control calls: True or False, nothing truthy."""
+    if not isinstance(commit, bool):
+        raise InvalidArgument("commit", f"expected True or False, got {commit!r}")
+    return commit
+
+
+def checked_max_seconds(max_seconds: Any) -> timedelta:
+    """``run_due``'s time budget: a positive, finite timedelta or number of seconds."""
+    if isinstance(max_seconds, float) and not math.isfinite(max_seconds):
+        raise InvalidArgument("max_seconds", f"expected a finite number, got {max_seconds!r}")
+    try:
+        return as_duration(max_seconds, "max_seconds", allow_zero=False)
+    except OverflowError:
+        raise InvalidArgument("max_seconds", f"too large: {max_seconds!r}") from None
 
 
 def checked_limit(limit: Any) -> int:

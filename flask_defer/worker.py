@@ -41,6 +41,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from .config import DeferConfig, WorkerOptions
 from .execution import Clock, Executor, JobLog, Outcome, PendingAck, RunSummary
 from .jobs import Job
+from .leases import LeaseHeartbeat
+from .leases import brief as _brief
 from .maintenance import Maintenance
 from .pool import HandlerPool
 from .runner import Runner
@@ -57,37 +59,6 @@ logger = logging.getLogger("flask_defer.worker")
 MAX_ERROR_BACKOFF = 5.0
 #: Shortest sleep when work is due but could not be claimed (another worker holds it).
 MIN_SLEEP = 0.001
-
-
-class _Heartbeat(threading.Thread):
-    """Renews the leases of in-flight jobs every lease/3 until stopped."""
-
-    def __init__(self, worker: Worker) -> None:
-        super().__init__(name="flask-defer-heartbeat", daemon=True)
-        self.worker = worker
-        self.stopped = threading.Event()
-        self.beats = 0
-
-    def run(self) -> None:
-        worker = self.worker
-        interval = worker.options.lease.total_seconds() / 3
-        while not self.stopped.wait(interval):
-            jobs = worker.pool.in_flight()
-            if not jobs:
-                continue
-            try:
-                now = worker.clock()
-                renewed = worker.store.extend_leases(
-                    jobs, now=now, lease_until=now + worker.options.lease
-                )
-            except SQLAlchemyError as error:
-                logger.warning("heartbeat failed (%s); retrying in %.1f s", _brief(error), interval)
-                continue
-            self.beats += 1
-            if renewed < len(jobs):
-                # Finished meanwhile, or reclaimed after a stall longer than the lease
-                # (then the handler's late acknowledgement will be refused).
-                logger.debug("renewed %d of %d leases", renewed, len(jobs))
 
 
 class Worker:
@@ -156,7 +127,8 @@ class Worker:
         # wait for others to finish).
         self._backlog = False
         self.maintenance = Maintenance(store, options.maintenance, clock, actor=self.actor)
-        self._heartbeat = _Heartbeat(self)
+        # The same heartbeat as run_due's, over the pool's claimed jobs.
+        self._heartbeat = LeaseHeartbeat(store, options.lease, clock, self.pool.in_flight)
         self._db_failures = 0
 
     # -- control ------------------------------------------------------------------
@@ -516,12 +488,6 @@ def make_worker(
     if overrides:
         options = replace(options, **overrides)
     return Worker(store, executor, options, clock=clock or utcnow, ticker=ticker)
-
-
-def _brief(error: BaseException) -> str:
-    """The first line of a database error, without SQLAlchemy's background link."""
-    text = str(getattr(error, "orig", None) or error).strip().splitlines()
-    return text[0] if text else type(error).__name__
 
 
 def _summary_text(summary: RunSummary) -> str:

@@ -59,5 +59,5 @@ def test_quick_enqueue_run_writes_the_expected_markdown(tmp_path: Path) -> None:
         assert peer_rows, peer
         for row in peer_rows:
             assert "jobs/s" in row or "not measured:" in row, row
-    assert "| Bulk enqueue, postgresql: ≥ 50 % of a raw executemany insert |" in text
+    assert "| Bulk enqueue, postgresql: ≥ 0.8× raw executemany |" in text
     assert "## What remains and why" in text

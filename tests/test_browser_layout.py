@@ -125,7 +125,8 @@ def assert_fits(page: Page, width: int, where: str) -> None:
 
 def assert_toast_on_screen_and_tappable(page: Page, where: str) -> None:
     """The newest live toast's Undo button lies in the viewport and is what a tap hits."""
-    undo = page.locator(".defer-toast--live").last.get_by_role("button", name="Undo")
+    live = page.locator(".defer-toast[data-defer-state='open']").last
+    undo = live.get_by_role("button", name="Undo")
     expect(undo).to_be_visible()
     hit = page.evaluate(
         """(button) => {
@@ -177,11 +178,11 @@ def test_demo_pages_fit_keep_the_toast_tappable_and_pass_axe(
     page.click("#sign-in-alice")
     page.fill("#subject", LONG_SUBJECT)
     page.click("#send")
-    expect(page.locator(".defer-toast--live")).to_have_count(1)
+    expect(page.locator(".defer-toast[data-defer-state='open']")).to_have_count(1)
     for path in demo_paths(site):
         where = f"{path} at {layout}, {scheme}"
         page.goto(site.demo_url + path)
-        expect(page.locator(".defer-toast--live")).to_have_count(1)
+        expect(page.locator(".defer-toast[data-defer-state='open']")).to_have_count(1)
         page.wait_for_timeout(250)  # the toast's entry animation
         assert_fits(page, width, where)
         assert_toast_on_screen_and_tappable(page, where)
@@ -200,7 +201,7 @@ def test_the_desktop_toast_leaves_the_newest_outbox_row_uncovered(
         expect(page.locator("#outbox .row", has_text=subject)).to_have_count(1)
     newest = page.locator("#outbox .row").first.bounding_box()
     assert newest is not None
-    for toast in page.locator(".defer-toast--live").all():
+    for toast in page.locator(".defer-toast[data-defer-state='open']").all():
         box = toast.bounding_box()
         assert box is not None
         apart = (

@@ -151,6 +151,30 @@ def test_status_prints_counts_and_exits_3_past_a_threshold(cli_kit: AppKit) -> N
     assert code == 3 and "threshold crossed: owed 1 > 0" in output
 
 
+def test_run_due_max_seconds_stops_starting_jobs(cli_kit: AppKit) -> None:
+    import time
+
+    cli_kit.defer.job("slow")(lambda job: time.sleep(1.2))
+    with cli_kit.context():
+        cli_kit.db.create_all()
+        for _ in range(2):
+            cli_kit.defer.schedule("slow")
+        cli_kit.db.session.commit()
+    code, output = invoke(cli_kit, "run-due", "--max-seconds", "1")
+    assert code == 0, output
+    assert "ran 1 job(s): done 1" in output
+    assert "stopped after --max-seconds 1; more may be due" in output
+    with cli_kit.context():
+        assert cli_kit.defer.count(status="pending") == 1
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "soon", "nan"])
+def test_run_due_max_seconds_must_be_positive(cli_kit: AppKit, bad: str) -> None:
+    code, output = invoke(cli_kit, "run-due", "--max-seconds", bad)
+    assert code == 2, output
+    assert "max-seconds" in output or "max_seconds" in output  # click's check, or ours
+
+
 def test_schedules_lists_pauses_and_resumes(cli_kit: AppKit) -> None:
     cli_kit.defer.recurring("digest", "send_email", cron="0 9 * * MON", tz="Europe/Berlin")
     invoke(cli_kit, "install")

@@ -28,6 +28,7 @@ from flask_defer import (
     RestoreOutcome,
     SoftDeleteMixin,
     UndoOutcome,
+    job_cancelled,
 )
 from flask_defer.execution import Outcome
 from flask_defer.helpers.soft_delete import PURGE_JOB
@@ -320,6 +321,21 @@ def test_restore_from_code_cancels_the_purge_in_the_same_transaction(sk: SoftKit
     assert sk.defer.get(job.id).status is JobStatus.CANCELLED
     assert sk.load(project.id).deleted_at is None
     assert sk.defer.restore(sk.load(project.id)) is RestoreOutcome.NOT_DELETED
+
+
+def test_restore_signals_the_cancelled_purge_only_once_committed(sk: SoftKit) -> None:
+    heard: list[int] = []
+    project = sk.new_project()
+    job = sk.defer.soft_delete(project)
+    sk.db.session.commit()
+    with job_cancelled.connected_to(lambda app, job: heard.append(job.id)):
+        assert sk.defer.restore(project) is RestoreOutcome.RESTORED
+        sk.db.session.rollback()
+        assert heard == []  # rolled back: the purge was never cancelled
+        assert sk.defer.restore(sk.load(project.id)) is RestoreOutcome.RESTORED
+        assert heard == []
+        sk.db.session.commit()
+    assert heard == [job.id]
 
 
 def test_restore_while_the_purge_runs_is_too_late(sk: SoftKit) -> None:

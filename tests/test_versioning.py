@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flask import Flask
 from sqlalchemy import Engine, MetaData, Table, create_engine, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
-from flask_defer import Job, SchemaMismatch
+from flask_defer import Defer, Job, SchemaMismatch
 from flask_defer.migrations import VERSION_TABLE
 from flask_defer.store import versioning
 
@@ -145,6 +146,20 @@ def test_upgrade_of_a_0_1_0_database_keeps_every_row_and_field(legacy_engine: En
     assert versioning.check(legacy_engine).ok
 
 
+def test_upgrade_of_a_0_1_0_database_creates_the_schedules_table_through_0002(
+    legacy_engine: Engine,
+) -> None:
+    fill(legacy_engine, legacy_rows(legacy_engine))
+    applied = versioning.upgrade(legacy_engine)
+    assert applied == ["flask_defer_0001", "flask_defer_0002"]
+    inspector = inspect(legacy_engine)
+    assert "defer_schedules" in inspector.get_table_names()
+    [index] = inspector.get_indexes("defer_schedules")
+    assert index["name"] == "ix_defer_schedules_active_next_run_at"
+    with legacy_engine.connect() as conn:
+        assert versioning._differences(conn, "defer_jobs") == []
+
+
 def test_unique_live_key_is_still_enforced_after_upgrade(legacy_engine: Engine) -> None:
     fill(legacy_engine, legacy_rows(legacy_engine))
     versioning.upgrade(legacy_engine)
@@ -230,6 +245,9 @@ def test_db_sql_prints_the_pending_steps_without_running_them(legacy_kit: AppKit
 def test_create_all_on_a_fresh_database_records_the_newest_revision(kit: AppKit) -> None:
     status = kit.defer.schema_status()
     assert status.ok and status.database == versioning.head_revision()
+    # The same schema the revisions build, schedules table included.
+    with kit.db.engine.connect() as conn:
+        assert versioning._differences(conn, "defer_jobs") == []
 
 
 def test_sql_on_an_empty_database_is_the_create_table(make_app: Callable[..., AppKit]) -> None:
@@ -248,7 +266,7 @@ def test_install_creates_the_schema_at_head_and_records_it(make_app: Callable[..
     assert code == 0, output
     with kit.context():
         names = inspect(kit.db.engine).get_table_names()
-        assert {"defer_jobs", VERSION_TABLE} <= set(names)
+        assert {"defer_jobs", "defer_schedules", VERSION_TABLE} <= set(names)
         assert kit.defer.schema_status().ok
     assert cli(kit, "install")[0] == 0  # idempotent
 
@@ -305,6 +323,49 @@ def test_downgrade_of_the_first_revision_drops_a_table_of_settled_jobs(
     assert versioning.check(legacy_engine).ok
 
 
+def test_downgrade_of_the_schedules_revision_drops_only_that_table(
+    legacy_engine: Engine,
+) -> None:
+    fill(legacy_engine, legacy_rows(legacy_engine))
+    versioning.upgrade(legacy_engine)
+    _alembic_downgrade(legacy_engine, "flask_defer_0001")
+    names = inspect(legacy_engine).get_table_names()
+    assert "defer_schedules" not in names and "defer_jobs" in names
+    assert len(read_back(legacy_engine)) == 8
+    status = versioning.check(legacy_engine)
+    assert status.state == "behind" and status.database == "flask_defer_0001"
+    assert versioning.upgrade(legacy_engine) == ["flask_defer_0002"]
+    assert versioning.check(legacy_engine).ok
+
+
+def test_an_app_without_db_on_an_older_schema_leaves_the_schedules_table_to_the_upgrade(
+    legacy_engine: Engine, database_url: str
+) -> None:
+    fill(legacy_engine, legacy_rows(legacy_engine))
+    versioning.upgrade(legacy_engine)
+    _alembic_downgrade(legacy_engine, "flask_defer_0001")  # as an older release left it
+    app = Flask("own_database")
+    app.config.update(DEFER_DATABASE_URI=database_url, SECRET_KEY="test-secret")
+    defer = Defer()
+
+    @defer.job("send_email")
+    def send_email(job: Job) -> None:
+        pass
+
+    defer.init_app(app)
+    try:
+        # Creating the table at init_app would make revision 0002 fail on it.
+        assert "defer_schedules" not in inspect(legacy_engine).get_table_names()
+        with app.app_context():
+            assert defer.upgrade_schema() == ["flask_defer_0002"]
+            assert defer.schema_status().ok
+            defer.recurring("nightly", "send_email", cron="0 3 * * *")
+            defer.run_due(now=NOW)
+            assert [row.id for row in defer.list_recurring()] == ["nightly"]
+    finally:
+        app.extensions["defer"].store.engine.dispose()
+
+
 # -- the revisions and the schema code agree ---------------------------------------------
 
 
@@ -316,13 +377,65 @@ def test_revisions_build_exactly_the_schema_code_including_index_predicates(
         assert versioning._differences(conn, "defer_jobs") == []
 
 
-def test_structural_check_of_an_app_managed_table_sees_a_changed_index_predicate(
+def test_renamed_tables_are_created_by_the_revisions_under_their_names(
+    engine: Engine,
+) -> None:
+    applied = versioning.upgrade(engine, "app_jobs", schedules_table="app_schedules")
+    assert applied == ["flask_defer_0001", "flask_defer_0002"]
+    names = set(inspect(engine).get_table_names())
+    assert {"app_jobs", "app_schedules"} <= names
+    assert not {"defer_jobs", "defer_schedules"} & names
+    indexes = {ix["name"] for ix in inspect(engine).get_indexes("app_schedules")}
+    assert indexes == {"ix_app_schedules_active_next_run_at"}
+    with engine.connect() as conn:
+        assert versioning._differences(conn, "app_jobs", "app_schedules") == []
+    assert versioning.check(engine, "app_jobs", schedules_table="app_schedules").ok
+
+
+def as_managed_by_the_apps_own_revisions(engine: Engine) -> None:
+    """The schema at head, as the app's own autogenerated revisions would have built it:
+    recorded in the app's alembic_version, with no flask_defer row."""
+    versioning.upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE {VERSION_TABLE}"))
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+        conn.execute(text("INSERT INTO alembic_version VALUES ('a1b2c3d4e5f6')"))
+
+
+def test_structural_check_of_an_app_managed_database_sees_a_missing_schedules_table(
     legacy_engine: Engine,
 ) -> None:
-    # The app's own revisions created the table (alembic_version, no flask_defer row).
+    # The app's own revisions created the 0.1.0 jobs table, and none the schedules table.
     with legacy_engine.begin() as conn:
         conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
         conn.execute(text("INSERT INTO alembic_version VALUES ('a1b2c3d4e5f6')"))
+    status = versioning.check(legacy_engine)
+    assert status.state == "behind" and status.managed_by == "alembic"
+    assert "add_table defer_schedules" in status.message
+
+
+def test_structural_check_sees_a_changed_predicate_of_the_schedules_index(
+    legacy_engine: Engine,
+) -> None:
+    as_managed_by_the_apps_own_revisions(legacy_engine)
+    assert versioning.check(legacy_engine).ok
+    with legacy_engine.begin() as conn:
+        conn.execute(text("DROP INDEX ix_defer_schedules_active_next_run_at"))
+        conn.execute(
+            text(
+                "CREATE INDEX ix_defer_schedules_active_next_run_at "
+                "ON defer_schedules (next_run_at) WHERE paused = true"
+            )
+        )
+    status = versioning.check(legacy_engine)
+    assert status.state == "behind"
+    assert "predicate of ix_defer_schedules_active_next_run_at" in status.message
+
+
+def test_structural_check_of_an_app_managed_table_sees_a_changed_index_predicate(
+    legacy_engine: Engine,
+) -> None:
+    as_managed_by_the_apps_own_revisions(legacy_engine)
     status = versioning.check(legacy_engine)
     assert status.ok and status.managed_by == "alembic"
 

@@ -69,17 +69,23 @@ def wait_for_handler_threads() -> None:
     )
 
 
+def worker_app_env(database_url: str, **config: Any) -> dict[str, str]:
+    """The environment of a ``flask --app tests.worker_app ...`` child process."""
+    env = dict(os.environ)
+    env["WORKER_APP_SQLALCHEMY_DATABASE_URI"] = database_url
+    for name, value in config.items():
+        env[f"WORKER_APP_{name}"] = _json(value)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
 class WorkerProcess:
     """``flask --app tests.worker_app defer worker ...`` as a real child process."""
 
     def __init__(
         self, database_url: str, log_path: Path, *args: str, **config: Any
     ) -> None:
-        env = dict(os.environ)
-        env["WORKER_APP_SQLALCHEMY_DATABASE_URI"] = database_url
-        for name, value in config.items():
-            env[f"WORKER_APP_{name}"] = _json(value)
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env = worker_app_env(database_url, **config)
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.process = subprocess.Popen(

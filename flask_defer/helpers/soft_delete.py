@@ -240,8 +240,9 @@ def restore(state: DeferState, obj: Any) -> RestoreOutcome:
     """Bring a soft-deleted row back, unless its purge has started; joins ``db.session``.
 
     The pending purge is cancelled first (a guarded update) and ``deleted_at`` cleared
-    in the same transaction; the caller commits. If the purge is running the answer is
-    ``PURGING`` and nothing changes; if the row is gone, ``PURGED``.
+    in the same transaction; the caller commits (``job_cancelled`` is sent then, never
+    on a rollback). If the purge is running the answer is ``PURGING`` and nothing
+    changes; if the row is gone, ``PURGED``.
     """
     session = _session(state)
     mapper, pk = _mapper_and_pk(session, obj)
@@ -260,7 +261,8 @@ def restore(state: DeferState, obj: Any) -> RestoreOutcome:
         row.deleted_at = None
         session.flush()
     if cancelled is not None:
-        state.send(signals.job_cancelled, job=cancelled)
+        # The caller commits the restore: like cancel(commit=False), heard only then.
+        state.send_when_committed(signals.job_cancelled, commit=False, job=cancelled)
     return RestoreOutcome.RESTORED
 
 

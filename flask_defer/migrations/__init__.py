@@ -1,7 +1,9 @@
 """flask_defer's Alembic revisions, shipped in the package.
 
 ``versions/`` holds one revision per schema change on the ``flask_defer`` branch; the
-first (``flask_defer_0001``) is the schema of 0.1.0. They run two ways:
+first (``flask_defer_0001``) is the schema of 0.1.0, the second (``flask_defer_0002``)
+adds the recurring schedules table, the third (``flask_defer_0003``) the job history
+table. They run two ways:
 
 * from the app's own Alembic / Flask-Migrate setup, by adding
   ``flask_defer.migrations:versions`` to its ``version_locations`` (``flask db upgrade``
@@ -28,10 +30,12 @@ VERSION_TABLE = "defer_alembic_version"
 VERSION_LOCATION = "flask_defer.migrations:versions"
 #: ``config.attributes`` key naming the jobs table (``Defer(table_name=...)``).
 TABLE_ATTRIBUTE = "flask_defer_table"
+#: ``config.attributes`` key naming the schedules table (``Defer(schedules_table_name=...)``).
+SCHEDULES_TABLE_ATTRIBUTE = "flask_defer_schedules_table"
 #: Every flask_defer revision id starts with this (and no app's should).
 REVISION_PREFIX = "flask_defer_"
 #: The table names flask_defer owns, for ``include_object``.
-OWN_TABLES = frozenset({"defer_jobs", "defer_jobs_history", VERSION_TABLE})
+OWN_TABLES = frozenset({"defer_jobs", "defer_schedules", "defer_jobs_history", VERSION_TABLE})
 
 
 def table_name() -> str:
@@ -39,6 +43,14 @@ def table_name() -> str:
     config = op.get_context().config
     name = config.attributes.get(TABLE_ATTRIBUTE) if config is not None else None
     return str(name) if name else "defer_jobs"
+
+
+def schedules_table_name() -> str:
+    """The schedules table's name in the running migration (``defer_schedules`` unless
+    renamed)."""
+    config = op.get_context().config
+    name = config.attributes.get(SCHEDULES_TABLE_ATTRIBUTE) if config is not None else None
+    return str(name) if name else "defer_schedules"
 
 
 def include_object(

@@ -32,6 +32,20 @@ class ReadStatements(StoreBase):
     #: How many settled rows per status health counts at most (see counts_by_name).
     settled_cap: int = SETTLED_COUNT_CAP
 
+    def any_lapsed(self, *, now: datetime) -> bool:
+        """True if some running job's lease lapsed before *now*.
+
+        One step into the partial index on running leases, without a write lock: a
+        ``run_due`` with nothing to reclaim must not make the web's writes wait (SQLite)
+        or take the maintenance lock (PostgreSQL).
+        """
+        t = self.table
+        # A literal status, so both databases match the query to the partial index.
+        running = t.c.status == literal_column(f"'{JobStatus.RUNNING.value}'")
+        stmt = select(t.c.id).where(running, t.c.lease_expires_at < now).limit(1)
+        with self.engine.connect() as conn:
+            return conn.execute(stmt).first() is not None
+
     def get(
         self, conn: Connection, *, job_id: int | None = None, key: str | None = None
     ) -> Job | None:

@@ -30,6 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from ..errors import JobExists
 from ..jobs import Job
 from ..recurrence import CatchUp, RecurringSpec, Rule
+from ..schema import typed_schedules_table
 from .records import NewJob
 
 if TYPE_CHECKING:
@@ -91,7 +92,8 @@ class ScheduleStore:
 
     def __init__(self, engine: Engine, table: Table, jobs: JobStore) -> None:
         self.engine = engine
-        self.table = table
+        # The statements run on a copy with aware-UTC types (schema.typed_schedules_table).
+        self.table = typed_schedules_table(table)
         self.jobs = jobs
 
     def create_table(self) -> None:

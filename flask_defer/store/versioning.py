@@ -35,8 +35,14 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, MetaData, Table, event, inspect, text
 
 from ..errors import ManagedByAlembic, SchemaMismatch
-from ..migrations import BRANCH, REVISION_PREFIX, TABLE_ATTRIBUTE, VERSION_TABLE
-from ..schema import DEFAULT_TABLE_NAME
+from ..migrations import (
+    BRANCH,
+    REVISION_PREFIX,
+    SCHEDULES_TABLE_ATTRIBUTE,
+    TABLE_ATTRIBUTE,
+    VERSION_TABLE,
+)
+from ..schema import DEFAULT_SCHEDULES_TABLE_NAME, DEFAULT_TABLE_NAME
 
 #: The first revision: the schema of 0.1.0, which recorded no version.
 FIRST_REVISION = "flask_defer_0001"
@@ -100,29 +106,44 @@ def head_revision() -> str:
 
 
 def check(
-    engine: Engine, table_name: str = DEFAULT_TABLE_NAME, *, app_migrations: bool = False
+    engine: Engine,
+    table_name: str = DEFAULT_TABLE_NAME,
+    *,
+    app_migrations: bool = False,
+    schedules_table: str = DEFAULT_SCHEDULES_TABLE_NAME,
 ) -> SchemaStatus:
     """Compare the database's flask_defer schema with this code's (reads only).
 
     ``app_migrations``: the app runs Alembic itself (Flask-Migrate), so the command to
     run is ``flask db upgrade`` even before its first ``alembic_version`` exists.
+    ``schedules_table``: the schedules table's name (``Defer(schedules_table_name=...)``).
     """
     with engine.connect() as conn:
-        return _status(conn, table_name, app_migrations)
+        return _status(conn, table_name, app_migrations, schedules_table)
 
 
 def require_current(
-    engine: Engine, table_name: str = DEFAULT_TABLE_NAME, *, app_migrations: bool = False
+    engine: Engine,
+    table_name: str = DEFAULT_TABLE_NAME,
+    *,
+    app_migrations: bool = False,
+    schedules_table: str = DEFAULT_SCHEDULES_TABLE_NAME,
 ) -> SchemaStatus:
     """The status when current; raise :class:`SchemaMismatch` (naming the fix) otherwise."""
-    status = check(engine, table_name, app_migrations=app_migrations)
+    status = check(
+        engine, table_name, app_migrations=app_migrations, schedules_table=schedules_table
+    )
     if not status.ok:
         raise SchemaMismatch(status)
     return status
 
 
 def upgrade(
-    engine: Engine, table_name: str = DEFAULT_TABLE_NAME, *, app_migrations: bool = False
+    engine: Engine,
+    table_name: str = DEFAULT_TABLE_NAME,
+    *,
+    app_migrations: bool = False,
+    schedules_table: str = DEFAULT_SCHEDULES_TABLE_NAME,
 ) -> list[str]:
     """Bring the schema to the newest revision; return the revisions recorded on the way.
 
@@ -132,7 +153,9 @@ def upgrade(
     its back would leave its history wrong), and with :class:`SchemaMismatch` when the
     database is ahead of this code.
     """
-    status = check(engine, table_name, app_migrations=app_migrations)
+    status = check(
+        engine, table_name, app_migrations=app_migrations, schedules_table=schedules_table
+    )
     _refuse_if_managed_by_app(status)
     if status.state == "ahead":
         raise SchemaMismatch(status)
@@ -142,7 +165,7 @@ def upgrade(
     start = FIRST_REVISION if legacy else status.database
     chain = [r.revision for r in script_directory().walk_revisions()]  # newest first
     applied = list(reversed(chain[: chain.index(start)] if start in chain else chain))
-    with _connected(engine, table_name) as (conn, config):
+    with _connected(engine, table_name, schedules_table) as (conn, config):
         if legacy:
             command.stamp(config, FIRST_REVISION)
             conn.commit()
@@ -152,20 +175,26 @@ def upgrade(
 
 
 def pending_sql(
-    engine: Engine, table_name: str = DEFAULT_TABLE_NAME, *, app_migrations: bool = False
+    engine: Engine,
+    table_name: str = DEFAULT_TABLE_NAME,
+    *,
+    app_migrations: bool = False,
+    schedules_table: str = DEFAULT_SCHEDULES_TABLE_NAME,
 ) -> str:
     """The SQL of the steps ``upgrade`` would run, for a DBA to review or run by hand.
 
     Nothing is executed. Empty (a comment) when the schema is current.
     """
-    status = check(engine, table_name, app_migrations=app_migrations)
+    status = check(
+        engine, table_name, app_migrations=app_migrations, schedules_table=schedules_table
+    )
     _refuse_if_managed_by_app(status)
     if status.state == "ahead":
         raise SchemaMismatch(status)
     if status.state == "current":
         return f"-- flask_defer schema is current at {status.code}: nothing to run\n"
     buffer = io.StringIO()
-    config = _config(table_name)
+    config = _config(table_name, schedules_table)
     config.attributes["dialect_name"] = engine.dialect.name
     config.attributes["output_buffer"] = buffer
     if status.database == "0.1.0":
@@ -180,7 +209,11 @@ def pending_sql(
 
 
 def install(
-    engine: Engine, table_name: str = DEFAULT_TABLE_NAME, *, app_migrations: bool = False
+    engine: Engine,
+    table_name: str = DEFAULT_TABLE_NAME,
+    *,
+    app_migrations: bool = False,
+    schedules_table: str = DEFAULT_SCHEDULES_TABLE_NAME,
 ) -> SchemaStatus:
     """``flask defer install``: the schema at the newest revision, recorded.
 
@@ -197,8 +230,8 @@ def install(
             f"migrations (README, Upgrading) and run `{APP_UPGRADE_COMMAND}`",
             command=APP_UPGRADE_COMMAND,
         )
-    upgrade(engine, table_name)
-    return check(engine, table_name)
+    upgrade(engine, table_name, schedules_table=schedules_table)
+    return check(engine, table_name, schedules_table=schedules_table)
 
 
 def record_head(connection: Connection, table_name: str = DEFAULT_TABLE_NAME) -> None:
@@ -228,17 +261,22 @@ def _record_created(table: Table, connection: Connection, **_kw: Any) -> None:
 # -- internals ------------------------------------------------------------------------
 
 
-def _config(table_name: str = DEFAULT_TABLE_NAME) -> Config:
+def _config(
+    table_name: str = DEFAULT_TABLE_NAME, schedules_table: str = DEFAULT_SCHEDULES_TABLE_NAME
+) -> Config:
     config = Config()
     config.set_main_option("script_location", "flask_defer:migrations")
     config.attributes[TABLE_ATTRIBUTE] = table_name
+    config.attributes[SCHEDULES_TABLE_ATTRIBUTE] = schedules_table
     return config
 
 
 @contextmanager
-def _connected(engine: Engine, table_name: str) -> Iterator[tuple[Connection, Config]]:
+def _connected(
+    engine: Engine, table_name: str, schedules_table: str = DEFAULT_SCHEDULES_TABLE_NAME
+) -> Iterator[tuple[Connection, Config]]:
     with engine.connect() as conn:
-        config = _config(table_name)
+        config = _config(table_name, schedules_table)
         config.attributes["connection"] = conn
         yield conn, config
 
@@ -248,7 +286,9 @@ def _recorded(conn: Connection, version_table: str) -> list[str]:
     return sorted(r for r in rows if str(r).startswith(REVISION_PREFIX))
 
 
-def _status(conn: Connection, table_name: str, app_migrations: bool) -> SchemaStatus:
+def _status(
+    conn: Connection, table_name: str, app_migrations: bool, schedules_table: str
+) -> SchemaStatus:
     script = script_directory()
     head = script.get_current_head()
     assert head is not None
@@ -278,7 +318,7 @@ def _status(conn: Connection, table_name: str, app_migrations: bool) -> SchemaSt
         return SchemaStatus("missing", None, head, managed_by, fix)
     if managed_by == "alembic":
         # The app's own revisions created the table: compare the live schema instead.
-        differences = _differences(conn, table_name)
+        differences = _differences(conn, table_name, schedules_table)
         if not differences:
             return SchemaStatus("current", head, head, managed_by, None)
         return SchemaStatus(
@@ -292,12 +332,24 @@ def _status(conn: Connection, table_name: str, app_migrations: bool) -> SchemaSt
     return SchemaStatus("behind", "0.1.0", head, managed_by, fix)
 
 
-def _differences(conn: Connection, table_name: str) -> list[str]:
-    """What autogenerate would change in flask_defer's tables (empty: they match)."""
-    from ..schema import define_history_table, define_jobs_table, history_table_name
+def _differences(
+    conn: Connection, table_name: str, schedules_table: str = DEFAULT_SCHEDULES_TABLE_NAME
+) -> list[str]:
+    """What autogenerate would change in flask_defer's tables (empty: they match).
+
+    The jobs and recurring schedules tables (a missing one shows as ``add_table``), and
+    the job history table where it exists.
+    """
+    from ..schema import (
+        define_history_table,
+        define_jobs_table,
+        define_schedules_table,
+        history_table_name,
+    )
 
     metadata = MetaData()
     define_jobs_table(metadata, table_name)
+    define_schedules_table(metadata, schedules_table)
     # The job history table is checked where it exists: an app with DEFER_HISTORY =
     # False that created its tables with create_all() has none, and needs none.
     if inspect(conn).has_table(history_table_name(table_name)):
@@ -325,7 +377,10 @@ def _predicate_differences(conn: Connection, metadata: MetaData) -> list[str]:
     dialect = conn.dialect.name
     inspector = inspect(conn)
     found: list[str] = []
+    present = set(inspector.get_table_names())
     for table in metadata.tables.values():
+        if table.name not in present:
+            continue  # a missing table is reported by compare_metadata
         columns = {c.name for c in table.columns}
         live = {ix["name"]: ix for ix in inspector.get_indexes(table.name)}
         for index in table.indexes:

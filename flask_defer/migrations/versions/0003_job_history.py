@@ -1,7 +1,7 @@
 """The job history table: one row per state change of a job (issue 18).
 
-Revision ID: flask_defer_0002
-Revises: flask_defer_0001
+Revision ID: flask_defer_0003
+Revises: flask_defer_0002
 
 Creates a new, empty table (``<jobs table>_history``) and its one index, so it locks
 nothing that holds data: the jobs table is not touched. Events are written from the
@@ -17,8 +17,8 @@ from alembic import op
 
 from flask_defer.migrations import table_name
 
-revision = "flask_defer_0002"
-down_revision = "flask_defer_0001"
+revision = "flask_defer_0003"
+down_revision = "flask_defer_0002"
 branch_labels = None
 depends_on = None
 
