@@ -32,7 +32,7 @@ from .maintenance import reclaim_lapsed
 from .registry import HandlerSpec, Registry
 from .runner import Runner
 from .schema import define_history_table, define_jobs_table
-from .store import JobStore, NewJob
+from .store import JobStore, NewJob, versioning
 from .store.tuning import tune_sqlite
 from .timeutil import Duration, as_utc, resolve_run_at, utcnow
 from .transactions import Transactions
@@ -276,7 +276,13 @@ def build_state(
     # A job due later than a worker's longest sleep needs no NOTIFY to be on time.
     store.notify_horizon = config.max_sleep
     if session is None:
-        store.create_table()
+        store.create_table(history=False)
+        if history is not None and versioning.check(engine, table.name).ok:
+            # A jobs table created just now was recorded at the newest revision, which
+            # includes the history table. On an older recorded schema that table comes
+            # from `flask defer db upgrade` (revision flask_defer_0003): creating it here
+            # would make that revision fail on an existing table.
+            history.create(engine, checkfirst=True)
     transactions = Transactions(store, session)
     for hook in on_session if session is not None else ():
         hook(session)

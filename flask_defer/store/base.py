@@ -126,10 +126,14 @@ class StoreBase:
                 raise
             conn.commit()
 
-    def create_table(self) -> None:
-        """Create the tables and indexes if they do not exist (``flask defer install``)."""
+    def create_table(self, *, history: bool = True) -> None:
+        """Create the tables and indexes if they do not exist (``flask defer install``).
+
+        ``history=False`` leaves the history table out: ``build_state`` creates it only
+        where the schema is at the newest revision, so an older schema's upgrade can.
+        """
         self.table.create(self.engine, checkfirst=True)
-        if self.history_table is not None:
+        if history and self.history_table is not None:
             self.history_table.create(self.engine, checkfirst=True)
 
     @property
