@@ -97,6 +97,26 @@ def test_undo_by_its_owner_records_undone_by_that_owner(kit: AppKit) -> None:
     assert [(e.event, e.actor) for e in history] == [("scheduled", "app"), ("undone", "alice")]
 
 
+def test_a_cancel_in_the_callers_transaction_records_its_event_only_if_committed(
+    kit: AppKit,
+) -> None:
+    @kit.defer.job("expire")
+    def expire(job: Job) -> None: ...
+
+    job = kit.defer.schedule("expire", delay=3600)
+    kit.db.session.commit()
+    assert kit.defer.cancel(job.id, actor="ops", commit=False) is True
+    kit.db.session.rollback()
+    assert [e.event for e in kit.defer.history(job.id)] == ["scheduled"]
+
+    assert kit.defer.cancel(job.id, actor="ops", commit=False) is True
+    kit.db.session.commit()
+    assert [(e.event, e.actor) for e in kit.defer.history(job.id)] == [
+        ("scheduled", "app"),
+        ("cancelled", "ops"),
+    ]
+
+
 def test_control_methods_record_their_event_and_the_given_actor(kit: AppKit) -> None:
     @kit.defer.job("publish")
     def publish(job: Job) -> None:
