@@ -160,7 +160,8 @@ def create_app(database_url: str | None = None, **config: Any) -> Flask:
         SQLALCHEMY_ENGINE_OPTIONS={"pool_size": 20, "max_overflow": 40},
         SECRET_KEY="bench",
     )
-    # BENCH_APP_DEFER_CLAIM_BATCH=50 and the like: settings for a tuning experiment.
+    # BENCH_APP_DEFER_CLAIM_BATCH=50 and the like: settings for a tuning experiment
+    # (the drain runs workers with BENCH_APP_DEFER_HISTORY=false for history off).
     app.config.from_prefixed_env("BENCH_APP")
     app.config.update(config)
     db.init_app(app)

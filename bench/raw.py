@@ -104,15 +104,24 @@ def fill(db: Database, count: int, *, run_at: datetime, name: str = NOOP) -> Non
 
 
 def clear(db: Database) -> None:
-    """Empty the table between rounds (each round starts from the same state)."""
+    """Empty the table (and the job history, once the app created it) between rounds."""
     if db.backend == "postgresql":
         assert db.dsn is not None
         with psycopg.connect(db.dsn) as conn:
             conn.execute("TRUNCATE defer_jobs RESTART IDENTITY")
+            conn.execute(
+                "DO $$ BEGIN IF to_regclass('defer_jobs_history') IS NOT NULL THEN"
+                " TRUNCATE defer_jobs_history RESTART IDENTITY; END IF; END $$"
+            )
         return
     conn = sqlite_connect(db)
     try:
         conn.execute("DELETE FROM defer_jobs")
+        history = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'defer_jobs_history'"
+        ).fetchone()
+        if history:
+            conn.execute("DELETE FROM defer_jobs_history")
         conn.execute("VACUUM")
     finally:
         conn.close()

@@ -83,12 +83,15 @@ class WorkerProcesses:
         concurrency: int | None,
         burst: bool,
         processes: int | None = None,
+        history: bool = True,
     ):
         """*processes* worker processes (default: as many as *concurrency* needs), each
-        with ``--concurrency`` when given, else the worker's own default."""
+        with ``--concurrency`` when given, else the worker's own default; ``history``
+        False runs them with ``DEFER_HISTORY = False``."""
         self.database = database
         self.burst = burst and "burst" in (worker_options() or set())
         env = dict(os.environ, BENCH_DATABASE_URL=database.url, PYTHONPATH=str(ROOT))
+        env["BENCH_APP_DEFER_HISTORY"] = "true" if history else "false"  # JSON values
         argv = worker_argv(concurrency=concurrency, burst=burst)
         self.log_path = log_dir / f"worker-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")

@@ -24,7 +24,7 @@ from .extension import Defer
 from .health import Health
 from .helpers.batching import Batched
 from .helpers.soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
-from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
+from .jobs import Fail, Job, JobEvent, JobStatus, NotYet, RetryAfter
 from .signals import job_cancelled, job_failed, job_scheduled, job_started, job_succeeded
 from .store.schedules import ScheduleRow
 from .undo import Toast, UndoOutcome
@@ -38,6 +38,7 @@ __all__ = [
     "Health",
     "InvalidArgument",
     "Job",
+    "JobEvent",
     "JobExists",
     "JobNotFound",
     "JobNotPending",

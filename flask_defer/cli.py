@@ -23,6 +23,9 @@ from .store.schedules import ScheduleRow
 
 C = TypeVar("C", bound=Callable[..., Any])
 
+#: Who a CLI command is in the job history.
+CLI_ACTOR = "cli"
+
 
 def _errors_to_exit_codes(command: C) -> C:
     @wraps(command)
@@ -163,7 +166,7 @@ def cancel_command(job_id: int | None, key: str | None, key_prefix: str | None) 
     if key_prefix is not None:
         if job_id is not None or key is not None:
             raise click.UsageError("--key-prefix cannot be combined with a JOB_ID or --key")
-        outcome = defer.cancel_many(key_prefix=key_prefix)
+        outcome = defer.cancel_many(actor=CLI_ACTOR, key_prefix=key_prefix)
         click.echo(f"cancelled {outcome['cancelled']}, still running {outcome['in_flight']}")
         return
     if job_id is None and key is None:
@@ -171,7 +174,7 @@ def cancel_command(job_id: int | None, key: str | None, key_prefix: str | None) 
     if job_id is not None and key is not None:
         raise click.UsageError("give a JOB_ID or --key, not both")
     which = f"job {job_id}" if job_id is not None else f"the job with key {key!r}"
-    if defer.cancel(job_id, key=key):
+    if defer.cancel(job_id, key=key, actor=CLI_ACTOR):
         click.echo(f"cancelled {which}")
         return
     job = defer.get(job_id) if job_id is not None else defer.get(key=key)
@@ -370,7 +373,7 @@ def retry_command(job_id: int) -> None:
     Exits 1 when the job is not failed.
     """
     try:
-        job = current_defer().retry(job_id)
+        job = current_defer().retry(job_id, actor=CLI_ACTOR)
     except JobNotPending as error:
         raise click.ClickException(
             f"not retried: job {job_id} is {error.status}; only a failed job can be retried"

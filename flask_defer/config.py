@@ -48,6 +48,9 @@ DEFAULTS: dict[str, Any] = {
     # Settled rows are pruned after these ages (done/cancelled, and failed).
     "DEFER_RETENTION": timedelta(days=7),
     "DEFER_FAILED_RETENTION": timedelta(days=30),
+    # Keep every state change of a job (who, when, which attempt, its error) in the
+    # history table, pruned with its job. False: the jobs table alone.
+    "DEFER_HISTORY": True,
     # Longest payload a job may carry, in bytes of its JSON text (a batch item too);
     # a larger one is refused with InvalidArgument before anything is written.
     "DEFER_MAX_PAYLOAD_BYTES": 1_000_000,
@@ -139,6 +142,7 @@ class DeferConfig:
     undo_max_hold: timedelta
     retention: timedelta
     failed_retention: timedelta
+    history: bool
     max_payload_bytes: int
     strict_local_times: bool
     # -- Undo UI (blueprint) --
@@ -327,7 +331,7 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         raise InvalidArgument(
             "DEFER_DASHBOARD_HOME_URL", f"expected a URL or path such as '/', or None, got {home!r}"
         )
-    for name in ("DEFER_METRICS", "DEFER_METRICS_PUBLIC"):
+    for name in ("DEFER_METRICS", "DEFER_METRICS_PUBLIC", "DEFER_HISTORY"):
         if not isinstance(config[name], bool):
             raise InvalidArgument(name, f"expected True or False, got {config[name]!r}")
     ancestors = config["DEFER_FRAME_ANCESTORS"]

@@ -150,7 +150,9 @@ class Executor:
         # done mark commits; past the busy timeout other writers have started failing.
         self.lock_warning = sqlite_busy_timeout if store.is_sqlite else None
 
-    def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:
+    def execute(
+        self, job: Job, clock: Clock, *, batch: bool = False, actor: str = "app"
+    ) -> Outcome | PendingAck:
         """Run *job*'s handler and acknowledge the result with compare-and-set.
 
         With ``batch=True`` the acknowledgement of a non-atomic handler is not written
@@ -158,6 +160,8 @@ class Executor:
         :meth:`flush` (one statement for the batch), which then logs the outcome,
         sends its signal and says whether the claim was lost. ``atomic=True`` handlers
         always acknowledge in their own transaction and return the :class:`Outcome`.
+        *actor* (the worker, or ``app`` for ``run_due``) is who the outcome's history
+        event names when it is written here; a batch names its actor at :meth:`flush`.
         """
         log = JobLog(logger, {"job": job})
         token = job.claim_token or ""
@@ -174,8 +178,10 @@ class Executor:
                 run_at=run_at,
                 attempts_delta=-1,
                 last_error=f"{UNKNOWN_HANDLER_NOTE} for {job.name!r} in the worker",
+                attempt=job.attempts,
             )
-            return self._record(PendingAck(ack, lambda _ok: Outcome.UNKNOWN), clock, batch)
+            unknown = PendingAck(ack, lambda _ok: Outcome.UNKNOWN)
+            return self._record(unknown, clock, batch, actor)
         self.emit(signals.job_started, job=job)
         log.info("started (attempt %d of %d)", job.attempts, job.max_attempts)
         note: str | None = None
@@ -186,7 +192,9 @@ class Executor:
                         started = time.monotonic()
                         result = _storable(spec.func(job))
                         self._warn_if_lock_held(conn, log, time.monotonic() - started)
-                        if not self.store.ack_done(job, now=clock(), result=result, conn=conn):
+                        if not self.store.ack_done(
+                            job, now=clock(), result=result, conn=conn, actor=actor
+                        ):
                             raise _LeaseLost()
                     return self._succeeded(job, log, acknowledged=True)
                 result = _storable(spec.func(job))
@@ -202,45 +210,58 @@ class Executor:
             log.info("not yet; runs again at %s", until.isoformat())
             ack = Ack(
                 job.id, token, JobStatus.PENDING.value, run_at=until, due_at=until,
-                attempts_delta=-1,
+                attempts_delta=-1, attempt=job.attempts,
             )  # fmt: skip
             snoozed = PendingAck(ack, lambda ok: Outcome.SNOOZED if ok else self._lost(log))
-            return self._record(snoozed, clock, batch)
+            return self._record(snoozed, clock, batch, actor)
         except Fail as error:
-            return self._failed_attempt(job, log, error, None, clock, final=True, batch=batch)
+            return self._failed_attempt(
+                job, log, error, None, clock, actor, final=True, batch=batch
+            )
         except Exception as error:  # noqa: BLE001 - a handler may raise anything
             delay = error.delay if isinstance(error, RetryAfter) else None
-            return self._failed_attempt(job, log, error, delay, clock, batch=batch)
+            return self._failed_attempt(job, log, error, delay, clock, actor, batch=batch)
         except BaseException as error:  # noqa: BLE001 - SystemExit, KeyboardInterrupt...
             # Recorded like any failure: left unrecorded, the job would sit running for
             # a lease, run again and end as "lease lapsed" with the real error lost.
-            outcome = self._failed_attempt(job, log, error, None, clock)
+            outcome = self._failed_attempt(job, log, error, None, clock, actor)
             if isinstance(error, KeyboardInterrupt | SystemExit) and (
                 threading.current_thread() is threading.main_thread()
             ):
                 raise  # run_due under Ctrl-C or sys.exit(): the process means to stop
             return outcome
-        done = Ack(job.id, token, JobStatus.DONE.value, result=result, last_error=note)
+        done = Ack(
+            job.id, token, JobStatus.DONE.value, result=result, last_error=note,
+            attempt=job.attempts,
+        )  # fmt: skip
         return self._record(
-            PendingAck(done, lambda ok: self._succeeded(job, log, acknowledged=ok)), clock, batch
+            PendingAck(done, lambda ok: self._succeeded(job, log, acknowledged=ok)), clock, batch,
+            actor,
         )
+        succeeded = PendingAck(done, lambda ok: self._succeeded(job, log, acknowledged=ok))
+        return self._record(succeeded, clock, batch, actor)
 
-    def flush(self, pending: Sequence[PendingAck], clock: Clock) -> list[Outcome]:
+    def flush(
+        self, pending: Sequence[PendingAck], clock: Clock, *, actor: str = "app"
+    ) -> list[Outcome]:
         """Write *pending* acknowledgements in one batch; their outcomes, in order.
 
         A row whose claim no longer owns it (its lease lapsed and another worker took
         the job) is absent from the store's answer and comes back :attr:`Outcome.LOST`,
-        exactly as a single acknowledgement would.
+        exactly as a single acknowledgement would. The owned rows' history events, by
+        *actor*, are written in the same statement (PostgreSQL) or transaction (SQLite).
         """
         if not pending:
             return []
-        owned = self.store.acknowledge_many([p.ack for p in pending], now=clock())
+        owned = self.store.acknowledge_many([p.ack for p in pending], now=clock(), actor=actor)
         return [p.settle(p.ack.job_id in owned) for p in pending]
 
-    def _record(self, pending: PendingAck, clock: Clock, batch: bool) -> Outcome | PendingAck:
+    def _record(
+        self, pending: PendingAck, clock: Clock, batch: bool, actor: str
+    ) -> Outcome | PendingAck:
         if batch:
             return pending
-        return self.flush([pending], clock)[0]
+        return self.flush([pending], clock, actor=actor)[0]
 
     def _warn_if_lock_held(self, conn: Connection, log: JobLog, held: float) -> None:
         """SQLite: warn when an atomic handler kept the write lock past the busy timeout."""
@@ -257,7 +278,7 @@ class Executor:
             self.lock_warning.total_seconds(),
         )
 
-    def time_out(self, job: Job, timeout: float, clock: Clock) -> Outcome:
+    def time_out(self, job: Job, timeout: float, clock: Clock, *, actor: str = "app") -> Outcome:
         """Record that *job*'s handler overran *timeout* seconds: a failed attempt.
 
         The worker calls this from its loop while the handler's thread may still be
@@ -267,7 +288,7 @@ class Executor:
         """
         log = JobLog(logger, {"job": job})
         error = HandlerTimeout(f"handler ran longer than its timeout of {timeout:g} s")
-        outcome = self._failed_attempt(job, log, error, None, clock)
+        outcome = self._failed_attempt(job, log, error, None, clock, actor)
         assert isinstance(outcome, Outcome)
         return outcome
 
@@ -285,6 +306,7 @@ class Executor:
         error: BaseException,
         delay: timedelta | None,
         clock: Clock,
+        actor: str,
         *,
         final: bool = False,
         batch: bool = False,
@@ -299,13 +321,18 @@ class Executor:
                 delay = backoff_delay(job.attempts, base=self.policy.base, cap=self.policy.cap)
             run_at = now + delay
             log.warning("attempt %d failed, retrying at %s: %s", job.attempts, run_at, error)
-            ack = Ack(job.id, token, JobStatus.PENDING.value, run_at=run_at, last_error=text)
+            ack = Ack(
+                job.id, token, JobStatus.PENDING.value, run_at=run_at, last_error=text,
+                attempt=job.attempts,
+            )  # fmt: skip
         else:
             if final:
                 log.error("failed without retry (attempt %d): %s", job.attempts, error)
             else:
                 log.error("failed after %d attempts: %s", job.attempts, error)
-            ack = Ack(job.id, token, JobStatus.FAILED.value, last_error=text)
+            ack = Ack(
+                job.id, token, JobStatus.FAILED.value, last_error=text, attempt=job.attempts
+            )
 
         def settle(ok: bool) -> Outcome:
             if not ok:
@@ -313,7 +340,7 @@ class Executor:
             self.emit(signals.job_failed, job=job, error=text, will_retry=will_retry)
             return Outcome.RETRIED if will_retry else Outcome.FAILED
 
-        return self._record(PendingAck(ack, settle), clock, batch)
+        return self._record(PendingAck(ack, settle), clock, batch, actor)
 
     @staticmethod
     def _lost(log: JobLog) -> Outcome:

@@ -26,7 +26,7 @@ from .health import Health
 from .helpers import batching, builtin_handlers, http_jobs
 from .helpers import recurring as _recurring
 from .helpers import soft_delete as _soft_delete
-from .jobs import Job
+from .jobs import Job, JobEvent
 from .operations import Filters
 from .owner import OwnerLoader, resolve_owner
 from .recurrence import CatchUp, RecurringSpec, make_rule, make_spec
@@ -43,7 +43,7 @@ from .store.schedules import ScheduleRow, ScheduleStore
 from .timeutil import Duration, as_utc, utcnow
 from .undo import Toast, UndoOutcome
 from .undo_hooks import UndoHook, UndoHooks
-from .validation import checked_payload, checked_text, identity
+from .validation import checked_actor, checked_payload, checked_text, identity
 from .worker import Worker
 
 if TYPE_CHECKING:
@@ -241,6 +241,7 @@ class Defer:
         owner: str | None = None,
         label: str | None = None,
         undo_until: datetime | None = None,
+        actor: str | None = None,
     ) -> Job:
         """Schedule job *name* to run at ``run_at`` (aware) or after ``delay``; default now.
 
@@ -249,10 +250,12 @@ class Defer:
         business change it belongs to. ``key`` names the intent ("message:7:send"); only
         one live job may hold a key (:class:`JobExists`), unless ``replace=True`` swaps
         out the pending holder. ``owner`` and ``label`` are what the Undo UI shows.
+        ``actor`` is who the job's history says scheduled it (default ``"app"``); every
+        control method below takes it too.
         """
         return self._state().schedule(
             name, payload, run_at=run_at, delay=delay, key=key, replace=replace,
-            owner=owner, label=label, undo_until=undo_until,
+            owner=owner, label=label, undo_until=undo_until, actor=actor,
         )
 
     # -- Undo (the facade of the Undo UI) ---------------------------------------------
@@ -381,6 +384,7 @@ class Defer:
         transaction and commits nothing (see :meth:`cancel`): a rollback undoes the
         cancel and every hook's writes together. If a hook raises, the error
         propagates and the caller rolls back.
+        The history records it as ``undone`` by the owner.
         """
         return operations.undo(self._state(), id, key, owner, commit=commit)
 
@@ -452,6 +456,7 @@ class Defer:
         *,
         key: str | None = None,
         owner: str | None = None,
+        actor: str | None = None,
         commit: bool = True,
     ) -> bool:
         """Cancel a pending job; True only if this call cancelled it.
@@ -477,10 +482,16 @@ class Defer:
         take it. ``job_cancelled`` is sent after the commit, never on a rollback.
         Needs a ``db`` (:class:`InvalidArgument` naming ``commit`` otherwise).
         """
-        return operations.cancel(self._state(), id, key, owner, commit=commit)
+        return operations.cancel(
+            self._state(), id, key, owner, checked_actor(actor), commit=commit
+        )
 
     def cancel_many(
-        self, *, commit: bool = True, **filters: Unpack[Filters]
+        self,
+        *,
+        actor: str | None = None,
+        commit: bool = True,
+        **filters: Unpack[Filters],
     ) -> dict[str, int]:
         """Cancel every pending job matching the filters; report what was still running.
 
@@ -490,7 +501,9 @@ class Defer:
         status filter, so a bulk cancel never reaches rows the operator did not see).
         ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
         """
-        return operations.cancel_many(self._state(), filters, commit=commit)
+        return operations.cancel_many(
+            self._state(), filters, checked_actor(actor), commit=commit
+        )
 
     def reschedule(
         self,
@@ -499,6 +512,7 @@ class Defer:
         key: str | None = None,
         run_at: datetime | None = None,
         delay: Duration | None = None,
+        actor: str | None = None,
         commit: bool = True,
     ) -> Job:
         """Move a pending job to ``run_at`` or ``now + delay`` and return it.
@@ -507,14 +521,26 @@ class Defer:
         :class:`JobNotPending`; an unknown id or key raises :class:`JobNotFound`.
         ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
         """
-        return operations.reschedule(self._state(), id, key, run_at, delay, commit=commit)
+        return operations.reschedule(
+            self._state(), id, key, run_at, delay, checked_actor(actor), commit=commit
+        )
 
-    def retry(self, id: int, *, commit: bool = True) -> Job:
+    def retry(self, id: int, *, actor: str | None = None, commit: bool = True) -> Job:
         """Put a failed job back to pending, due now, with its attempts reset.
 
         ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
         """
-        return operations.retry(self._state(), id, commit=commit)
+        return operations.retry(self._state(), id, checked_actor(actor), commit=commit)
+
+    def history(self, job_id: int) -> list[JobEvent]:
+        """Every state change of job *job_id*, oldest first: what, when, who, which attempt.
+
+        Written in the same transaction as each change, so it never disagrees with the
+        row; pruned with its job. Empty for an unknown id or with ``DEFER_HISTORY = False``.
+        """
+        checked, _ = identity(job_id, None)
+        assert checked is not None
+        return self._state().history(checked)
 
     # -- reads --------------------------------------------------------------------
 
@@ -557,7 +583,7 @@ class Defer:
             return True
         return self._dashboard_auth is not None and bool(self._dashboard_auth())
 
-    def run_now(self, id: int, *, commit: bool = True) -> Job:
+    def run_now(self, id: int, *, actor: str | None = None, commit: bool = True) -> Job:
         """Make a pending job due now and return it (the dashboard's "Run now").
 
         One guarded statement, like :meth:`reschedule`: pending → due now. A running or
@@ -565,7 +591,15 @@ class Defer:
         ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
         """
         return operations.reschedule(
-            self._state(), id, None, utcnow(), None, commit=commit, operation="run_now"
+            self._state(),
+            id,
+            None,
+            utcnow(),
+            None,
+            checked_actor(actor),
+            commit=commit,
+            operation="run_now",
+            event="run_now",
         )
 
     def count(self, *, limit: int | None = None, **filters: Unpack[Filters]) -> int:
@@ -577,7 +611,7 @@ class Defer:
         return operations.count(self._state(), filters, limit=limit)
 
     def retry_many(
-        self, **filters: Unpack[Filters]
+        self, *, actor: str | None = None, **filters: Unpack[Filters]
     ) -> int:
         """Put every failed job matching the filters back to pending, due now; how many.
 
@@ -585,7 +619,7 @@ class Defer:
         alone (one guarded statement), so a ``status`` filter without ``failed`` in it
         retries nothing. Without filters, every failed job is retried.
         """
-        return operations.retry_many(self._state(), filters)
+        return operations.retry_many(self._state(), filters, checked_actor(actor))
 
     def health(self, now: datetime | None = None) -> Health:
         """Scheduled vs owed work, the oldest owed job's age, dead letters, lapsed leases."""

@@ -183,3 +183,25 @@ class Fail(Exception):  # noqa: N818 - the name reads as the handler's answer
     names a row that will never exist. The job becomes a dead letter at once, with
     this exception's text as its ``last_error``.
     """
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """One state change of a job, as ``defer.history(job_id)`` returns it (oldest first).
+
+    ``event`` is one of ``scheduled``, ``replaced``, ``rescheduled``, ``started``,
+    ``done``, ``retried``, ``snoozed``, ``failed``, ``cancelled``, ``undone``,
+    ``reclaimed``, ``run_now``, ``retried_by_operator``. ``actor`` says who caused it:
+    the owner for an undo, the operator for a dashboard action, ``cli``,
+    ``worker:<host>:<pid>``, or ``app`` (a Python call without ``actor=``).
+    ``attempt`` is the job's attempt count at that moment; ``error`` is the failed
+    attempt's error (``retried``, ``failed``) or why a lease was reclaimed; ``run_at``
+    is when the job was due after the change, where it set one.
+    """
+
+    event: str
+    at: datetime
+    actor: str
+    attempt: int
+    error: str | None = None
+    run_at: datetime | None = None

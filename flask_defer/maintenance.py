@@ -1,9 +1,9 @@
-"""Housekeeping that one worker at a time does: reclaim lapsed leases, prune history.
+"""Housekeeping that one worker at a time does: reclaim lapsed leases, prune old jobs.
 
 *Reclaim* returns the jobs of crashed workers to pending once their lease lapsed, so
 they run again within about a lease (not after a fixed quarter of an hour). *Prune*
-deletes settled rows past their retention, in bounded batches so a worker catching up
-on a large history goes back to claiming jobs in between.
+deletes settled rows past their retention, with their history events, in bounded
+batches so a worker catching up on a large backlog goes back to claiming jobs between.
 
 Both are guarded statements, so two workers doing them at once would be merely
 wasteful; on PostgreSQL an advisory lock (``JobStore.maintenance_lock``) makes one
@@ -38,21 +38,22 @@ def prune(store: JobStore, policy: MaintenancePolicy, clock: Clock, **limits: in
     )
 
 
-def reclaim_lapsed(store: JobStore, clock: Clock) -> int | None:
+def reclaim_lapsed(store: JobStore, clock: Clock, *, actor: str = "app") -> int | None:
     """Reclaim lapsed leases now, under the maintenance lock; how many jobs came back.
 
     None when another process holds the lock: it is reclaiming (or pruning) at this
     moment, and a second reclaim would find nothing more. Looks first, so a call with
     nothing to reclaim (the usual case) takes neither the lock nor a write lock.
+    *actor* is who the history says reclaimed the jobs.
     """
     if not store.any_lapsed(now=clock()):
         return 0
     with store.maintenance_lock() as mine:
-        return _reclaim(store, clock) if mine else None
+        return _reclaim(store, clock, actor) if mine else None
 
 
-def _reclaim(store: JobStore, clock: Clock) -> int:
-    returned, failed = store.reclaim_lapsed(now=clock())
+def _reclaim(store: JobStore, clock: Clock, actor: str = "app") -> int:
+    returned, failed = store.reclaim_lapsed(now=clock(), actor=actor)
     if returned or failed:
         logger.warning(
             "reclaimed jobs with lapsed leases: %d back to pending, %d failed "
@@ -66,8 +67,12 @@ def _reclaim(store: JobStore, clock: Clock) -> int:
 class Maintenance:
     """Runs reclaim and prune when they are due; the worker calls it every loop."""
 
-    def __init__(self, store: JobStore, policy: MaintenancePolicy, clock: Clock) -> None:
+    def __init__(
+        self, store: JobStore, policy: MaintenancePolicy, clock: Clock, *, actor: str = "app"
+    ) -> None:
         self.store = store
+        #: Who the history says reclaimed a lapsed job (the worker doing maintenance).
+        self.actor = actor
         self.policy = policy
         self.clock = clock
         # Both are due at start: a restarted worker should pick up the jobs its
@@ -98,7 +103,7 @@ class Maintenance:
             if not mine:
                 return
             if reclaim_due:
-                self.reclaimed += _reclaim(self.store, self.clock)
+                self.reclaimed += _reclaim(self.store, self.clock, self.actor)
             if prune_due:
                 self._prune(now)
 

@@ -21,7 +21,14 @@ from .state import DeferState
 from .store import JobFilter
 from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
 from .undo import MAX_JOB_ID, WAITING_HORIZON, Toast, UndoOutcome
-from .validation import checked_commit, checked_limit, checked_text, identity, statuses
+from .validation import (
+    DEFAULT_ACTOR,
+    checked_commit,
+    checked_limit,
+    checked_text,
+    identity,
+    statuses,
+)
 from .worker import Worker
 
 
@@ -184,7 +191,13 @@ def worker(
 
 
 def cancel(
-    state: DeferState, job_id: Any, key: Any, owner: str | None, *, commit: bool = True
+    state: DeferState,
+    job_id: Any,
+    key: Any,
+    owner: str | None,
+    actor: str = DEFAULT_ACTOR,
+    *,
+    commit: bool = True,
 ) -> bool:
     """pending → cancelled and True; anything else unchanged and False; unknown raises.
 
@@ -194,7 +207,9 @@ def cancel(
     job_id, key = identity(job_id, key)
     commit = checked_commit(commit)
     with state.transactions.control("cancel", commit=commit) as conn:
-        cancelled = state.store.cancel(conn, now=utcnow(), job_id=job_id, key=key, owner=owner)
+        cancelled = state.store.cancel(
+            conn, now=utcnow(), job_id=job_id, key=key, owner=owner, actor=actor
+        )
         if cancelled is None:
             state.refused(conn, job_id, key, owner)
             return False
@@ -202,7 +217,9 @@ def cancel(
     return True
 
 
-def cancel_many(state: DeferState, filters: Filters, *, commit: bool = True) -> dict[str, int]:
+def cancel_many(
+    state: DeferState, filters: Filters, actor: str = DEFAULT_ACTOR, *, commit: bool = True
+) -> dict[str, int]:
     """Cancel matching pending jobs; ``{"cancelled": n, "in_flight": m}``."""
     if all(filters.get(name) is None for name in ("key_prefix", "name", "owner")):
         raise InvalidArgument(
@@ -211,7 +228,7 @@ def cancel_many(state: DeferState, filters: Filters, *, commit: bool = True) -> 
     where = job_filter(filters)
     commit = checked_commit(commit)
     with state.transactions.control("cancel_many", commit=commit) as conn:
-        cancelled, in_flight = state.store.cancel_many(conn, where, now=utcnow())
+        cancelled, in_flight = state.store.cancel_many(conn, where, now=utcnow(), actor=actor)
     return {"cancelled": cancelled, "in_flight": in_flight}
 
 
@@ -221,13 +238,16 @@ def reschedule(
     key: Any,
     run_at: datetime | None,
     delay: Duration | None,
+    actor: str = DEFAULT_ACTOR,
     *,
     commit: bool = True,
     operation: str = "reschedule",
+    event: str = "rescheduled",
 ) -> Job:
     """Move a pending job; :class:`JobNotPending` / :class:`JobNotFound` otherwise.
 
-    ``operation`` names the public call in errors (``run_now`` comes this way too).
+    ``operation`` names the public call in errors (``run_now`` comes this way too);
+    *event* is what the history calls it: ``rescheduled``, or ``run_now``.
     """
     if run_at is None and delay is None:
         raise InvalidArgument("run_at", "give run_at or delay to reschedule to")
@@ -236,32 +256,36 @@ def reschedule(
     now = utcnow()
     when = resolve_run_at(run_at, delay, now, strict=state.config.strict_local_times)
     with state.transactions.control(operation, commit=commit) as conn:
-        moved = state.store.reschedule(conn, when, now=now, job_id=job_id, key=key)
+        moved = state.store.reschedule(
+            conn, when, now=now, job_id=job_id, key=key, actor=actor, event=event
+        )
         if moved is None:
             existing = state.refused(conn, job_id, key)
             raise JobNotPending(existing.id, existing.status.value)
     return moved
 
 
-def retry(state: DeferState, job_id: Any, *, commit: bool = True) -> Job:
+def retry(
+    state: DeferState, job_id: Any, actor: str = DEFAULT_ACTOR, *, commit: bool = True
+) -> Job:
     """failed → pending, due now, attempts reset; :class:`JobNotPending` otherwise."""
     checked, _ = identity(job_id, None)
     assert checked is not None
     commit = checked_commit(commit)
     # No uncommitted-jobs check here: 0.1.0 never made one for retry().
     with state.transactions.control("retry", commit=commit, guard=False) as conn:
-        job = state.store.retry_failed(conn, checked, now=utcnow())
+        job = state.store.retry_failed(conn, checked, now=utcnow(), actor=actor)
         if job is None:
             existing = state.refused(conn, checked, None)
             raise JobNotPending(existing.id, existing.status.value)
     return job
 
 
-def retry_many(state: DeferState, filters: Filters) -> int:
+def retry_many(state: DeferState, filters: Filters, actor: str = DEFAULT_ACTOR) -> int:
     """Put every matching failed job back to pending, due now; how many."""
     where = job_filter(filters)
     with state.transactions.own("retry_many") as conn:
-        return state.store.retry_failed_many(conn, where, now=utcnow())
+        return state.store.retry_failed_many(conn, where, now=utcnow(), actor=actor)
 
 
 def find(state: DeferState, filters: Filters, *, limit: int, offset: int) -> list[Job]:
@@ -299,8 +323,15 @@ def undo(
         # A failed attempt can put the job back to pending between the cancel and
         # the read below; cancelling again then is right, so try a few times.
         for _ in range(3):
+            # The owner undid it: the history names them, not "app".
             cancelled = state.store.cancel(
-                conn, now=utcnow(), job_id=job_id, key=key, owner=checked_owner
+                conn,
+                now=utcnow(),
+                job_id=job_id,
+                key=key,
+                owner=checked_owner,
+                actor=checked_owner or DEFAULT_ACTOR,
+                event="undone",
             )
             if cancelled is not None:
                 break

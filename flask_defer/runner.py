@@ -38,6 +38,7 @@ def claim_due(
     limit: int,
     lease: timedelta,
     queues: Collection[str] | None = None,
+    actor: str = "app",
     spend_attempt: bool = True,
 ) -> list[Job]:
     """Claim up to *limit* jobs due at *now* under a fresh token, leased for *lease*.
@@ -51,20 +52,32 @@ def claim_due(
         token=uuid.uuid4().hex,
         lease_until=now + lease,
         queues=queues,
+        actor=actor,
         spend_attempt=spend_attempt,
     )
 
 
 class Runner:
-    """Claims due jobs and runs them through one executor."""
+    """Claims due jobs and runs them through one executor.
+
+    *actor* is who the history says claimed and acknowledged the jobs: the worker
+    (``worker:<host>:<pid>``), or ``app`` for ``run_due``.
+    """
 
     def __init__(
-        self, store: JobStore, executor: Executor, *, lease: timedelta, claim_batch: int
+        self,
+        store: JobStore,
+        executor: Executor,
+        *,
+        lease: timedelta,
+        claim_batch: int,
+        actor: str = "app",
     ) -> None:
         self.store = store
         self.executor = executor
         self.lease = lease
         self.claim_batch = claim_batch
+        self.actor = actor
 
     def claim(
         self,
@@ -81,20 +94,21 @@ class Runner:
             limit=min(limit, self.claim_batch),
             lease=self.lease,
             queues=queues,
+            actor=self.actor,
             spend_attempt=spend_attempt,
         )
 
     def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:
         """Run one claimed job's handler; acknowledge its outcome now, or with ``batch``
         hand back the acknowledgement for :meth:`flush` to write with others."""
-        return self.executor.execute(job, clock, batch=batch)
+        return self.executor.execute(job, clock, batch=batch, actor=self.actor)
 
     def flush(self, pending: Sequence[PendingAck], clock: Clock) -> list[Outcome]:
         """Write batched acknowledgements in one statement; their outcomes, in order.
 
         The one place batched outcomes are written, for ``run_due`` and the worker.
         """
-        return self.executor.flush(pending, clock)
+        return self.executor.flush(pending, clock, actor=self.actor)
 
     def run_due(
         self, clock: Clock, *, limit: int | None = None, deadline: float | None = None

@@ -20,6 +20,10 @@ timestamps go in and come out aware UTC.
 Creating the table through the metadata (``db.create_all()``) records the schema's
 revision in the same transaction (the store listens for it, see ``store/versioning.py``),
 so a database created either way is known to be at the newest revision.
+
+Beside it, in the same metadata, the history table (``<jobs table>_history``): one row
+per state change of a job, written in the transaction of the change, read by job id
+and deleted with its job (so its only index is ``(job_id, id)``).
 """
 
 from __future__ import annotations
@@ -262,4 +266,38 @@ def define_schedules_table(metadata: MetaData, name: str = DEFAULT_SCHEDULES_TAB
         sqlite_where=active,
         postgresql_where=active,
     )
+    return table
+
+
+def history_table_name(jobs_table_name: str) -> str:
+    """The name of the history table that belongs to *jobs_table_name*."""
+    return f"{jobs_table_name}_history"
+
+
+def define_history_table(metadata: MetaData, jobs_table_name: str = DEFAULT_TABLE_NAME) -> Table:
+    """Add the job history table to *metadata* (or return it if it is already there).
+
+    No foreign key to the jobs table: SQLite enforces none unless every connection
+    turns them on, and the claim and acknowledgement hot paths should not pay for a
+    check on PostgreSQL either. Pruning deletes a job's events in the transaction
+    that deletes the job instead.
+    """
+    name = history_table_name(jobs_table_name)
+    if name in metadata.tables:
+        return metadata.tables[name]
+    id_type = BigInteger().with_variant(Integer(), "sqlite")
+    table = Table(
+        name,
+        metadata,
+        Column("id", id_type, primary_key=True, autoincrement=True),
+        Column("job_id", BigInteger().with_variant(Integer(), "sqlite"), nullable=False),
+        Column("event", String(32), nullable=False),
+        Column("at", DateTime(timezone=True), nullable=False),
+        Column("actor", String(255), nullable=False),
+        Column("attempt", Integer, nullable=False),
+        Column("error", Text, nullable=True),
+        # When the job is due after this event (scheduled, rescheduled, retried, snoozed).
+        Column("run_at", DateTime(timezone=True), nullable=True),
+    )
+    Index(f"ix_{name}_job", table.c.job_id, table.c.id)
     return table

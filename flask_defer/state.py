@@ -26,18 +26,18 @@ from .config import DeferConfig, apply_defaults, load_config
 from .errors import InvalidArgument, JobNotFound, NotConfigured, UnknownJob
 from .execution import Clock, Executor, RunSummary
 from .health import Health
-from .jobs import Job
+from .jobs import Job, JobEvent
 from .maintenance import prune as prune_settled
 from .maintenance import reclaim_lapsed
 from .registry import HandlerSpec, Registry
 from .runner import Runner
-from .schema import define_jobs_table
-from .store import JobStore, NewJob
+from .schema import define_history_table, define_jobs_table
+from .store import JobStore, NewJob, versioning
 from .store.tuning import tune_sqlite
 from .timeutil import Duration, as_utc, resolve_run_at, utcnow
 from .transactions import Transactions
 from .undo_hooks import UndoHooks
-from .validation import checked_max_seconds, checked_payload, checked_text
+from .validation import checked_actor, checked_max_seconds, checked_payload, checked_text
 from .worker import Worker, make_worker
 
 if TYPE_CHECKING:
@@ -97,18 +97,24 @@ class DeferState:
         return spec.max_attempts or self.config.max_attempts
 
     def insert(
-        self, new: NewJob, *, now: datetime, replace: bool = False, conn: Connection | None = None
+        self,
+        new: NewJob,
+        *,
+        now: datetime,
+        replace: bool = False,
+        conn: Connection | None = None,
+        actor: str = "app",
     ) -> Job:
         """Write *new* (in *conn*, else joining the caller's transaction) and signal it.
 
         Raises :class:`~flask_defer.JobExists` when a live job holds the key and
-        *replace* is False.
+        *replace* is False. *actor* is who the ``scheduled`` event names.
         """
         if conn is None:
             with self.transactions.joined(writes=True) as joined:
-                job = self.store.insert(joined, new, now=now, replace=replace)
+                job = self.store.insert(joined, new, now=now, replace=replace, actor=actor)
         else:
-            job = self.store.insert(conn, new, now=now, replace=replace)
+            job = self.store.insert(conn, new, now=now, replace=replace, actor=actor)
         self.send(signals.job_scheduled, job=job)
         return job
 
@@ -124,6 +130,7 @@ class DeferState:
         owner: str | None = None,
         label: str | None = None,
         undo_until: datetime | None = None,
+        actor: str | None = None,
     ) -> Job:
         """Validate and insert one job (what ``Defer.schedule`` documents)."""
         spec = self.spec_for(name)
@@ -141,7 +148,7 @@ class DeferState:
         )
         if not isinstance(replace, bool):
             raise InvalidArgument("replace", f"expected True or False, got {replace!r}")
-        return self.insert(new, now=now, replace=replace)
+        return self.insert(new, now=now, replace=replace, actor=checked_actor(actor))
 
     # -- reads ---------------------------------------------------------------------
 
@@ -149,6 +156,11 @@ class DeferState:
         """The job with this id; for a key, its live job, else the newest settled one."""
         with self.transactions.joined() as conn:
             return self.store.get(conn, job_id=job_id, key=key)
+
+    def history(self, job_id: int) -> list[JobEvent]:
+        """Every recorded state change of *job_id*, oldest first ([] with history off)."""
+        with self.transactions.joined() as conn:
+            return self.store.history(conn, job_id)
 
     def refused(
         self, conn: Connection, job_id: int | None, key: str | None, owner: str | None = None
@@ -208,7 +220,7 @@ class DeferState:
             return fixed if fixed is not None else utcnow()
 
         self.transactions.refuse_uncommitted("run_due")
-        reclaim_lapsed(self.store, utcnow)
+        reclaim_lapsed(self.store, utcnow, actor=self.runner.actor)
         if self.recurring is not None:
             # Sync at every call (run_due is a cron runner's whole "worker start"), then
             # write the ticks due by *now*, so the runner below runs them too.
@@ -258,11 +270,19 @@ def build_state(
     engine, table, session = _engine_table_session(app, config, db, table_name)
     if engine.dialect.name == "sqlite":
         tune_sqlite(engine, config.sqlite_busy_timeout)
-    store = JobStore(engine, table)
+    # The history table joins the jobs table's metadata (db.create_all, autogenerate).
+    history = define_history_table(table.metadata, table.name) if config.history else None
+    store = JobStore(engine, table, history)
     # A job due later than a worker's longest sleep needs no NOTIFY to be on time.
     store.notify_horizon = config.max_sleep
     if session is None:
-        store.create_table()
+        store.create_table(history=False)
+        if history is not None and versioning.check(engine, table.name).ok:
+            # A jobs table created just now was recorded at the newest revision, which
+            # includes the history table. On an older recorded schema that table comes
+            # from `flask defer db upgrade` (revision flask_defer_0003): creating it here
+            # would make that revision fail on an existing table.
+            history.create(engine, checkfirst=True)
     transactions = Transactions(store, session)
     for hook in on_session if session is not None else ():
         hook(session)

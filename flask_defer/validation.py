@@ -182,3 +182,12 @@ def statuses(
     except ValueError:
         allowed = ", ".join(s.value for s in JobStatus)
         raise InvalidArgument("status", f"expected one of {allowed}, got {status!r}") from None
+
+
+#: Who a Python call is in the job history when it passes no ``actor=``.
+DEFAULT_ACTOR = "app"
+
+
+def checked_actor(actor: Any) -> str:
+    """Who made a change, for its history event: ``app`` unless the caller says."""
+    return checked_text(actor, "actor") or DEFAULT_ACTOR

@@ -79,14 +79,20 @@ class Worker:
         self._next_tick: datetime | None = None
         self._tick_recheck = 0.0
         self.executor = executor
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        #: Who this worker's claims, outcomes and reclaims are in the job history.
+        self.actor = f"worker:{self.name}"
         # The claim and the execution are run_due's own (one runner, one claim path).
         self.runner = Runner(
-            store, executor, lease=options.lease, claim_batch=options.claim_batch
+            store,
+            executor,
+            lease=options.lease,
+            claim_batch=options.claim_batch,
+            actor=self.actor,
         )
         self.registry = executor.registry
         self.options = options
         self.clock = clock
-        self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.summary = RunSummary()
         self._summary_lock = threading.Lock()
         self._stop = threading.Event()
@@ -109,7 +115,7 @@ class Worker:
             lambda job: self.runner.execute(job, self.clock, batch=True),
             self._finished,
             prefetch=options.claim_batch,
-            start=lambda job: store.start_claimed(job, now=self.clock()),
+            start=lambda job: store.start_claimed(job, now=self.clock(), actor=self.actor),
         )
         # Handlers' outcomes waiting for the loop to write them in one batch, each
         # with whether it counts in the summary (False: abandoned at its timeout).
@@ -120,7 +126,7 @@ class Worker:
         # found fewer due jobs than it asked for (then a job that comes due must not
         # wait for others to finish).
         self._backlog = False
-        self.maintenance = Maintenance(store, options.maintenance, clock)
+        self.maintenance = Maintenance(store, options.maintenance, clock, actor=self.actor)
         # The same heartbeat as run_due's, over the pool's claimed jobs.
         self._heartbeat = LeaseHeartbeat(store, options.lease, clock, self.pool.in_flight)
         self._db_failures = 0
@@ -308,7 +314,9 @@ class Worker:
     def _record_timeouts(self) -> None:
         for task in self.pool.expire():
             try:
-                outcome = self.executor.time_out(task.job, task.timeout or 0.0, self.clock)
+                outcome = self.executor.time_out(
+                    task.job, task.timeout or 0.0, self.clock, actor=self.actor
+                )
             except SQLAlchemyError as error:
                 JobLog(logger, {"job": task.job}).warning(
                     "could not record the timeout (%s); the job returns to pending "

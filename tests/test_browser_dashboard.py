@@ -193,3 +193,75 @@ def test_schedules_page_pauses_and_resumes_a_schedule_in_place(
     expect(row).to_have_attribute("data-defer-state", "active")
     with live.ops.context():
         assert not live.ops.defer.list_recurring()[0].paused
+
+
+# -- the job's history timeline ------------------------------------------------------------
+
+#: Where the committed screenshots of the job history live.
+DOCS_SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+
+
+@pytest.mark.parametrize(
+    ("scheme", "width"),
+    [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
+    ids=["light-1280", "dark-1280", "light-375", "dark-375"],
+)
+def test_the_job_history_timeline(
+    live: Live,
+    operator_page: Callable[..., Page],
+    axe_violations: Callable[[Any], list[dict[str, Any]]],
+    artifacts: Path,
+    scheme: str,
+    width: int,
+) -> None:
+    page = operator_page(
+        color_scheme=scheme, device_scale_factor=2, viewport={"width": width, "height": 900}
+    )
+    (failed_id,) = live.jobs.failed
+    # From the list, the row's History link opens the job page at its timeline.
+    page.goto(f"{live.url}/defer/?name=sync_invoices")
+    page.get_by_role("link", name=f"History of job {failed_id}").click()
+    expect(page).to_have_url(f"{live.url}/defer/jobs/{failed_id}#defer-job-history")
+    timeline = page.locator("#defer-job-history")
+    items = timeline.get_by_role("listitem")
+    expect(items).to_have_count(7)
+    expect(items.nth(0)).to_contain_text("Scheduled")
+    expect(items.nth(2)).to_contain_text("Attempt failed; will retry")
+    expect(items.nth(2)).to_contain_text("attempt 1")
+    expect(items.nth(6)).to_contain_text("Failed")
+
+    # An attempt's full traceback opens from its summary, with the keyboard too.
+    first_error = items.nth(2).locator("summary")
+    first_error.focus()
+    page.keyboard.press("Enter")
+    expect(items.nth(2).locator("pre.defer-traceback")).to_be_visible()
+    expect(items.nth(2).locator("pre.defer-traceback")).to_contain_text("in _post_invoices")
+
+    # The operator retries it: the timeline grows in place with who did it.
+    page.get_by_role("button", name="Retry").click()
+    expect(items).to_have_count(8)
+    expect(items.nth(7)).to_contain_text("Retried by an operator")
+    expect(items.nth(7)).to_contain_text("admin")
+
+    # Nothing spills sideways at phone width; the page passes axe.
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    wide = page.evaluate(
+        """() => [...document.querySelectorAll('body *')]
+            .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)
+            .slice(0, 8).map(e => e.tagName + '.' + e.className + ' ' +
+                Math.round(e.getBoundingClientRect().right))"""
+    )
+    assert overflow <= 0, f"{overflow}px of horizontal scroll at {width}px: {wide}"
+    assert axe_violations(page) == []
+
+    timeline.scroll_into_view_if_needed()
+    name = "job-history" + ("-dark" if scheme == "dark" else "") + (
+        "-375" if width == 375 else ""
+    )
+    shot = artifacts / f"{name}.png"
+    timeline.screenshot(path=str(shot))
+    assert shot.stat().st_size > 20_000
+    if width == 1280:
+        # The committed screenshot (docs/screenshots) is the desktop timeline.
+        DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        (DOCS_SCREENSHOTS / f"{name}.png").write_bytes(shot.read_bytes())

@@ -151,7 +151,7 @@ def test_upgrade_of_a_0_1_0_database_creates_the_schedules_table_through_0002(
 ) -> None:
     fill(legacy_engine, legacy_rows(legacy_engine))
     applied = versioning.upgrade(legacy_engine)
-    assert applied == ["flask_defer_0001", "flask_defer_0002"]
+    assert applied == ["flask_defer_0001", "flask_defer_0002", "flask_defer_0003"]
     inspector = inspect(legacy_engine)
     assert "defer_schedules" in inspector.get_table_names()
     [index] = inspector.get_indexes("defer_schedules")
@@ -334,7 +334,7 @@ def test_downgrade_of_the_schedules_revision_drops_only_that_table(
     assert len(read_back(legacy_engine)) == 8
     status = versioning.check(legacy_engine)
     assert status.state == "behind" and status.database == "flask_defer_0001"
-    assert versioning.upgrade(legacy_engine) == ["flask_defer_0002"]
+    assert versioning.upgrade(legacy_engine) == ["flask_defer_0002", "flask_defer_0003"]
     assert versioning.check(legacy_engine).ok
 
 
@@ -357,7 +357,7 @@ def test_an_app_without_db_on_an_older_schema_leaves_the_schedules_table_to_the_
         # Creating the table at init_app would make revision 0002 fail on it.
         assert "defer_schedules" not in inspect(legacy_engine).get_table_names()
         with app.app_context():
-            assert defer.upgrade_schema() == ["flask_defer_0002"]
+            assert defer.upgrade_schema() == ["flask_defer_0002", "flask_defer_0003"]
             assert defer.schema_status().ok
             defer.recurring("nightly", "send_email", cron="0 3 * * *")
             defer.run_due(now=NOW)
@@ -381,7 +381,7 @@ def test_renamed_tables_are_created_by_the_revisions_under_their_names(
     engine: Engine,
 ) -> None:
     applied = versioning.upgrade(engine, "app_jobs", schedules_table="app_schedules")
-    assert applied == ["flask_defer_0001", "flask_defer_0002"]
+    assert applied == ["flask_defer_0001", "flask_defer_0002", "flask_defer_0003"]
     names = set(inspect(engine).get_table_names())
     assert {"app_jobs", "app_schedules"} <= names
     assert not {"defer_jobs", "defer_schedules"} & names

@@ -715,6 +715,72 @@ def test_past_the_settled_cap_figures_and_the_total_say_at_least(
     assert "1–2 of 4+" in html and "Page 1 of 3+" in html
 
 
+
+
+
+# -- job history -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("htmx", [True, False], ids=["htmx", "form"])
+def test_a_dashboard_cancel_records_the_signed_in_operator(
+    ops: OpsApp, jobs: Seeded, htmx: bool
+) -> None:
+    job_id = jobs.scheduled[0]
+    act(signed_in(ops, "admin"), f"/defer/jobs/{job_id}/cancel", htmx=htmx)
+    with ops.context():
+        history = ops.defer.history(job_id)
+    assert [(e.event, e.actor) for e in history] == [("scheduled", "app"), ("cancelled", "admin")]
+
+
+def test_dashboard_actions_without_a_signed_in_user_record_dashboard(
+    make_ops: Callable[..., OpsApp],
+) -> None:
+    ops = make_ops(auth=False)
+    ops.app.debug = True  # open without a hook, and nobody signed in
+    jobs = seed(ops)
+    client = ops.app.test_client()
+    job_id = jobs.scheduled[0]
+    act(client, f"/defer/jobs/{job_id}/run-now", htmx=True)
+    act(client, f"/defer/jobs/{job_id}/cancel", htmx=True)
+    with ops.context():
+        events = [(e.event, e.actor) for e in ops.defer.history(job_id)]
+    assert events[-2:] == [("run_now", "dashboard"), ("cancelled", "dashboard")]
+
+
+def test_the_job_page_shows_the_history_with_every_attempts_error(
+    ops: OpsApp, jobs: Seeded
+) -> None:
+    client = signed_in(ops)
+    job_id = jobs.failed[0]
+    act(client, f"/defer/jobs/{job_id}/retry", htmx=True)
+    html = client.get(f"/defer/jobs/{job_id}").get_data(as_text=True)
+
+    section = html[html.index('id="defer-job-history"') :]
+    found = re.findall(r'data-defer-event="(\w+)"', section)
+    assert found == [
+        "scheduled", "started", "retried", "started", "retried", "started", "failed",
+        "retried_by_operator",
+    ]  # fmt: skip
+    # Three attempts, three errors kept: last_error alone would show only the third.
+    assert section.count("<summary>BillingUnavailable: billing API refused") == 3
+    assert "Retried by an operator</strong>" in section
+    assert '<span class="defer-timeline__actor">admin</span>' in section
+
+
+def test_the_job_list_links_each_row_to_its_history(ops: OpsApp, jobs: Seeded) -> None:
+    html = signed_in(ops).get("/defer/?name=sync_invoices").get_data(as_text=True)
+    job_id = jobs.failed[0]
+    assert f'href="/defer/jobs/{job_id}#defer-job-history"' in html
+
+
+def test_the_job_page_says_when_history_is_off(make_ops: Callable[..., OpsApp]) -> None:
+    ops = make_ops(DEFER_HISTORY=False)
+    jobs = seed(ops)
+    html = signed_in(ops).get(f"/defer/jobs/{jobs.failed[0]}").get_data(as_text=True)
+    assert "History is off for this app" in html
+    assert "data-defer-event" not in html
+
+
 # -- wording of the pages ------------------------------------------------------------------
 
 

@@ -157,6 +157,20 @@ def test_kill_9_mid_handler_is_reclaimed_after_the_lease_and_finished_elsewhere(
         (rescuer.pid, 2, "started"),
         (rescuer.pid, 2, "finished"),
     ]
+    # The history tells the same story: the victim started it, the rescuer reclaimed
+    # its lapsed lease (naming the victim) and started it a second time.
+    host = socket.gethostname()
+    victim_actor, rescuer_actor = f"worker:{host}:{victim.pid}", f"worker:{host}:{rescuer.pid}"
+    with app.app_context():
+        history = worker_app.defer.history(scheduled.id)
+    assert [(e.event, e.actor, e.attempt) for e in history] == [
+        ("scheduled", "app", 0),
+        ("started", victim_actor, 1),
+        ("reclaimed", rescuer_actor, 1),
+        ("started", rescuer_actor, 2),
+        ("done", rescuer_actor, 2),
+    ]
+    assert history[2].error is not None and victim_actor in history[2].error
     # The killed worker's acknowledgement, had it come late, changes nothing.
     with app.app_context():
         store = worker_app.defer.store

@@ -36,7 +36,8 @@ def run(ctx: Context) -> Section:
             "a claimed batch done in one statement. flask_defer `run_due()` processes are "
             "fresh interpreters synchronised at a barrier, timed from the first start to the "
             "last end; the worker is timed from its first to its last acknowledgement "
-            "(`finished_at`). Peers run in this process with their defaults. "
+            "(`finished_at`), with the job history on (the default) and off "
+            "(`DEFER_HISTORY = False`). Peers run in this process with their defaults. "
             "On PostgreSQL “vs raw” is against the raw 100-at-a-time loop, on SQLite "
             "against the raw sqlite3 loop."
         ),
@@ -119,17 +120,23 @@ def _contenders(ctx: Context, backend: str) -> list[Contender]:
 
     # -- the worker plugs in here (issue 3) --------------------------------------------
     # As operators run it: `flask defer worker` with its defaults, in 1 and 2 processes.
+    # With the job history on (the default: every claim and outcome also writes its
+    # event, in the same batched statements) and off (DEFER_HISTORY = False).
     for processes in (1, 2):
-        database = table(f"worker {processes}")
-        name = f"flask_defer worker (defaults), {processes} process{'es' if processes > 1 else ''}"
-        out.append(
-            Contender(
-                name,
-                setup=lambda d=database: refill(d),
-                run=lambda d=database, p=processes: _worker_drain(ctx, d, p, n),
-                tag=f"fd-drain-worker-{processes}",
+        for history in (True, False):
+            plural = "es" if processes > 1 else ""
+            label = "defaults" if history else "defaults, DEFER_HISTORY = False"
+            database = table(f"worker {processes}{'' if history else ' no history'}")
+            out.append(
+                Contender(
+                    f"flask_defer worker ({label}), {processes} process{plural}",
+                    setup=lambda d=database: refill(d),
+                    run=lambda d=database, p=processes, h=history: _worker_drain(
+                        ctx, d, p, n, history=h
+                    ),
+                    tag=f"fd-drain-worker-{processes}{'' if history else '-no-history'}",
+                )
             )
-        )
 
     for peer_class in peer_classes(backend):
         database = ctx.env.database(backend, f"drain {peer_class.__name__} {backend}")
@@ -151,11 +158,13 @@ def _contenders(ctx: Context, backend: str) -> list[Contender]:
     return out
 
 
-def _worker_drain(ctx: Context, database: Any, processes: int, n: int) -> Sample:
+def _worker_drain(
+    ctx: Context, database: Any, processes: int, n: int, *, history: bool = True
+) -> Sample:
     if not worker_available():
         raise NotAvailable("worker not available (flask defer worker is issue 3)")
     workers = WorkerProcesses(
-        database, ctx.env.tmp, concurrency=None, processes=processes, burst=True
+        database, ctx.env.tmp, concurrency=None, processes=processes, burst=True, history=history
     )
     workers.wait(lambda: raw.count_by_status(database).get("done", 0) >= n, timeout=900)
     first, last, done = raw.finished_span(database)

@@ -2,7 +2,8 @@
 
 ``versions/`` holds one revision per schema change on the ``flask_defer`` branch; the
 first (``flask_defer_0001``) is the schema of 0.1.0, the second (``flask_defer_0002``)
-adds the recurring schedules table. They run two ways:
+adds the recurring schedules table, the third (``flask_defer_0003``) the job history
+table. They run two ways:
 
 * from the app's own Alembic / Flask-Migrate setup, by adding
   ``flask_defer.migrations:versions`` to its ``version_locations`` (``flask db upgrade``
@@ -34,7 +35,7 @@ SCHEDULES_TABLE_ATTRIBUTE = "flask_defer_schedules_table"
 #: Every flask_defer revision id starts with this (and no app's should).
 REVISION_PREFIX = "flask_defer_"
 #: The table names flask_defer owns, for ``include_object``.
-OWN_TABLES = frozenset({"defer_jobs", "defer_schedules", VERSION_TABLE})
+OWN_TABLES = frozenset({"defer_jobs", "defer_schedules", "defer_jobs_history", VERSION_TABLE})
 
 
 def table_name() -> str:

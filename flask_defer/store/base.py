@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,6 +19,7 @@ from sqlalchemy import (
     bindparam,
     column,
     func,
+    insert,
     literal,
     literal_column,
     select,
@@ -31,6 +32,7 @@ from ..jobs import Job, JobStatus
 from ..schema import UTCDateTime, typed_jobs_table
 from .records import (
     NOTIFY_CHANNEL,
+    HistoryEvent,
     JobFilter,
 )
 from .versioning import record_on_create
@@ -41,7 +43,7 @@ logger = logging.getLogger("flask_defer")
 class StoreBase:
     """The engine and table, transactions, and the conditions every statement shares."""
 
-    def __init__(self, engine: Engine, table: Table) -> None:
+    def __init__(self, engine: Engine, table: Table, history: Table | None = None) -> None:
         self.engine = engine
         # Creating the table from the app's metadata (db.create_all()) or from the store
         # records the newest revision in the same transaction.
@@ -49,6 +51,12 @@ class StoreBase:
         # The statements run on a copy with aware-UTC types (see schema.typed_jobs_table).
         self.table = table = typed_jobs_table(table)
         record_on_create(table)
+        #: The history table (a typed copy, like the jobs table's), or None when history
+        #: is off (``DEFER_HISTORY = False``).
+        self.history_table = typed_jobs_table(history) if history is not None else None
+        self._history_insert: Any = (
+            insert(self.history_table) if self.history_table is not None else None
+        )
         self.is_postgres = engine.dialect.name == "postgresql"
         self.is_sqlite = engine.dialect.name == "sqlite"
         if not (self.is_postgres or self.is_sqlite):
@@ -64,8 +72,8 @@ class StoreBase:
         #: Jobs due further ahead than this send no NOTIFY (see ``wants_notify``); the
         #: extension sets it to ``DEFER_MAX_SLEEP``, the longest a worker sleeps.
         self.notify_horizon = timedelta(seconds=10)
-        # The prebuilt keyless insert, with and without its NOTIFY (per store).
-        self._insert_sql: dict[bool, tuple[str, list[str], list[Any]]] = {}
+        # The prebuilt keyless insert, by (NOTIFY, history event) in its CTEs (per store).
+        self._insert_sql: dict[tuple[bool, bool], tuple[str, list[str], list[Any]]] = {}
         # The prebuilt claim, per queue selection (see ClaimStatements._claim_statement).
         self._claim_sql: dict[tuple[tuple[str, ...], bool], Any] = {}
         # The prebuilt batched acknowledgement, per backend.
@@ -118,9 +126,32 @@ class StoreBase:
                 raise
             conn.commit()
 
-    def create_table(self) -> None:
-        """Create the table and its indexes if they do not exist (``flask defer install``)."""
+    def create_table(self, *, history: bool = True) -> None:
+        """Create the tables and indexes if they do not exist (``flask defer install``).
+
+        ``history=False`` leaves the history table out: ``build_state`` creates it only
+        where the schema is at the newest revision, so an older schema's upgrade can.
+        """
         self.table.create(self.engine, checkfirst=True)
+        if history and self.history_table is not None:
+            self.history_table.create(self.engine, checkfirst=True)
+
+    @property
+    def keeps_history(self) -> bool:
+        """True when this store records job history (``DEFER_HISTORY``)."""
+        return self.history_table is not None
+
+    def record_events(self, conn: Connection, events: Sequence[HistoryEvent]) -> None:
+        """Insert *events* in *conn*'s transaction: one statement for the whole list."""
+        if self.history_table is None or not events:
+            return
+        rows = [event.row() for event in events]
+        if len(rows) == 1:
+            conn.execute(self._history_insert, rows[0])
+        else:
+            # executemany: one prepared INSERT on SQLite, batched multi-row VALUES
+            # (SQLAlchemy's insertmanyvalues) on psycopg.
+            conn.execute(self._history_insert, rows)
 
     def notify(self, conn: Connection, queue: str) -> None:
         """Wake PostgreSQL workers when the caller's transaction commits (no-op on SQLite)."""
@@ -220,17 +251,25 @@ class StoreBase:
         values: dict[str, Any],
         *,
         now: datetime,
+        event: HistoryEvent,
         conn: Connection | None = None,
     ) -> bool:
         # Compare-and-set on the claim token: a worker whose lease lapsed (and whose
-        # job was reclaimed and perhaps finished elsewhere) changes nothing.
+        # job was reclaimed and perhaps finished elsewhere) changes nothing, and
+        # records nothing either: its event is written only if its update was.
         stmt = self._guarded_ack(job).values(
             {**values, "claim_token": None, "lease_expires_at": None, "updated_at": now}
         )
         if conn is not None:
-            return conn.execute(stmt).rowcount == 1
+            return self._ack_and_record(conn, stmt, event)
         with self.begin() as own:
-            return own.execute(stmt).rowcount == 1
+            return self._ack_and_record(own, stmt, event)
+
+    def _ack_and_record(self, conn: Connection, stmt: Any, event: HistoryEvent) -> bool:
+        if conn.execute(stmt).rowcount != 1:
+            return False
+        self.record_events(conn, [event])
+        return True
 
     def _guarded_ack(self, job: Job) -> Any:
         t = self.table

@@ -22,7 +22,8 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
-    literal,
+    insert,
+    literal_column,
     or_,
     select,
     update,
@@ -31,14 +32,15 @@ from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
 from ..schema import UTCDateTime
-from .base import StoreBase
+from .history import HistoryStatements
 from .records import (
     NOTIFY_CHANNEL,
     Ack,
+    HistoryEvent,
 )
 
 
-class ClaimStatements(StoreBase):
+class ClaimStatements(HistoryStatements):
     """The worker's statements: claim, acknowledge, leases, reclaim, prune, LISTEN."""
 
     def claim(
@@ -49,6 +51,7 @@ class ClaimStatements(StoreBase):
         token: str,
         lease_until: datetime,
         queues: Collection[str] | None = None,
+        actor: str = "app",
         spend_attempt: bool = True,
     ) -> list[Job]:
         """Atomically move up to *limit* due pending jobs to running and return them.
@@ -61,6 +64,10 @@ class ClaimStatements(StoreBase):
         queues beside its running ones, whose attempt :meth:`start_claimed` counts
         when a handler really starts. A worker killed before that leaves them with
         their attempts untouched.
+        Each claimed job's ``started`` event, by *actor*, is written with the claim
+        (only a claim that spends the attempt; :meth:`start_claimed` writes it for the
+        others): on PostgreSQL by a data-modifying CTE of the same statement, on SQLite
+        by one INSERT for the batch in the same transaction.
         """
         if self.is_sqlite:
             # Look before taking the write lock: an idle worker polling an empty
@@ -70,11 +77,21 @@ class ClaimStatements(StoreBase):
                 return []
         stmt = self._claim_statement(tuple(queues) if queues else (), spend_attempt)
         params = {"now": now, "limit": limit, "token": token, "lease_until": lease_until}
+        if self.is_postgres and self.history_table is not None and spend_attempt:
+            params["actor"] = actor
         try:
             # PostgreSQL: the claim is one statement, so it runs as its own transaction
             # (no BEGIN and COMMIT round trips); SQLite takes the write lock first.
             with self.autocommit() if self.is_postgres else self.begin_immediate() as conn:
                 rows = conn.execute(stmt, params).mappings().all()
+                if self.is_sqlite and spend_attempt:
+                    self.record_events(
+                        conn,
+                        [
+                            HistoryEvent(row["id"], "started", now, actor, row["attempts"])
+                            for row in rows
+                        ],
+                    )
         except OperationalError as error:
             if not self._lost_pending_index(error):
                 raise
@@ -84,6 +101,7 @@ class ClaimStatements(StoreBase):
                 token=token,
                 lease_until=lease_until,
                 queues=queues,
+                actor=actor,
                 spend_attempt=spend_attempt,
             )
         jobs = [Job.from_row(row) for row in rows]
@@ -128,6 +146,8 @@ class ClaimStatements(StoreBase):
             # subquery PostgreSQL may re-run it per row, claiming more than *limit*.
             due_cte = due.cte("due").prefix_with("MATERIALIZED")
             stmt = update(t).where(t.c.id == due_cte.c.id).values(values).returning(*t.c)
+            if self.history_table is not None and spend_attempt:
+                stmt = self._claim_recording_started(stmt, now)
         else:
             # No second "status = 'pending'" test on the outer UPDATE: the subquery
             # picks pending rows inside the same BEGIN IMMEDIATE transaction, which no
@@ -138,11 +158,34 @@ class ClaimStatements(StoreBase):
         self._claim_sql[key] = stmt
         return stmt
 
-    def start_claimed(self, job: Job, *, now: datetime) -> Job | None:
+    def _claim_recording_started(self, claim: Any, now: Any) -> Any:
+        """PostgreSQL: the claim as a CTE, its rows' ``started`` events inserted beside it.
+
+        ``WITH claimed AS (UPDATE ... RETURNING *), recorded AS (INSERT INTO history
+        SELECT ... FROM claimed) SELECT * FROM claimed``: still one autocommit statement,
+        so history costs the claim no extra round trip and cannot part from it.
+        """
+        h = self.history_table
+        assert h is not None
+        claimed = claim.cte("claimed")
+        recorded = insert(h).from_select(
+            ["job_id", "event", "at", "actor", "attempt"],
+            select(
+                claimed.c.id,
+                literal_column("'started'"),
+                now,
+                bindparam("actor", type_=String()),
+                claimed.c.attempts,
+            ),
+        ).cte("recorded")
+        return select(claimed).add_cte(recorded)
+
+    def start_claimed(self, job: Job, *, now: datetime, actor: str = "app") -> Job | None:
         """Count the attempt of a job claimed with ``spend_attempt=False``, as it starts.
 
         Returns the job with its new ``attempts``, or None when this claim no longer
-        owns it (its lease lapsed while it waited): then it must not run here.
+        owns it (its lease lapsed while it waited): then it must not run here. Its
+        ``started`` event, by *actor*, is written in the same transaction.
         """
         t = self.table
         stmt = (
@@ -152,6 +195,9 @@ class ClaimStatements(StoreBase):
         )
         with self.begin() as conn:
             attempts = conn.execute(stmt).scalar()
+            if attempts is not None:
+                started = HistoryEvent(job.id, "started", now, actor, int(attempts))
+                self.record_events(conn, [started])
         return None if attempts is None else replace(job, attempts=int(attempts))
 
     def ack_done(
@@ -161,6 +207,7 @@ class ClaimStatements(StoreBase):
         now: datetime,
         result: Any = None,
         conn: Connection | None = None,
+        actor: str = "app",
         note: str | None = None,
     ) -> bool:
         """Mark a claimed job done; False if this claim no longer owns it.
@@ -171,18 +218,23 @@ class ClaimStatements(StoreBase):
         """
         values = self._settle_values(JobStatus.DONE, now)
         values.update(last_error=note, result=result)
-        return self._acknowledge(job, values, now=now, conn=conn)
+        event = HistoryEvent(job.id, "done", now, actor, job.attempts, note)
+        return self._acknowledge(job, values, now=now, event=event, conn=conn)
 
-    def ack_retry(self, job: Job, *, now: datetime, run_at: datetime, error: str) -> bool:
+    def ack_retry(
+        self, job: Job, *, now: datetime, run_at: datetime, error: str, actor: str = "app"
+    ) -> bool:
         """Return a claimed job to pending at *run_at* after a failed attempt."""
         values = {"status": JobStatus.PENDING.value, "run_at": run_at, "last_error": error}
-        return self._acknowledge(job, values, now=now)
+        event = HistoryEvent(job.id, "retried", now, actor, job.attempts, error, run_at)
+        return self._acknowledge(job, values, now=now, event=event)
 
-    def ack_failed(self, job: Job, *, now: datetime, error: str) -> bool:
+    def ack_failed(self, job: Job, *, now: datetime, error: str, actor: str = "app") -> bool:
         """Settle a claimed job as failed (out of attempts): the dead letter."""
         values = self._settle_values(JobStatus.FAILED, now)
         values["last_error"] = error
-        return self._acknowledge(job, values, now=now)
+        event = HistoryEvent(job.id, "failed", now, actor, job.attempts, error)
+        return self._acknowledge(job, values, now=now, event=event)
 
     def ack_snooze(
         self,
@@ -192,6 +244,7 @@ class ClaimStatements(StoreBase):
         run_at: datetime,
         note: str | None,
         still_owed: bool,
+        actor: str = "app",
     ) -> bool:
         """Return a claimed job to pending at *run_at* without spending its attempt.
 
@@ -207,9 +260,12 @@ class ClaimStatements(StoreBase):
         }
         if not still_owed:
             values["due_at"] = run_at
-        return self._acknowledge(job, values, now=now)
+        event = HistoryEvent(job.id, "snoozed", now, actor, job.attempts, note, run_at)
+        return self._acknowledge(job, values, now=now, event=event)
 
-    def acknowledge_many(self, acks: Sequence[Ack], *, now: datetime) -> set[int]:
+    def acknowledge_many(
+        self, acks: Sequence[Ack], *, now: datetime, actor: str = "app"
+    ) -> set[int]:
         """Write a batch of outcomes; return the ids whose claim still owned the row.
 
         Compare-and-set per row, as a single acknowledgement: a row is changed only if
@@ -219,47 +275,29 @@ class ClaimStatements(StoreBase):
         ... RETURNING id``) on an autocommit connection: one round trip and one commit
         for any number of jobs. SQLite: one prebuilt UPDATE per row, all in one
         ``BEGIN IMMEDIATE`` transaction: one commit (one fsync) for the batch.
+
+        The history events of the rows still owned (``done``, ``failed``, ``retried``,
+        ``snoozed``, by *actor*) are written with them: on PostgreSQL in the same
+        statement (the UPDATE as a CTE, an INSERT ... SELECT from its RETURNING), on
+        SQLite as one INSERT for the batch in the same transaction.
         """
         if not acks:
             return set()
         if self.is_postgres:
-            return self._acknowledge_many_pg(acks, now)
-        return self._acknowledge_many_sqlite(acks, now)
+            return self._acknowledge_many_pg(acks, now, actor)
+        return self._acknowledge_many_sqlite(acks, now, actor)
 
-    def _acknowledge_many_pg(self, acks: Sequence[Ack], now: datetime) -> set[int]:
+    def _acknowledge_many_pg(self, acks: Sequence[Ack], now: datetime, actor: str) -> set[int]:
         # The batch statement never waits for a row lock: rows another transaction
         # holds (an app's UPDATE that re-checked our row under READ COMMITTED keeps a
         # lock on it until it ends) are skipped and answered "busy". Waiting there
         # while holding the batch's other rows could close a deadlock with that
         # transaction; instead each busy row is written alone afterwards, holding
         # nothing else, as single acknowledgements always were.
-        sql = self._ack_sql.get("pg")
+        history = self.history_table is not None
+        sql = self._ack_sql.get("pg+history" if history else "pg")
         if sql is None:
-            t = self._quoted_table
-            sql = self._ack_sql["pg"] = (
-                "WITH v AS (SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[],"
-                " %(statuses)s::text[], %(run_ats)s::timestamptz[], %(due_ats)s::timestamptz[],"
-                " %(deltas)s::int[], %(errors)s::text[], %(results)s::text[])"
-                " AS v(id, token, status, run_at, due_at, attempts_delta, last_error, result)),"
-                f" mine AS MATERIALIZED (SELECT t.id FROM {t} AS t JOIN v ON t.id = v.id"
-                " AND t.claim_token = v.token WHERE t.status = 'running'"
-                " FOR UPDATE OF t SKIP LOCKED),"
-                f" written AS (UPDATE {t} AS t SET"
-                " status = v.status,"
-                " run_at = COALESCE(v.run_at, t.run_at),"
-                " due_at = COALESCE(v.due_at, t.due_at),"
-                " attempts = t.attempts + v.attempts_delta,"
-                " last_error = v.last_error,"
-                " result = CASE WHEN v.status = 'done' THEN v.result::jsonb ELSE t.result END,"
-                " finished_at = CASE WHEN v.status IN ('done', 'failed') THEN %(now)s"
-                " ELSE t.finished_at END,"
-                " claim_token = NULL, lease_expires_at = NULL, updated_at = %(now)s"
-                " FROM v, mine WHERE t.id = v.id AND t.id = mine.id RETURNING t.id)"
-                " SELECT id, true FROM written"
-                f" UNION ALL SELECT t.id, false FROM {t} AS t JOIN v ON t.id = v.id"
-                " AND t.claim_token = v.token WHERE t.status = 'running'"
-                " AND t.id NOT IN (SELECT id FROM mine)"
-            )
+            sql = self._ack_many_pg_sql(history)
         params = {
             "now": now,
             "ids": [a.job_id for a in acks],
@@ -271,16 +309,20 @@ class ClaimStatements(StoreBase):
             "errors": [a.last_error for a in acks],
             "results": [_result_json(a) for a in acks],
         }
+        if history:
+            params.update(
+                actor=actor, events=[a.event for a in acks], attempts=[a.attempt for a in acks]
+            )
         with self.autocommit() as conn:
             answer = [(int(row[0]), bool(row[1])) for row in conn.exec_driver_sql(sql, params)]
         owned = {job_id for job_id, written in answer if written}
         busy = {job_id for job_id, written in answer if not written}
         for ack in acks:
-            if ack.job_id in busy and self._acknowledge_one_pg(ack, now):
+            if ack.job_id in busy and self._acknowledge_one_pg(ack, now, actor):
                 owned.add(ack.job_id)
         return owned
 
-    def _acknowledge_one_pg(self, ack: Ack, now: datetime) -> bool:
+    def _acknowledge_one_pg(self, ack: Ack, now: datetime, actor: str) -> bool:
         """One acknowledgement on its own (it may wait for the row; it holds no other)."""
         t = self.table
         values: dict[str, Any] = {
@@ -308,10 +350,65 @@ class ClaimStatements(StoreBase):
             )
             .values(values)
         )
-        with self.autocommit() as conn:
-            return int(conn.execute(stmt).rowcount) == 1
+        if self.history_table is None:
+            with self.autocommit() as conn:
+                return int(conn.execute(stmt).rowcount) == 1
+        with self.begin() as conn:
+            if int(conn.execute(stmt).rowcount) != 1:
+                return False
+            event = HistoryEvent(
+                ack.job_id, ack.event, now, actor, ack.attempt, ack.last_error, ack.run_at
+            )
+            self.record_events(conn, [event])
+            return True
 
-    def _acknowledge_many_sqlite(self, acks: Sequence[Ack], now: datetime) -> set[int]:
+    def _ack_many_pg_sql(self, history: bool) -> str:
+        """The batched acknowledgement; with *history*, its events' INSERT rides along."""
+        t = self._quoted_table
+        extra_arrays = ", %(events)s::text[], %(attempts)s::int[]" if history else ""
+        extra_names = ", event, attempt" if history else ""
+        returning = ", v.event, v.attempt, v.last_error, v.run_at" if history else ""
+        recorded = ""
+        if history:
+            assert self.history_table is not None
+            quoted = self.engine.dialect.identifier_preparer.format_table(self.history_table)
+            recorded = (
+                f", recorded AS (INSERT INTO {quoted} (job_id, event, at, actor, attempt,"
+                " error, run_at) SELECT id, event, %(now)s, %(actor)s, attempt, last_error,"
+                " run_at FROM written)"
+            )
+        sql = (
+            "WITH v AS (SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[],"
+            " %(statuses)s::text[], %(run_ats)s::timestamptz[], %(due_ats)s::timestamptz[],"
+            f" %(deltas)s::int[], %(errors)s::text[], %(results)s::text[]{extra_arrays})"
+            " AS v(id, token, status, run_at, due_at, attempts_delta, last_error, result"
+            f"{extra_names})),"
+            f" mine AS MATERIALIZED (SELECT t.id FROM {t} AS t JOIN v ON t.id = v.id"
+            " AND t.claim_token = v.token WHERE t.status = 'running'"
+            " FOR UPDATE OF t SKIP LOCKED),"
+            f" written AS (UPDATE {t} AS t SET"
+            " status = v.status,"
+            " run_at = COALESCE(v.run_at, t.run_at),"
+            " due_at = COALESCE(v.due_at, t.due_at),"
+            " attempts = t.attempts + v.attempts_delta,"
+            " last_error = v.last_error,"
+            " result = CASE WHEN v.status = 'done' THEN v.result::jsonb ELSE t.result END,"
+            " finished_at = CASE WHEN v.status IN ('done', 'failed') THEN %(now)s"
+            " ELSE t.finished_at END,"
+            " claim_token = NULL, lease_expires_at = NULL, updated_at = %(now)s"
+            f" FROM v, mine WHERE t.id = v.id AND t.id = mine.id RETURNING t.id{returning})"
+            f"{recorded}"
+            " SELECT id, true FROM written"
+            f" UNION ALL SELECT t.id, false FROM {t} AS t JOIN v ON t.id = v.id"
+            " AND t.claim_token = v.token WHERE t.status = 'running'"
+            " AND t.id NOT IN (SELECT id FROM mine)"
+        )
+        self._ack_sql["pg+history" if history else "pg"] = sql
+        return sql
+
+    def _acknowledge_many_sqlite(
+        self, acks: Sequence[Ack], now: datetime, actor: str
+    ) -> set[int]:
         sql = self._ack_sql.get("sqlite")
         if sql is None:
             sql = self._ack_sql["sqlite"] = (
@@ -344,6 +441,16 @@ class ClaimStatements(StoreBase):
                 )
                 if conn.exec_driver_sql(sql, params).rowcount == 1:
                     owned.add(a.job_id)
+            self.record_events(
+                conn,
+                [
+                    HistoryEvent(
+                        a.job_id, a.event, now, actor, a.attempt, a.last_error, a.run_at
+                    )
+                    for a in acks
+                    if a.job_id in owned
+                ],
+            )
         return owned
 
     def release(
@@ -358,7 +465,8 @@ class ClaimStatements(StoreBase):
 
         They are due now, or at their old ``run_at`` with ``keep_run_at``. ``spent``
         says their claim counted an attempt, which is given back; jobs claimed with
-        ``spend_attempt=False`` and never started pass ``spent=False``.
+        ``spend_attempt=False`` and never started pass ``spent=False``. Their ``started``
+        event goes too, when the claim wrote one: the handler was never given the job.
         """
         t = self.table
         values: dict[str, Any] = {
@@ -370,11 +478,14 @@ class ClaimStatements(StoreBase):
         }
         if not keep_run_at:
             values["run_at"] = now
-        released = 0
+        released: list[Job] = []
         with self.begin() as conn:
             for job in jobs:
-                released += conn.execute(self._guarded_ack(job).values(values)).rowcount
-        return int(released)
+                if conn.execute(self._guarded_ack(job).values(values)).rowcount == 1:
+                    released.append(job)
+            if spent:
+                self._forget_started(conn, released)
+        return len(released)
 
     def extend_leases(self, jobs: Sequence[Job], *, now: datetime, lease_until: datetime) -> int:
         """Heartbeat: push the lease of still-owned claims to *lease_until*."""
@@ -391,21 +502,24 @@ class ClaimStatements(StoreBase):
         with self.begin() as conn:
             return int(conn.execute(stmt).rowcount)
 
-    def reclaim_lapsed(self, *, now: datetime) -> tuple[int, int]:
+    def reclaim_lapsed(self, *, now: datetime, actor: str = "app") -> tuple[int, int]:
         """Return jobs whose lease lapsed to pending (or failed when out of attempts).
 
         The attempt the crashed worker started stays counted, so a job that kills its
-        worker every time ends as a dead letter instead of looping forever.
+        worker every time ends as a dead letter instead of looping forever. Each job
+        gets a ``reclaimed`` event by *actor* naming the worker that lost it (the
+        actor of its last ``started``), and ``failed`` too when it was out of attempts.
         """
         t = self.table
         lapsed = (t.c.status == JobStatus.RUNNING.value) & (t.c.lease_expires_at < now)
-        note = literal("lease lapsed: the worker running this job stopped renewing it")
+        note = "lease lapsed: the worker running this job stopped renewing it"
         with self.begin_immediate() as conn:
             failed = conn.execute(
                 update(t)
                 .where(lapsed, t.c.attempts >= t.c.max_attempts)
                 .values({**self._settle_values(JobStatus.FAILED, now), "last_error": note})
-            ).rowcount
+                .returning(t.c.id, t.c.attempts)
+            ).all()
             returned = conn.execute(
                 update(t)
                 .where(lapsed)
@@ -417,10 +531,35 @@ class ClaimStatements(StoreBase):
                     last_error=note,
                     updated_at=now,
                 )
-            ).rowcount
+                .returning(t.c.id, t.c.attempts)
+            ).all()
             if returned:
                 self.notify(conn, "default")
-        return int(returned), int(failed)
+            if self.history_table is not None and (failed or returned):
+                self._record_reclaimed(conn, now, actor, note, returned=returned, failed=failed)
+        return len(returned), len(failed)
+
+    def _record_reclaimed(
+        self,
+        conn: Connection,
+        now: datetime,
+        actor: str,
+        note: str,
+        *,
+        returned: Sequence[Any],
+        failed: Sequence[Any],
+    ) -> None:
+        lost_by = self._last_started_by(conn, [int(r[0]) for r in (*returned, *failed)])
+        events: list[HistoryEvent] = []
+        for job_id, attempts in (*returned, *failed):
+            worker = lost_by.get(int(job_id), "an unknown worker")
+            why = f"lease lapsed: {worker} stopped renewing it"
+            events.append(HistoryEvent(int(job_id), "reclaimed", now, actor, attempts, why, now))
+        events.extend(
+            HistoryEvent(int(job_id), "failed", now, actor, attempts, note)
+            for job_id, attempts in failed
+        )
+        self.record_events(conn, events)
 
     def prune(
         self,
@@ -445,7 +584,11 @@ class ClaimStatements(StoreBase):
         while True:
             batch = select(t.c.id).where(old).limit(batch_size).scalar_subquery()
             with self.begin_immediate() as conn:
-                deleted = int(conn.execute(delete(t).where(t.c.id.in_(batch))).rowcount)
+                # The job's history goes in the same transaction as the job.
+                gone = conn.execute(delete(t).where(t.c.id.in_(batch)).returning(t.c.id))
+                ids = [int(job_id) for job_id in gone.scalars()]
+                self._forget_history(conn, ids)
+                deleted = len(ids)
             total += deleted
             batches += 1
             if deleted < batch_size or (max_batches is not None and batches >= max_batches):

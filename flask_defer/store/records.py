@@ -114,3 +114,38 @@ class Ack:
     last_error: str | None = None
     #: Only a ``done`` ack writes the result (None is a valid result there).
     result: Any = None
+    #: The job's attempt this outcome ends, for its history event.
+    attempt: int = 0
+
+    @property
+    def event(self) -> str:
+        """The history event this outcome is: done, failed, retried or snoozed."""
+        if self.status != JobStatus.PENDING.value:
+            return self.status
+        # A snooze gives its attempt back; a retry keeps it spent.
+        return "snoozed" if self.attempts_delta < 0 else "retried"
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEvent:
+    """One row for the history table, written with the transition it records."""
+
+    job_id: int
+    event: str
+    at: datetime
+    actor: str
+    attempt: int
+    error: str | None = None
+    run_at: datetime | None = None
+
+    def row(self) -> dict[str, Any]:
+        """The insert's parameters."""
+        return {
+            "job_id": self.job_id,
+            "event": self.event,
+            "at": self.at,
+            "actor": self.actor,
+            "attempt": self.attempt,
+            "error": self.error,
+            "run_at": self.run_at,
+        }

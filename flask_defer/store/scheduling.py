@@ -29,10 +29,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from ..errors import JobExists
 from ..jobs import Job, JobStatus
 from ..schema import LIVE_STATUSES, UTCDateTime
-from .base import StoreBase
+from .history import HistoryStatements
 from .records import (
     NOTIFY_CHANNEL,
     BatchAppend,
+    HistoryEvent,
     JobFilter,
     NewJob,
 )
@@ -41,28 +42,37 @@ from .records import (
 _PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)
 
 
-class SchedulingStatements(StoreBase):
+class SchedulingStatements(HistoryStatements):
     """Writes on behalf of callers: schedule, cancel, reschedule, retry, batch."""
 
-    def insert(self, conn: Connection, new: NewJob, *, now: datetime, replace: bool) -> Job:
+    def insert(
+        self, conn: Connection, new: NewJob, *, now: datetime, replace: bool, actor: str = "app"
+    ) -> Job:
         """Insert one job in the caller's transaction and return it.
 
         With a key, ``ON CONFLICT DO NOTHING`` against the live-key index turns a taken
         key into :class:`JobExists` without an integrity error, which on PostgreSQL
         would abort the caller's whole transaction. ``replace`` first cancels the
-        pending holder of the key (a running one cannot be replaced).
+        pending holder of the key (a running one cannot be replaced), recording it as
+        ``replaced``; the new job's ``scheduled`` event is written with it.
         """
         t = self.table
         values = self._row_values(new, now)
         notify = self.is_postgres and self.wants_notify(new.run_at, now)
         if new.key is None:
-            job_id = self._insert_one(conn, values, notify=notify)
+            job_id = self._insert_one(conn, values, notify=notify, actor=actor)
             return self._inserted_job(job_id, values)
+        events: list[HistoryEvent] = []
         if replace:
-            conn.execute(
+            replaced = conn.execute(
                 update(t)
                 .where(t.c.key == new.key, t.c.status == JobStatus.PENDING.value)
                 .values(self._settle_values(JobStatus.CANCELLED, now))
+                .returning(t.c.id, t.c.attempts)
+            ).all()
+            events.extend(
+                HistoryEvent(int(old_id), "replaced", now, actor, attempts)
+                for old_id, attempts in replaced
             )
         dialect_insert = postgresql.insert if self.is_postgres else sqlite.insert
         stmt = (
@@ -85,6 +95,8 @@ class SchedulingStatements(StoreBase):
                 select(t.c.id).where(t.c.key == new.key, t.c.status.in_(LIVE_STATUSES))
             ).scalar()
             raise JobExists(new.key, holder)
+        events.append(HistoryEvent(int(found), "scheduled", now, actor, 0, run_at=new.run_at))
+        self.record_events(conn, events)
         if notify:
             self.notify(conn, new.queue)
         return self._inserted_job(int(found), values)
@@ -99,28 +111,42 @@ class SchedulingStatements(StoreBase):
         """
         return run_at <= now + self.notify_horizon
 
-    def _insert_one(self, conn: Connection, values: dict[str, Any], *, notify: bool) -> int:
+    def _insert_one(
+        self, conn: Connection, values: dict[str, Any], *, notify: bool, actor: str
+    ) -> int:
         """The keyless insert: one prebuilt statement, values as parameters.
 
         Compiled once per store (the statement never changes), executed through the
         driver with each column type's own bind conversion; RETURNING only the id,
         since the caller's :class:`Job` is built from the values it already has. On
-        PostgreSQL the NOTIFY rides in the same statement (a data-modifying CTE), so a
-        job due soon costs one round trip, not two; it is delivered at commit.
+        PostgreSQL the NOTIFY and the ``scheduled`` history event ride in the same
+        statement (data-modifying CTEs), so a job costs one round trip, not two or
+        three; on SQLite the event is a second local statement.
         """
-        sql, order, processors = self._prebuilt_insert(conn, notify=notify)
+        with_history = self.is_postgres and self.history_table is not None
+        sql, order, processors = self._prebuilt_insert(
+            conn, notify=notify, history=with_history
+        )
         params = tuple(
             value if process is None else process(value)
             for process, value in zip(processors, (values[name] for name in order), strict=True)
         )
+        if with_history:
+            params += (values["created_at"], actor, values["run_at"])
         if notify:
             params += (values["queue"],)
-        return int(conn.exec_driver_sql(sql, params).scalar_one())
+        job_id = int(conn.exec_driver_sql(sql, params).scalar_one())
+        if not with_history:
+            at, run_at = values["created_at"], values["run_at"]
+            self.record_events(
+                conn, [HistoryEvent(job_id, "scheduled", at, actor, 0, run_at=run_at)]
+            )
+        return job_id
 
     def _prebuilt_insert(
-        self, conn: Connection, *, notify: bool
+        self, conn: Connection, *, notify: bool, history: bool = False
     ) -> tuple[str, list[str], list[Any]]:
-        cached = self._insert_sql.get(notify)
+        cached = self._insert_sql.get((notify, history))
         if cached is not None:
             return cached
         dialect = conn.dialect
@@ -137,18 +163,25 @@ class SchedulingStatements(StoreBase):
             # Named (pyformat) placeholders, turned positional so the tuple above fits.
             for name in order:
                 sql = sql.replace(f"%({name})s", "%s")
-        if notify:
-            placeholder = "?" if dialect.paramstyle == "qmark" else "%s"
-            sql = (
-                f"WITH inserted AS ({sql}) SELECT inserted.id, "
-                f"pg_notify('{NOTIFY_CHANNEL}', {placeholder}) FROM inserted"
-            )
+        placeholder = "?" if dialect.paramstyle == "qmark" else "%s"
+        if notify or history:
+            ctes = [f"inserted AS ({sql})"]
+            if history:
+                assert self.history_table is not None
+                quoted = dialect.identifier_preparer.format_table(self.history_table)
+                ctes.append(
+                    f"recorded AS (INSERT INTO {quoted} (job_id, event, at, actor, attempt,"
+                    f" run_at) SELECT inserted.id, 'scheduled', {placeholder}, {placeholder},"
+                    f" 0, {placeholder} FROM inserted)"
+                )
+            notified = f", pg_notify('{NOTIFY_CHANNEL}', {placeholder})" if notify else ""
+            sql = f"WITH {', '.join(ctes)} SELECT inserted.id{notified} FROM inserted"
         processors = [
             self.table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
             for name in order
         ]
         built = (sql, order, processors)
-        self._insert_sql[notify] = built
+        self._insert_sql[(notify, history)] = built
         return built
 
     @staticmethod
@@ -162,12 +195,30 @@ class SchedulingStatements(StoreBase):
             {**values, "id": job_id, "status": JobStatus.PENDING.value}
         )
 
-    def insert_many(self, conn: Connection, jobs: Sequence[NewJob], *, now: datetime) -> int:
-        """Insert many keyless jobs in one statement batch (the bulk enqueue path)."""
+    def insert_many(
+        self, conn: Connection, jobs: Sequence[NewJob], *, now: datetime, actor: str = "app"
+    ) -> int:
+        """Insert many keyless jobs in one statement batch (the bulk enqueue path).
+
+        With history on, the INSERT returns the new ids (in the order of *jobs*) for
+        their ``scheduled`` events, one more batched INSERT.
+        """
         if not jobs:
             return 0
         rows = [self._row_values(job, now) for job in jobs]
-        if self.is_sqlite:
+        if self.history_table is not None:
+            t = self.table
+            ids = conn.execute(
+                insert(t).returning(t.c.id, sort_by_parameter_order=True), rows
+            ).scalars()
+            self.record_events(
+                conn,
+                [
+                    HistoryEvent(int(job_id), "scheduled", now, actor, 0, run_at=job.run_at)
+                    for job_id, job in zip(ids, jobs, strict=True)
+                ],
+            )
+        elif self.is_sqlite:
             self._sqlite_executemany(conn, rows)
         else:
             conn.execute(insert(self.table), rows)
@@ -226,11 +277,14 @@ class SchedulingStatements(StoreBase):
         job_id: int | None = None,
         key: str | None = None,
         owner: str | None = None,
+        actor: str = "app",
+        event: str = "cancelled",
     ) -> Job | None:
         """Cancel the pending job with this id or key; ``None`` if none was pending.
 
         ``owner`` narrows the guard so a user can only ever cancel their own job, even
-        if they guess another id.
+        if they guess another id. *event* names it in the history: ``cancelled``, or
+        ``undone`` for the owner's Undo.
         """
         t = self.table
         stmt = (
@@ -242,17 +296,28 @@ class SchedulingStatements(StoreBase):
         if owner is not None:
             stmt = stmt.where(t.c.owner == owner)
         row = conn.execute(stmt).mappings().first()
-        return Job.from_row(row) if row is not None else None
+        if row is None:
+            return None
+        self.record_events(conn, [HistoryEvent(row["id"], event, now, actor, row["attempts"])])
+        return Job.from_row(row)
 
-    def cancel_many(self, conn: Connection, where: JobFilter, *, now: datetime) -> tuple[int, int]:
+    def cancel_many(
+        self, conn: Connection, where: JobFilter, *, now: datetime, actor: str = "app"
+    ) -> tuple[int, int]:
         """Cancel every pending job matching *where*; return (cancelled, still running)."""
         t = self.table
         condition = self._filter(where)
-        cancelled = conn.execute(
+        gone = conn.execute(
             update(t)
             .where(condition, t.c.status == JobStatus.PENDING.value)
             .values(self._settle_values(JobStatus.CANCELLED, now))
-        ).rowcount
+            .returning(t.c.id, t.c.attempts)
+        ).all()
+        self.record_events(
+            conn,
+            [HistoryEvent(int(i), "cancelled", now, actor, attempts) for i, attempts in gone],
+        )
+        cancelled = len(gone)
         in_flight = conn.execute(
             select(func.count())
             .select_from(t)
@@ -268,8 +333,13 @@ class SchedulingStatements(StoreBase):
         now: datetime,
         job_id: int | None = None,
         key: str | None = None,
+        actor: str = "app",
+        event: str = "rescheduled",
     ) -> Job | None:
-        """Move a pending job to *run_at*; ``None`` if no job with this id/key is pending."""
+        """Move a pending job to *run_at*; ``None`` if no job with this id/key is pending.
+
+        *event* names it in the history: ``rescheduled``, or ``run_now``.
+        """
         t = self.table
         row = (
             conn.execute(
@@ -281,10 +351,14 @@ class SchedulingStatements(StoreBase):
             .mappings()
             .first()
         )
-        if row is not None:
-            # Moved earlier ("run now"), it must not wait for a worker's timed wake.
-            self.notify(conn, row["queue"])
-        return Job.from_row(row) if row is not None else None
+        if row is None:
+            return None
+        self.record_events(
+            conn, [HistoryEvent(row["id"], event, now, actor, row["attempts"], run_at=run_at)]
+        )
+        # Moved earlier ("run now"), it must not wait for a worker's timed wake.
+        self.notify(conn, row["queue"])
+        return Job.from_row(row)
 
     def hold(
         self,
@@ -348,7 +422,9 @@ class SchedulingStatements(StoreBase):
         row = conn.execute(stmt).mappings().first()
         return Job.from_row(row) if row is not None else None
 
-    def retry_failed(self, conn: Connection, job_id: int, *, now: datetime) -> Job | None:
+    def retry_failed(
+        self, conn: Connection, job_id: int, *, now: datetime, actor: str = "app"
+    ) -> Job | None:
         """Put a failed job back to pending, due now, with its attempts reset."""
         t = self.table
         row = (
@@ -368,20 +444,26 @@ class SchedulingStatements(StoreBase):
             .mappings()
             .first()
         )
-        if row is not None:
-            self.notify(conn, row["queue"])
-        return Job.from_row(row) if row is not None else None
+        if row is None:
+            return None
+        self.record_events(
+            conn, [HistoryEvent(job_id, "retried_by_operator", now, actor, 0, run_at=now)]
+        )
+        self.notify(conn, row["queue"])
+        return Job.from_row(row)
 
     # -- dashboard: bulk retry -------------------------------------------------------
 
-    def retry_failed_many(self, conn: Connection, where: JobFilter, *, now: datetime) -> int:
+    def retry_failed_many(
+        self, conn: Connection, where: JobFilter, *, now: datetime, actor: str = "app"
+    ) -> int:
         """Put every failed job matching *where* back to pending, due now; return how many.
 
         One guarded statement (``... AND status = 'failed'``), like the single retry:
         a row that is not failed at the moment of the update is left alone.
         """
         t = self.table
-        queues = conn.execute(
+        retried = conn.execute(
             update(t)
             .where(self._filter(where), t.c.status == JobStatus.FAILED.value)
             .values(
@@ -392,11 +474,18 @@ class SchedulingStatements(StoreBase):
                 finished_at=None,
                 updated_at=now,
             )
-            .returning(t.c.queue)
-        ).scalars().all()
-        for queue in set(queues):
+            .returning(t.c.id, t.c.queue)
+        ).all()
+        self.record_events(
+            conn,
+            [
+                HistoryEvent(int(job_id), "retried_by_operator", now, actor, 0, run_at=now)
+                for job_id, _queue in retried
+            ],
+        )
+        for queue in {queue for _id, queue in retried}:
             self.notify(conn, queue)
-        return len(queues)
+        return len(retried)
 
     def batch_append(
         self,

@@ -337,13 +337,23 @@ def _differences(
 ) -> list[str]:
     """What autogenerate would change in flask_defer's tables (empty: they match).
 
-    Both tables: jobs and recurring schedules (a missing one shows as ``add_table``).
+    The jobs and recurring schedules tables (a missing one shows as ``add_table``), and
+    the job history table where it exists.
     """
-    from ..schema import define_jobs_table, define_schedules_table
+    from ..schema import (
+        define_history_table,
+        define_jobs_table,
+        define_schedules_table,
+        history_table_name,
+    )
 
     metadata = MetaData()
     define_jobs_table(metadata, table_name)
     define_schedules_table(metadata, schedules_table)
+    # The job history table is checked where it exists: an app with DEFER_HISTORY =
+    # False that created its tables with create_all() has none, and needs none.
+    if inspect(conn).has_table(history_table_name(table_name)):
+        define_history_table(metadata, table_name)
     ours = set(metadata.tables)
 
     def include_name(name: str | None, type_: str, parent: Any) -> bool:

@@ -16,8 +16,12 @@ from flask import abort
 from flask.typing import ResponseReturnValue
 
 from ..extension import current_defer
+from ..owner import flask_login_owner
 
-__all__ = ["current_defer", "operators_only", "require_operator"]
+__all__ = ["current_defer", "operator", "operators_only", "require_operator"]
+
+#: Who a dashboard action is in the job history when no Flask-Login user is signed in.
+DASHBOARD_ACTOR = "dashboard"
 
 V = TypeVar("V", bound=Callable[..., ResponseReturnValue])
 
@@ -26,6 +30,16 @@ def require_operator() -> None:
     """Abort with 403 unless this request may use the dashboard."""
     if not current_defer().dashboard_allowed():
         abort(403, description="The jobs dashboard is not open to this request.")
+
+
+def operator() -> str:
+    """Who is acting in this dashboard request, for the job history.
+
+    Flask-Login's user id when one is signed in (the same id the Undo UI uses as the
+    owner), else ``"dashboard"``: an app that opens the dashboard by another hook
+    still gets an honest "somebody on the dashboard" rather than "app".
+    """
+    return flask_login_owner() or DASHBOARD_ACTOR
 
 
 def operators_only(view: V) -> V:

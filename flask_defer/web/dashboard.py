@@ -89,7 +89,11 @@ def dashboard() -> ResponseReturnValue:
 
 @operators_only
 def job_page(job_id: int) -> ResponseReturnValue:
-    """One job: its timestamps, attempts, payload, result and last error, with actions."""
+    """One job: its times, attempts, payload, result, errors and history, with actions.
+
+    The history is a timeline of every state change: who caused it, which attempt,
+    and each failed attempt's error (``last_error`` keeps only the latest).
+    """
     if not 1 <= job_id <= MAX_JOB_ID:
         abort(404)
     job = current_defer().get(job_id)
@@ -97,6 +101,8 @@ def job_page(job_id: int) -> ResponseReturnValue:
         abort(404)
     context: dict[str, Any] = {
         "job": job,
+        "history": current_defer().history(job.id),
+        "history_on": current_defer().config.history,
         "now": utcnow(),
         "here": url_for("defer.dashboard_job", job_id=job.id),
         "refresh_seconds": refresh_seconds(),

@@ -28,7 +28,7 @@ from flask.typing import ResponseReturnValue
 
 from ..errors import JobNotFound, JobNotPending
 from ..undo import MAX_JOB_ID
-from .access import current_defer, require_operator
+from .access import current_defer, operator, require_operator
 from .csrf import require_csrf
 from .formatting import relative, utc_text
 from .job_query import JobQuery
@@ -89,7 +89,7 @@ def action(view: V) -> V:
 @action
 def cancel(job_id: int) -> ResponseReturnValue:
     """pending → cancelled; anything else is refused with the job's real state."""
-    if current_defer().cancel(job_id):
+    if current_defer().cancel(job_id, actor=operator()):
         return answer(ActionOutcome(True, f"Job {job_id} cancelled."))
     return answer(_refused(job_id, _status_of(job_id), "not cancelled"))
 
@@ -98,7 +98,7 @@ def cancel(job_id: int) -> ResponseReturnValue:
 def run_now(job_id: int) -> ResponseReturnValue:
     """pending → due now (a worker starts it at once); anything else is refused."""
     try:
-        current_defer().run_now(job_id)
+        current_defer().run_now(job_id, actor=operator())
     except JobNotPending as error:
         return answer(_refused(job_id, error.status, "not run now"))
     return answer(ActionOutcome(True, f"Job {job_id} is due now; a worker will start it."))
@@ -119,7 +119,9 @@ def reschedule(job_id: int) -> ResponseReturnValue:
         # The reschedule itself stays guarded: a job that settles meanwhile is refused.
         run_at, delay = current.run_at + delay, None
     try:
-        job = current_defer().reschedule(job_id, run_at=run_at, delay=delay)
+        job = current_defer().reschedule(
+            job_id, run_at=run_at, delay=delay, actor=operator()
+        )
     except JobNotPending as error:
         return answer(_refused(job_id, error.status, "not rescheduled"))
     when = f"{utc_text(job.run_at)} ({relative(job.run_at, job.updated_at or job.run_at)})"
@@ -130,7 +132,7 @@ def reschedule(job_id: int) -> ResponseReturnValue:
 def retry(job_id: int) -> ResponseReturnValue:
     """failed → pending, due now, attempts reset; anything else is refused."""
     try:
-        current_defer().retry(job_id)
+        current_defer().retry(job_id, actor=operator())
     except JobNotPending as error:
         return answer(_refused(job_id, error.status, "not retried (only a failed job can be)"))
     return answer(ActionOutcome(True, f"Job {job_id} is pending again, due now, attempts reset."))
@@ -149,7 +151,7 @@ def cancel_many() -> ResponseReturnValue:
             ),
             status=400,
         )
-    counts = current_defer().cancel_many(**query.filters)
+    counts = current_defer().cancel_many(actor=operator(), **query.filters)
     cancelled, in_flight = counts["cancelled"], counts["in_flight"]
     text = f"Cancelled {_jobs(cancelled, 'pending job')}."
     if cancelled == 0:
@@ -163,7 +165,7 @@ def cancel_many() -> ResponseReturnValue:
 def retry_many() -> ResponseReturnValue:
     """Retry the failed jobs among the filtered rows."""
     query = JobQuery.from_args(request.form)
-    retried = current_defer().retry_many(**query.filters)
+    retried = current_defer().retry_many(actor=operator(), **query.filters)
     if retried == 0:
         return answer(ActionOutcome(False, "No failed jobs match this filter; nothing retried."))
     return answer(ActionOutcome(True, f"Retried {_jobs(retried, 'failed job')}, due now."))

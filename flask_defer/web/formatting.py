@@ -26,6 +26,36 @@ def register(blueprint: Blueprint) -> None:
     blueprint.add_app_template_filter(pretty_json, "defer_json")
     blueprint.add_app_template_filter(error_summary, "defer_error_summary")
     blueprint.add_app_template_filter(age_text, "defer_age")
+    blueprint.add_app_template_filter(event_label, "defer_event_label")
+    blueprint.add_app_template_filter(event_tone, "defer_event_tone")
+
+
+#: How the job page's timeline names each history event, and its colour (tone).
+EVENTS: dict[str, tuple[str, str]] = {
+    "scheduled": ("Scheduled", "info"),
+    "replaced": ("Replaced by a newer job with its key", "neutral"),
+    "rescheduled": ("Rescheduled", "info"),
+    "run_now": ("Made due now", "info"),
+    "started": ("Started", "info"),
+    "done": ("Done", "ok"),
+    "retried": ("Attempt failed; will retry", "warn"),
+    "snoozed": ("Not yet; waits", "neutral"),
+    "failed": ("Failed", "danger"),
+    "cancelled": ("Cancelled", "neutral"),
+    "undone": ("Undone", "neutral"),
+    "reclaimed": ("Lease lapsed; reclaimed", "warn"),
+    "retried_by_operator": ("Retried by an operator", "info"),
+}
+
+
+def event_label(event: str) -> str:
+    """The timeline's words for a history event (the event's own name if unknown)."""
+    return EVENTS.get(event, (event, "neutral"))[0]
+
+
+def event_tone(event: str) -> str:
+    """``ok``, ``warn``, ``danger``, ``info`` or ``neutral``: the event's marker colour."""
+    return EVENTS.get(event, (event, "neutral"))[1]
 
 
 def utc_text(value: datetime | None) -> str:

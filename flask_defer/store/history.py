@@ -1,0 +1,73 @@
+"""The job history's reads and deletes; events are written by ``StoreBase.record_events``.
+
+Every change of a job's state writes its event through :meth:`~flask_defer.store.
+base.StoreBase.record_events` on the connection of the change itself, so the event commits or rolls
+back with it: a history that says "cancelled by alice" is never wrong about the row.
+It takes a list, so a batch of transitions (a claim, a flush of acknowledgements, a
+bulk cancel) costs one INSERT, not one per job. With ``DEFER_HISTORY = False`` the
+store has no history table and every call here does nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, delete, select
+
+from ..jobs import Job, JobEvent
+from .base import StoreBase
+
+
+class HistoryStatements(StoreBase):
+    """Writes and reads of the history table (no-ops when history is off)."""
+
+    def history(self, conn: Connection, job_id: int) -> list[JobEvent]:
+        """Every event of *job_id*, oldest first (by insertion: ties in ``at`` keep order)."""
+        h = self.history_table
+        if h is None:
+            return []
+        rows = conn.execute(
+            select(h.c.event, h.c.at, h.c.actor, h.c.attempt, h.c.error, h.c.run_at)
+            .where(h.c.job_id == job_id)
+            .order_by(h.c.id)
+        ).all()
+        return [
+            JobEvent(event=r[0], at=r[1], actor=r[2], attempt=r[3], error=r[4], run_at=r[5])
+            for r in rows
+        ]
+
+    def _forget_history(self, conn: Connection, job_ids: Iterable[int]) -> None:
+        """Delete the events of *job_ids* (their jobs are being deleted in *conn*)."""
+        ids = list(job_ids)
+        if self.history_table is None or not ids:
+            return
+        conn.execute(delete(self.history_table).where(self.history_table.c.job_id.in_(ids)))
+
+    def _forget_started(self, conn: Connection, jobs: Sequence[Job]) -> None:
+        """Delete the ``started`` events of claims being handed back unrun."""
+        h = self.history_table
+        if h is None or not jobs:
+            return
+        conn.execute(
+            delete(h).where(
+                h.c.job_id == bindparam("job"),
+                h.c.event == "started",
+                h.c.attempt == bindparam("tried"),
+            ),
+            [{"job": job.id, "tried": job.attempts} for job in jobs],
+        )
+
+    def _last_started_by(self, conn: Connection, job_ids: Sequence[int]) -> dict[int, str]:
+        """Who started each of *job_ids* last (the worker holding its claim)."""
+        h = self.history_table
+        if h is None or not job_ids:
+            return {}
+        latest: Any = (
+            select(h.c.job_id, h.c.actor)
+            .where(h.c.job_id.in_(list(job_ids)), h.c.event == "started")
+            .order_by(h.c.job_id, h.c.id)
+        )
+        # Ordered by id within each job: the last row seen per job is its latest start.
+        return {int(job_id): str(actor) for job_id, actor in conn.execute(latest)}
+
