@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from .store import SETTLED_COUNT_CAP, StatusCounts
+from .store import SCHEDULED_COUNT_CAP, SETTLED_COUNT_CAP, StatusCounts
 
-__all__ = ["SETTLED_COUNT_CAP", "Health", "NameHealth"]
+__all__ = ["SCHEDULED_COUNT_CAP", "SETTLED_COUNT_CAP", "Health", "NameHealth"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +39,12 @@ class Health:
     """One snapshot of the jobs table, as ``defer.health()`` returns it.
 
     ``by_name`` lists the same figures per job name, worst backlog first (most owed,
-    then oldest owed). Live and failed figures are exact; the settled ones (done,
-    cancelled) are counted up to ``SETTLED_COUNT_CAP`` rows, and a status whose count
-    reached it is in ``lower_bounds``: "at least this many". So a health check costs
-    the same with a million rows of history as with ten.
+    then oldest owed). Owed, running and failed figures are exact; the settled ones
+    (done, cancelled) are counted up to ``SETTLED_COUNT_CAP`` rows and scheduled ones
+    (pending, not due yet) up to ``SCHEDULED_COUNT_CAP``, and a status whose count
+    reached its cap is in ``lower_bounds`` ("at least this many"; ``pending`` there
+    means ``scheduled`` is a lower bound too). So a health check costs the same with a
+    million rows of history or of future jobs as with ten.
     """
 
     counts: dict[str, int]

@@ -3,12 +3,22 @@
 Living in the app's metadata is what lets ``db.create_all()`` and Alembic autogenerate
 see the table like any other. The indexes are the ones the hot paths need:
 
-* pending rows by ``run_at`` (partial): the claim and "when is the next job due";
+* pending rows by ``run_at``, with ``name``, ``due_at`` and ``status`` beside it
+  (partial): the claim and "when is the next job due", and, read from the index alone,
+  health's owed and scheduled figures per name;
+* pending rows that carry an error, by ``name`` (partial, usually tiny: retrying jobs
+  and jobs a worker had no handler for): health's "waiting for a handler";
 * a partial *unique* index on ``key`` over live rows: one pending-or-running job per
   key, while settled rows keep their key for history;
 * running rows by lease expiry (partial): reclaiming crashed workers' jobs;
 * live rows by owner (partial): the Undo toasts of one user;
-* ``(status, finished_at)``: pruning old settled rows and the dashboard's filters.
+* ``(status, finished_at, name)``: pruning old settled rows, the dashboard's filters,
+  and health's per-name failed count and latest-settled window from the index alone.
+
+The indexes of revision ``flask_defer_0005`` carry their last columns (``name``,
+``due_at``, ``status``) so health reads no table row: each column a query names must be
+in the index for an index-only scan (PostgreSQL) or a covering index (SQLite, which
+counts the partial index's own ``status`` as a column the query reads).
 
 Two copies of the table exist on purpose. The one in the app's metadata uses plain
 SQLAlchemy types only (``DateTime(timezone=True)``, ``JSON`` with a ``JSONB`` variant), so
@@ -163,10 +173,20 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
     live = c.status.in_(LIVE_STATUSES)
     running = c.status == "running"
     Index(
-        f"ix_{name}_pending_run_at",
+        f"ix_{name}_pending_run_at_name",
         c.run_at,
+        c.name,
+        c.due_at,
+        c.status,
         sqlite_where=pending,
         postgresql_where=pending,
+    )
+    pending_with_error = pending & c.last_error.is_not(None)
+    Index(
+        f"ix_{name}_pending_errors",
+        c.name,
+        sqlite_where=pending_with_error,
+        postgresql_where=pending_with_error,
     )
     Index(
         f"uq_{name}_live_key",
@@ -188,7 +208,7 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         sqlite_where=live,
         postgresql_where=live,
     )
-    Index(f"ix_{name}_status_finished", c.status, c.finished_at)
+    Index(f"ix_{name}_status_finished_name", c.status, c.finished_at, c.name)
     return table
 
 

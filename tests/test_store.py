@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable
@@ -9,7 +10,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from flask_defer import Job, JobExists, JobStatus
 from flask_defer.store import UNKNOWN_HANDLER_NOTE, JobFilter, JobStore, NewJob
@@ -31,7 +32,7 @@ def claim(store: JobStore, now: datetime, limit: int = 10) -> list:
 def test_table_has_partial_indexes_for_pending_and_live_key(store: JobStore) -> None:
     indexes = {ix["name"]: ix for ix in inspect(store.engine).get_indexes("defer_jobs")}
     assert indexes["uq_defer_jobs_live_key"]["unique"]
-    assert "ix_defer_jobs_pending_run_at" in indexes
+    assert "ix_defer_jobs_pending_run_at_name" in indexes
 
 
 def test_insert_returns_pending_job_with_utc_times(
@@ -455,6 +456,80 @@ def test_settled_counts_stop_at_the_cap_and_say_they_are_lower_bounds(
     assert capped["a"].scheduled == 1 and capped["a"].by_status["pending"] == 1
     assert exact["a"].by_status["cancelled"] == 3 and exact["b"].by_status["cancelled"] == 2
     assert all(not p.lower_bounds for p in exact.values())
+
+
+def test_scheduled_counts_stop_at_the_cap_and_mark_pending_a_lower_bound(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    for days in (1, 2, 3):
+        insert(store, new_job(name="later", run_at=now + timedelta(days=days)), now)
+    insert(store, new_job(name="soon", run_at=now + timedelta(minutes=1)), now)
+    for minutes in (1, 2):
+        insert(store, new_job(name="later", run_at=now - timedelta(minutes=minutes)), now)
+    with store.begin() as conn:
+        capped = {p.name: p for p in store.counts_by_name(conn, now=now, scheduled_cap=2)}
+        exact = {p.name: p for p in store.counts_by_name(conn, now=now, scheduled_cap=4)}
+    # The soonest rows are counted, one past the cap: "at least 3" scheduled.
+    assert capped["soon"].scheduled == 1 and capped["later"].scheduled == 2
+    assert all(p.lower_bounds == frozenset({"pending"}) for p in capped.values())
+    # Owed work is exact whatever the cap.
+    assert capped["later"].owed == 2
+    assert capped["later"].oldest_owed_due_at == now - timedelta(minutes=2)
+    assert exact["later"].scheduled == 3 and exact["later"].by_status["pending"] == 5
+    assert all(not p.lower_bounds for p in exact.values())
+
+
+def test_counts_by_name_reads_only_indexes(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """Health's statement reads each part from an index alone, never from the table.
+
+    On SQLite every part over pending, failed or settled rows uses a covering index
+    (running rows, a worker's few in-flight jobs, are looked up through theirs). On
+    PostgreSQL, with sequential and bitmap scans ruled out as a large table would rule
+    them out, the pending and settled parts are index-only scans.
+    """
+    insert(store, new_job(), now)
+    statement = store._counts_statement()
+    params = {"now": now, "note": "x%", "scheduled_window": 10, "settled_window": 10}
+    with store.begin() as conn:
+        compiled = statement.compile(dialect=conn.dialect)
+        sql, binds = str(compiled), compiled.construct_params(params)
+        if store.is_sqlite:
+            positional = tuple(binds[name] for name in compiled.positiontup or ())
+            plan = [row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", positional)]
+            reads = [line for line in plan if "defer_jobs" in line]
+            assert all("INDEX" in line for line in reads), plan
+            # All but the running and the waiting-for-a-handler parts, whose few rows
+            # are looked up in the table.
+            covering = [line for line in reads if "COVERING INDEX" in line]
+            assert len(covering) == len(reads) - 2, plan
+            assert any("ix_defer_jobs_pending_run_at_name" in line for line in covering)
+            assert any("ix_defer_jobs_status_finished_name" in line for line in covering)
+            assert any("ix_defer_jobs_pending_errors" in line for line in reads)
+        else:
+            conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            conn.exec_driver_sql("SET LOCAL enable_bitmapscan = off")
+            plan = "\n".join(row[0] for row in conn.exec_driver_sql(f"EXPLAIN {sql}", binds))
+            assert "Seq Scan" not in plan, plan
+            assert "Index Only Scan using ix_defer_jobs_pending_run_at_name" in plan, plan
+            assert "Index Only Scan using ix_defer_jobs_status_finished_name" in plan, plan
+
+
+def test_counts_on_a_table_without_the_read_indexes_still_count(
+    store: JobStore, new_job: MakeJob, now: datetime, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A database not upgraded to flask_defer_0005 yet: the web keeps serving health.
+    insert(store, new_job(run_at=now - timedelta(minutes=1)), now)
+    insert(store, new_job(run_at=now + timedelta(days=1)), now)
+    with store.begin() as conn:
+        conn.execute(text("DROP INDEX ix_defer_jobs_pending_run_at_name"))
+        conn.execute(text("DROP INDEX ix_defer_jobs_pending_errors"))
+    with caplog.at_level(logging.WARNING, logger="flask_defer"), store.begin() as conn:
+        counts = store.status_counts(conn, now=now)
+    assert (counts.owed, counts.scheduled) == (1, 1)
+    if store.is_sqlite:
+        assert "counting without it" in caplog.text
 
 
 def test_counts_by_name_counts_jobs_a_worker_left_without_a_handler(

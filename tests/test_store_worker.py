@@ -91,7 +91,7 @@ def test_missing_pending_index_falls_back_to_a_plain_query(
     store = JobStore(engine, define_jobs_table(MetaData()))
     store.create_table()
     with store.begin() as conn:
-        conn.execute(text("DROP INDEX ix_defer_jobs_pending_run_at"))
+        conn.execute(text("DROP INDEX ix_defer_jobs_pending_run_at_name"))
     insert(store, new_job(run_at=now), now)
     with caplog.at_level(logging.WARNING, logger="flask_defer"):
         assert store.next_run_at() == now

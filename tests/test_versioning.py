@@ -26,6 +26,8 @@ from .conftest import AppKit
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+#: Every shipped revision, oldest first: what an upgrade from nothing applies.
+REVISIONS = ["flask_defer_0001", "flask_defer_0002", "flask_defer_0003", "flask_defer_0005"]
 
 
 def build_0_1_0(engine: Engine) -> None:
@@ -151,7 +153,7 @@ def test_upgrade_of_a_0_1_0_database_creates_the_schedules_table_through_0002(
 ) -> None:
     fill(legacy_engine, legacy_rows(legacy_engine))
     applied = versioning.upgrade(legacy_engine)
-    assert applied == ["flask_defer_0001", "flask_defer_0002", "flask_defer_0003"]
+    assert applied == REVISIONS
     inspector = inspect(legacy_engine)
     assert "defer_schedules" in inspector.get_table_names()
     [index] = inspector.get_indexes("defer_schedules")
@@ -334,7 +336,7 @@ def test_downgrade_of_the_schedules_revision_drops_only_that_table(
     assert len(read_back(legacy_engine)) == 8
     status = versioning.check(legacy_engine)
     assert status.state == "behind" and status.database == "flask_defer_0001"
-    assert versioning.upgrade(legacy_engine) == ["flask_defer_0002", "flask_defer_0003"]
+    assert versioning.upgrade(legacy_engine) == REVISIONS[1:]
     assert versioning.check(legacy_engine).ok
 
 
@@ -357,7 +359,7 @@ def test_an_app_without_db_on_an_older_schema_leaves_the_schedules_table_to_the_
         # Creating the table at init_app would make revision 0002 fail on it.
         assert "defer_schedules" not in inspect(legacy_engine).get_table_names()
         with app.app_context():
-            assert defer.upgrade_schema() == ["flask_defer_0002", "flask_defer_0003"]
+            assert defer.upgrade_schema() == REVISIONS[1:]
             assert defer.schema_status().ok
             defer.recurring("nightly", "send_email", cron="0 3 * * *")
             defer.run_due(now=NOW)
@@ -381,7 +383,7 @@ def test_renamed_tables_are_created_by_the_revisions_under_their_names(
     engine: Engine,
 ) -> None:
     applied = versioning.upgrade(engine, "app_jobs", schedules_table="app_schedules")
-    assert applied == ["flask_defer_0001", "flask_defer_0002", "flask_defer_0003"]
+    assert applied == REVISIONS
     names = set(inspect(engine).get_table_names())
     assert {"app_jobs", "app_schedules"} <= names
     assert not {"defer_jobs", "defer_schedules"} & names
@@ -440,13 +442,13 @@ def test_structural_check_of_an_app_managed_table_sees_a_changed_index_predicate
     assert status.ok and status.managed_by == "alembic"
 
     with legacy_engine.begin() as conn:
-        conn.execute(text("DROP INDEX ix_defer_jobs_pending_run_at"))
+        conn.execute(text("DROP INDEX ix_defer_jobs_pending_run_at_name"))
         conn.execute(
             text(
-                "CREATE INDEX ix_defer_jobs_pending_run_at ON defer_jobs (run_at) "
-                "WHERE status = 'running'"
+                "CREATE INDEX ix_defer_jobs_pending_run_at_name "
+                "ON defer_jobs (run_at, name, due_at, status) WHERE status = 'running'"
             )
         )
     status = versioning.check(legacy_engine)
     assert status.state == "behind"
-    assert "predicate of ix_defer_jobs_pending_run_at" in status.message
+    assert "predicate of ix_defer_jobs_pending_run_at_name" in status.message

@@ -706,7 +706,7 @@ def test_past_the_settled_cap_figures_and_the_total_say_at_least(
     from flask_defer.web import dashboard
 
     monkeypatch.setattr(JobStore, "settled_cap", 1)
-    monkeypatch.setattr(dashboard, "SETTLED_COUNT_CAP", 4)
+    monkeypatch.setattr(dashboard, "LIST_COUNT_CAP", 4)
     ops = make_ops(DEFER_DASHBOARD_PAGE_SIZE=2)
     seed(ops)  # 13 jobs, several done and cancelled
     html = signed_in(ops).get("/defer/").get_data(as_text=True)

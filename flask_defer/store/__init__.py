@@ -19,6 +19,7 @@ from .control import ControlStatements
 from .reads import ReadStatements
 from .records import (
     NOTIFY_CHANNEL,
+    SCHEDULED_COUNT_CAP,
     SETTLED_COUNT_CAP,
     UNKNOWN_HANDLER_NOTE,
     Ack,
@@ -33,6 +34,7 @@ from .upkeep import UpkeepStatements
 
 __all__ = [
     "NOTIFY_CHANNEL",
+    "SCHEDULED_COUNT_CAP",
     "SETTLED_COUNT_CAP",
     "UNKNOWN_HANDLER_NOTE",
     "Ack",

@@ -65,7 +65,7 @@ class StoreBase:
             )
         # SQLite: the partial index the poll and the claim name explicitly (see
         # _sqlite_pending_scan); None if this table has no such index.
-        pending_index = f"ix_{table.name}_pending_run_at"
+        pending_index = f"ix_{table.name}_pending_run_at_name"
         self._sqlite_pending_index: str | None = (
             pending_index if any(ix.name == pending_index for ix in table.indexes) else None
         )

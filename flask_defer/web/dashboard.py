@@ -24,7 +24,7 @@ from flask import (
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest
 
-from ..health import SETTLED_COUNT_CAP, Health
+from ..health import SCHEDULED_COUNT_CAP, SETTLED_COUNT_CAP, Health
 from ..jobs import JobStatus
 from ..timeutil import utcnow
 from ..undo import MAX_JOB_ID
@@ -38,6 +38,8 @@ from .responses import is_htmx, no_store
 
 #: The id of the list's element; htmx names it in ``HX-Trigger`` when it refreshes.
 LIST_ID = "defer-jobs"
+#: The job list's total is counted up to this many rows ("10,000+" past it).
+LIST_COUNT_CAP = 10_000
 
 
 def register(blueprint: Blueprint) -> None:
@@ -126,8 +128,9 @@ def list_context(query: JobQuery) -> dict[str, Any]:
     offset = (query.page - 1) * size
     # A bounded count: an open dashboard refreshes every few seconds, and counting a
     # million rows of history each time is what made it slow. Past the bound the
-    # page says "10,000+" and offers one more page than it has counted.
-    bound = max(SETTLED_COUNT_CAP, offset + size) + 1
+    # page says "10,000+" and offers one more page than it has counted. (An ungrouped
+    # count of ids reads 10,000 index entries in about a millisecond.)
+    bound = max(LIST_COUNT_CAP, offset + size) + 1
     total = defer.count(**query.filters, limit=bound)
     total_is_lower_bound = total >= bound
     if total_is_lower_bound:
@@ -144,6 +147,7 @@ def list_context(query: JobQuery) -> dict[str, Any]:
         "pages": max(math.ceil(total / size), 1) + (1 if total_is_lower_bound else 0),
         "health": health,
         "settled_cap": SETTLED_COUNT_CAP,
+        "scheduled_cap": SCHEDULED_COUNT_CAP,
         "now": now,
         "names": names,
         "statuses": list(JobStatus),
