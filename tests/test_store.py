@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import Engine, inspect, text
 
 from flask_defer import Job, JobExists, JobStatus
 from flask_defer.store import UNKNOWN_HANDLER_NOTE, JobFilter, JobStore, NewJob
@@ -431,6 +431,54 @@ def test_sqlite_bulk_insert_stores_exactly_what_sqlalchemy_executemany_stores(
 
     assert stored(paths["store"]) == stored(paths["sqlalchemy"])
     assert len(stored(paths["store"])) == len(jobs)
+
+
+def test_bulk_insert_stores_what_sqlalchemy_stores_and_one_event_per_row(
+    engine: Engine, new_job: MakeJob, now: datetime
+) -> None:
+    """Both backends: the prebuilt bulk insert (unnest arrays on PostgreSQL, an
+    executemany and last_insert_rowid() on SQLite) writes the same rows as
+    SQLAlchemy's own insert of the same values, and each row's ``scheduled`` event
+    names that row."""
+    from sqlalchemy import MetaData, select
+    from sqlalchemy import insert as sa_insert
+
+    from flask_defer.schema import define_history_table, define_jobs_table
+
+    metadata = MetaData()
+    store = JobStore(engine, define_jobs_table(metadata), define_history_table(metadata))
+    store.create_table()
+    jobs = [
+        new_job(
+            name=f"job{n}",
+            payload=payload,
+            run_at=now + timedelta(minutes=n),
+            owner="alice" if n % 2 else None,
+            label="Sent" if n % 3 == 0 else None,
+            undo_until=now + timedelta(seconds=5) if n % 2 == 0 else None,
+        )
+        for n, payload in enumerate([{}, {"n": 1}, [1, 2.5, "x"], {"é": None}, "text", 7])
+    ]
+    t = store.table
+    columns = [c for c in t.c if c.name not in ("id",)]
+    insert(store, new_job(name="before"), now)  # the batch's ids do not start at 1
+    with store.begin() as conn:
+        assert store.insert_many(conn, jobs, now=now, actor="importer") == len(jobs)
+        conn.execute(sa_insert(t), [store._row_values(j, now) for j in jobs])
+        rows = conn.execute(select(t.c.id, *columns).where(t.c.name != "before").order_by(t.c.id))
+        by_way = [tuple(row[1:]) for row in rows]
+        bulk_ids = [
+            row.id
+            for row in conn.execute(
+                select(t.c.id).where(t.c.name != "before").order_by(t.c.id).limit(len(jobs))
+            )
+        ]
+    assert by_way[: len(jobs)] == by_way[len(jobs) :]
+    with store.begin() as conn:
+        for job_id, job in zip(bulk_ids, jobs, strict=True):
+            [event] = store.history(conn, job_id)
+            assert (event.event, event.actor, event.run_at) == ("scheduled", "importer", job.run_at)
+            assert store.get(conn, job_id=job_id).name == job.name
 
 
 def _settle(store: JobStore, new_job: MakeJob, now: datetime, name: str, n: int) -> None:

@@ -74,6 +74,8 @@ class StoreBase:
         self.notify_horizon = timedelta(seconds=10)
         # The prebuilt keyless insert, by (NOTIFY, history event) in its CTEs (per store).
         self._insert_sql: dict[tuple[bool, bool], tuple[str, list[str], list[Any]]] = {}
+        # The prebuilt bulk insert (PostgreSQL), see SchedulingStatements._pg_insert_many.
+        self._insert_sql_text: dict[str, str] = {}
         # The prebuilt claim, per queue selection (see ClaimStatements._claim_statement).
         self._claim_sql: dict[tuple[tuple[str, ...], bool], Any] = {}
         # The prebuilt batched acknowledgement, per backend.

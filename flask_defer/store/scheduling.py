@@ -6,6 +6,7 @@ the job commits (or rolls back) with the caller's own change.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -186,31 +187,87 @@ class SchedulingStatements(HistoryStatements):
     ) -> int:
         """Insert many keyless jobs in one statement batch (the bulk enqueue path).
 
-        With history on, the INSERT returns the new ids (in the order of *jobs*) for
-        their ``scheduled`` events, one more batched INSERT.
+        PostgreSQL: one statement for the rows and their ``scheduled`` events (see
+        :meth:`_pg_insert_many`). SQLite: one prepared INSERT executed per row, then
+        the events in one more.
         """
         if not jobs:
             return 0
         rows = [self._row_values(job, now) for job in jobs]
-        if self.history_table is not None:
-            t = self.table
-            ids = conn.execute(
-                insert(t).returning(t.c.id, sort_by_parameter_order=True), rows
-            ).scalars()
+        if self.is_postgres:
+            self._pg_insert_many(conn, rows, now=now, actor=actor)
+        elif self.history_table is not None:
+            # SQLAlchemy's RETURNING for many rows on SQLite is one INSERT per row (60%
+            # of a bulk enqueue, profiled). Instead: the fast executemany, then the ids
+            # from last_insert_rowid(). A table without AUTOINCREMENT gives each new row
+            # max(rowid) + 1, and this transaction holds SQLite's write lock from its
+            # first row on, so the batch's ids are consecutive and end there.
+            self._sqlite_executemany(conn, rows)
+            last = int(conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one())
             self.record_events(
                 conn,
                 [
-                    HistoryEvent(int(job_id), "scheduled", now, actor, 0, run_at=job.run_at)
-                    for job_id, job in zip(ids, jobs, strict=True)
+                    HistoryEvent(job_id, "scheduled", now, actor, 0, run_at=job.run_at)
+                    for job_id, job in zip(range(last - len(jobs) + 1, last + 1), jobs, strict=True)
                 ],
             )
-        elif self.is_sqlite:
-            self._sqlite_executemany(conn, rows)
         else:
-            conn.execute(insert(self.table), rows)
+            self._sqlite_executemany(conn, rows)
         for queue in {job.queue for job in jobs if self.wants_notify(job.run_at, now)}:
             self.notify(conn, queue)
         return len(jobs)
+
+    def _pg_insert_many(
+        self, conn: Connection, rows: list[dict[str, Any]], *, now: datetime, actor: str
+    ) -> None:
+        """PostgreSQL's bulk insert: one prebuilt statement, each column as one array.
+
+        ``INSERT ... SELECT FROM unnest(...)`` with the ``scheduled`` events inserted
+        from its RETURNING in the same statement. SQLAlchemy's many-row insert built a
+        fresh 1,000-row VALUES text per batch, which psycopg then parsed for its 14,000
+        placeholders: 85% of a bulk enqueue, profiled; this is one round trip with
+        fifteen parameters whatever the number of jobs.
+        """
+        sql = self._insert_sql_text.get("pg-many")
+        if sql is None:
+            sql = self._insert_sql_text["pg-many"] = self._pg_insert_many_sql()
+        params: dict[str, Any] = {
+            "now": now,
+            "actor": actor,
+            "names": [r["name"] for r in rows],
+            "queues": [r["queue"] for r in rows],
+            "keys": [r["key"] for r in rows],
+            # JSON text cast to jsonb by the server: the same jsonb as the column's own
+            # conversion writes (a test compares them).
+            "payloads": [json.dumps(r["payload"], allow_nan=False) for r in rows],
+            "run_ats": [r["run_at"] for r in rows],
+            "max_attempts": [r["max_attempts"] for r in rows],
+            "owners": [r["owner"] for r in rows],
+            "labels": [r["label"] for r in rows],
+            "undo_untils": [r["undo_until"] for r in rows],
+        }
+        conn.exec_driver_sql(sql, params)
+
+    def _pg_insert_many_sql(self) -> str:
+        t = self._quoted_table
+        inserted = (
+            f"INSERT INTO {t} (name, queue, key, payload, status, run_at, due_at, attempts,"
+            " max_attempts, owner, label, undo_until, created_at, updated_at)"
+            " SELECT v.name, v.queue, v.key, v.payload::jsonb, 'pending', v.run_at, v.run_at,"
+            " 0, v.max_attempts, v.owner, v.label, v.undo_until, %(now)s, %(now)s"
+            " FROM unnest(%(names)s::text[], %(queues)s::text[], %(keys)s::text[],"
+            " %(payloads)s::text[], %(run_ats)s::timestamptz[], %(max_attempts)s::int[],"
+            " %(owners)s::text[], %(labels)s::text[], %(undo_untils)s::timestamptz[])"
+            " AS v(name, queue, key, payload, run_at, max_attempts, owner, label, undo_until)"
+        )
+        if self.history_table is None:
+            return inserted
+        history = self.engine.dialect.identifier_preparer.format_table(self.history_table)
+        return (
+            f"WITH inserted AS ({inserted} RETURNING id, run_at)"
+            f" INSERT INTO {history} (job_id, event, at, actor, attempt, run_at)"
+            " SELECT id, 'scheduled', %(now)s, %(actor)s, 0, run_at FROM inserted"
+        )
 
     def _sqlite_executemany(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """SQLite's bulk insert: SQLAlchemy's own compiled INSERT, handed tuples.
