@@ -47,7 +47,7 @@ from alembic import op
 from flask_defer.migrations import table_name
 
 revision = "flask_defer_0005"
-down_revision = "flask_defer_0003"  # TEMP until main has 0004
+down_revision = "flask_defer_0004"
 branch_labels = None
 depends_on = None
 
