@@ -27,7 +27,7 @@ from .conftest import AppKit
 FIXTURES = Path(__file__).parent / "fixtures"
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 #: Every shipped revision, oldest first: what an upgrade from nothing applies.
-REVISIONS = ["flask_defer_0001", "flask_defer_0002", "flask_defer_0003", "flask_defer_0005"]
+REVISIONS = [f"flask_defer_000{n}" for n in range(1, 6)]
 
 
 def build_0_1_0(engine: Engine) -> None:
@@ -337,6 +337,47 @@ def test_downgrade_of_the_schedules_revision_drops_only_that_table(
     status = versioning.check(legacy_engine)
     assert status.state == "behind" and status.database == "flask_defer_0001"
     assert versioning.upgrade(legacy_engine) == REVISIONS[1:]
+    assert versioning.check(legacy_engine).ok
+
+
+def _alembic_upgrade(engine: Engine, target: str) -> None:
+    """Upgrade a 0.1.0 database (recorded as flask_defer_0001, as upgrade does) to *target*."""
+    from alembic import command
+
+    with versioning._connected(engine, "defer_jobs") as (conn, config):
+        command.stamp(config, "flask_defer_0001")
+        command.upgrade(config, target)
+        conn.commit()
+
+
+JOINED = "Message sent\x1fSending…\x1fSent\x1f\x1fSending undone."
+
+
+def test_the_state_texts_revision_moves_joined_labels_into_their_columns_and_back(
+    legacy_engine: Engine,
+) -> None:
+    fill(legacy_engine, legacy_rows(legacy_engine))
+    _alembic_upgrade(legacy_engine, "flask_defer_0003")
+    with legacy_engine.begin() as conn:
+        conn.execute(text("UPDATE defer_jobs SET label = :label WHERE id = 1"), {"label": JOINED})
+        conn.execute(text("UPDATE defer_jobs SET label = :label WHERE id = 2"), {"label": "Plain"})
+    assert versioning.upgrade(legacy_engine) == REVISIONS[3:]
+    columns = "label, waiting_label, done_label, failed_label, undone_label"
+    with legacy_engine.connect() as conn:
+        rows = {
+            r[0]: tuple(r[1:])
+            for r in conn.execute(text(f"SELECT id, {columns} FROM defer_jobs WHERE id IN (1, 2)"))
+        }
+    assert rows[1] == ("Message sent", "Sending…", "Sent", None, "Sending undone.")
+    assert rows[2] == ("Plain", None, None, None, None)
+    _alembic_downgrade(legacy_engine, "flask_defer_0003")
+    assert "done_label" not in {c["name"] for c in inspect(legacy_engine).get_columns("defer_jobs")}
+    with legacy_engine.connect() as conn:
+        labels = dict(
+            conn.execute(text("SELECT id, label FROM defer_jobs WHERE id IN (1, 2)")).all()
+        )
+    assert labels == {1: JOINED, 2: "Plain"}
+    assert versioning.upgrade(legacy_engine) == REVISIONS[3:]
     assert versioning.check(legacy_engine).ok
 
 
