@@ -39,6 +39,33 @@ from .versioning import record_on_create
 
 logger = logging.getLogger("flask_defer")
 
+#: Markers in :data:`ACK_VALUES`: the statement's ``now``, or a ``v_<column>`` bind.
+_NOW, _BIND = object(), object()
+
+#: What each single acknowledgement sets besides clearing the claim (see
+#: ``StoreBase._guarded_ack``): a status literal, ``now``, a bound value, or an int that
+#: is added to ``attempts``.
+ACK_VALUES: dict[str, dict[str, Any]] = {
+    "done": {"status": "done", "finished_at": _NOW, "last_error": _BIND, "result": _BIND},
+    "failed": {"status": "failed", "finished_at": _NOW, "last_error": _BIND},
+    "retry": {"status": "pending", "run_at": _BIND, "last_error": _BIND},
+    # Snoozed without spending the attempt; "snooze_due" also moves due_at (NotYet).
+    "snooze": {"status": "pending", "run_at": _BIND, "attempts": -1, "last_error": _BIND},
+    "snooze_due": {
+        "status": "pending",
+        "run_at": _BIND,
+        "due_at": _BIND,
+        "attempts": -1,
+        "last_error": _BIND,
+    },
+    # Handed back unstarted: due now or at the old run_at, the claim's attempt given
+    # back or (claimed without spending one) kept.
+    "release": {"status": "pending", "run_at": _NOW, "attempts": -1},
+    "release_keep_run_at": {"status": "pending", "attempts": -1},
+    "release_unspent": {"status": "pending", "run_at": _NOW},
+    "release_unspent_keep_run_at": {"status": "pending"},
+}
+
 
 class StoreBase:
     """The engine and table, transactions, and the conditions every statement shares."""
@@ -78,6 +105,10 @@ class StoreBase:
         self._insert_sql_text: dict[str, str] = {}
         # The prebuilt claim, per queue selection (see ClaimStatements._claim_statement).
         self._claim_sql: dict[tuple[tuple[str, ...], bool], Any] = {}
+        # The prebuilt single acknowledgements, by kind (see _guarded_ack), and the
+        # other prebuilt control statements, by name.
+        self._ack_one_sql: dict[str, Any] = {}
+        self._control_sql: dict[str, Any] = {}
         # The prebuilt batched acknowledgement, per backend.
         self._ack_sql: dict[str, str] = {}
         self._quoted_table = engine.dialect.identifier_preparer.format_table(table)
@@ -250,36 +281,71 @@ class StoreBase:
     def _acknowledge(
         self,
         job: Job,
-        values: dict[str, Any],
+        kind: str,
+        params: dict[str, Any],
         *,
         now: datetime,
         event: HistoryEvent,
         conn: Connection | None = None,
     ) -> bool:
-        # Compare-and-set on the claim token: a worker whose lease lapsed (and whose
-        # job was reclaimed and perhaps finished elsewhere) changes nothing, and
-        # records nothing either: its event is written only if its update was.
-        stmt = self._guarded_ack(job).values(
-            {**values, "claim_token": None, "lease_expires_at": None, "updated_at": now}
-        )
-        if conn is not None:
-            return self._ack_and_record(conn, stmt, event)
-        with self.begin() as own:
-            return self._ack_and_record(own, stmt, event)
+        """One compare-and-set acknowledgement: the prebuilt statement *kind* (see
+        :meth:`_guarded_ack`), its ``v_*`` values in *params*.
 
-    def _ack_and_record(self, conn: Connection, stmt: Any, event: HistoryEvent) -> bool:
-        if conn.execute(stmt).rowcount != 1:
+        Compare-and-set on the claim token: a worker whose lease lapsed (and whose job
+        was reclaimed and perhaps finished elsewhere) changes nothing, and records
+        nothing either: its event is written only if its update was.
+        """
+        stmt = self._guarded_ack(kind)
+        bound = {**params, "job_id": job.id, "token": job.claim_token, "now": now}
+        if conn is not None:
+            return self._ack_and_record(conn, stmt, bound, event)
+        with self.begin() as own:
+            return self._ack_and_record(own, stmt, bound, event)
+
+    def _ack_and_record(
+        self, conn: Connection, stmt: Any, params: dict[str, Any], event: HistoryEvent
+    ) -> bool:
+        if conn.execute(stmt, params).rowcount != 1:
             return False
         self.record_events(conn, [event])
         return True
 
-    def _guarded_ack(self, job: Job) -> Any:
+    def _guarded_ack(self, kind: str) -> Any:
+        """``UPDATE ... WHERE id = :job_id AND status = 'running' AND claim_token =
+        :token`` setting the values of *kind* (:data:`ACK_VALUES`), built once per store.
+
+        Prebuilt like the claim and the batched acknowledgement: building an UPDATE and
+        its cache key costs more than running it on SQLite. Binds: ``job_id``,
+        ``token``, ``now`` and the ``v_*`` values of *kind*. A ``release*`` kind keeps
+        nothing of the claim; every kind clears the claim token and lease.
+        """
+        cached = self._ack_one_sql.get(kind)
+        if cached is not None:
+            return cached
         t = self.table
-        return update(t).where(
-            t.c.id == job.id,
-            t.c.status == JobStatus.RUNNING.value,
-            t.c.claim_token == job.claim_token,
+        now = bindparam("now", type_=UTCDateTime())
+        values: dict[str, Any] = {}
+        for name, value in ACK_VALUES[kind].items():
+            if value is _NOW:
+                values[name] = now
+            elif value is _BIND:
+                values[name] = bindparam(f"v_{name}", type_=t.c[name].type)
+            elif isinstance(value, int):
+                values[name] = t.c.attempts + value
+            else:
+                values[name] = literal_column(f"'{value}'")
+        values.update(claim_token=None, lease_expires_at=None, updated_at=now)
+        stmt = (
+            update(t)
+            .where(
+                t.c.id == bindparam("job_id", type_=t.c.id.type),
+                t.c.status == literal_column(f"'{JobStatus.RUNNING.value}'"),
+                t.c.claim_token == bindparam("token", type_=t.c.claim_token.type),
+            )
+            .values(values)
         )
+        self._ack_one_sql[kind] = stmt
+        return stmt
 
     @staticmethod
     def _settle_values(status: JobStatus, now: datetime) -> dict[str, Any]:

@@ -182,14 +182,23 @@ class ClaimStatements(HistoryStatements):
         owns it (its lease lapsed while it waited): then it must not run here. Its
         ``started`` event, by *actor*, is written in the same transaction.
         """
-        t = self.table
-        stmt = (
-            self._guarded_ack(job)
-            .values(attempts=t.c.attempts + 1, updated_at=now)
-            .returning(t.c.attempts)
-        )
+        stmt = self._control_sql.get("start")
+        if stmt is None:
+            t = self.table
+            # Keeps the claim (token, lease): the job is starting, not settling.
+            stmt = self._control_sql["start"] = (
+                update(t)
+                .where(
+                    t.c.id == bindparam("job_id", type_=t.c.id.type),
+                    t.c.status == literal_column(f"'{JobStatus.RUNNING.value}'"),
+                    t.c.claim_token == bindparam("token", type_=String()),
+                )
+                .values(attempts=t.c.attempts + 1, updated_at=bindparam("now", type_=UTCDateTime()))
+                .returning(t.c.attempts)
+            )
+        params = {"job_id": job.id, "token": job.claim_token, "now": now}
         with self.begin() as conn:
-            attempts = conn.execute(stmt).scalar()
+            attempts = conn.execute(stmt, params).scalar()
             if attempts is not None:
                 started = HistoryEvent(job.id, "started", now, actor, int(attempts))
                 self.record_events(conn, [started])
@@ -211,25 +220,22 @@ class ClaimStatements(HistoryStatements):
         (``atomic=True`` handlers). *note* is kept as ``last_error`` (a warning about
         a run that succeeded).
         """
-        values = self._settle_values(JobStatus.DONE, now)
-        values.update(last_error=note, result=result)
         event = HistoryEvent(job.id, "done", now, actor, job.attempts, note)
-        return self._acknowledge(job, values, now=now, event=event, conn=conn)
+        params = {"v_last_error": note, "v_result": result}
+        return self._acknowledge(job, "done", params, now=now, event=event, conn=conn)
 
     def ack_retry(
         self, job: Job, *, now: datetime, run_at: datetime, error: str, actor: str = "app"
     ) -> bool:
         """Return a claimed job to pending at *run_at* after a failed attempt."""
-        values = {"status": JobStatus.PENDING.value, "run_at": run_at, "last_error": error}
         event = HistoryEvent(job.id, "retried", now, actor, job.attempts, error, run_at)
-        return self._acknowledge(job, values, now=now, event=event)
+        params = {"v_run_at": run_at, "v_last_error": error}
+        return self._acknowledge(job, "retry", params, now=now, event=event)
 
     def ack_failed(self, job: Job, *, now: datetime, error: str, actor: str = "app") -> bool:
         """Settle a claimed job as failed (out of attempts): the dead letter."""
-        values = self._settle_values(JobStatus.FAILED, now)
-        values["last_error"] = error
         event = HistoryEvent(job.id, "failed", now, actor, job.attempts, error)
-        return self._acknowledge(job, values, now=now, event=event)
+        return self._acknowledge(job, "failed", {"v_last_error": error}, now=now, event=event)
 
     def ack_snooze(
         self,
@@ -246,14 +252,9 @@ class ClaimStatements(HistoryStatements):
         ``still_owed`` keeps ``due_at`` (the job is late, e.g. its handler is not
         deployed yet); otherwise the job counts as due only from *run_at* (``NotYet``).
         """
-        t = self.table
-        values: dict[str, Any] = {
-            "status": JobStatus.PENDING.value,
-            "run_at": run_at,
-            "attempts": t.c.attempts - 1,
-            "last_error": note,
-        }
-        if not still_owed:
-            values["due_at"] = run_at
         event = HistoryEvent(job.id, "snoozed", now, actor, job.attempts, note, run_at)
-        return self._acknowledge(job, values, now=now, event=event)
+        params = {"v_run_at": run_at, "v_due_at": run_at, "v_last_error": note}
+        kind = "snooze" if still_owed else "snooze_due"
+        if still_owed:
+            del params["v_due_at"]
+        return self._acknowledge(job, kind, params, now=now, event=event)

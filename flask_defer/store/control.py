@@ -7,15 +7,19 @@ worker's claim either wins or cleanly loses.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import (
     Connection,
+    bindparam,
     func,
+    literal_column,
     select,
     update,
 )
 
 from ..jobs import Job, JobStatus
+from ..schema import UTCDateTime
 from .history import HistoryStatements
 from .records import (
     HistoryEvent,
@@ -47,20 +51,42 @@ class ControlStatements(HistoryStatements):
         if they guess another id. *event* names it in the history: ``cancelled``, or
         ``undone`` for the owner's Undo.
         """
-        t = self.table
-        stmt = (
-            update(t)
-            .where(self._identity(job_id, key), t.c.status == JobStatus.PENDING.value)
-            .values(self._settle_values(JobStatus.CANCELLED, now))
-            .returning(*t.c)
-        )
-        if owner is not None:
-            stmt = stmt.where(t.c.owner == owner)
-        row = conn.execute(stmt).mappings().first()
+        by = "id" if job_id is not None else "key"
+        name = f"cancel_by_{by}" + ("_owned" if owner is not None else "")
+        stmt = self._control_sql.get(name)
+        if stmt is None:
+            stmt = self._control_sql[name] = self._cancel_statement(by, owned=owner is not None)
+        params = {"job_id": job_id, "key": key, "owner": owner, "now": now}
+        row = conn.execute(stmt, params).mappings().first()
         if row is None:
             return None
         self.record_events(conn, [HistoryEvent(row["id"], event, now, actor, row["attempts"])])
         return Job.from_row(row)
+
+    def _cancel_statement(self, by: str, *, owned: bool) -> Any:
+        """The guarded cancel (the Undo's statement), prebuilt per identity and owner
+        guard; binds ``job_id`` or ``key``, ``owner``, ``now``."""
+        t = self.table
+        now = bindparam("now", type_=UTCDateTime())
+        if by == "id":
+            identity = t.c.id == bindparam("job_id", type_=t.c.id.type)
+        else:
+            identity = t.c.key == bindparam("key", type_=t.c.key.type)
+        conditions = [identity, t.c.status == literal_column(f"'{JobStatus.PENDING.value}'")]
+        if owned:
+            conditions.append(t.c.owner == bindparam("owner", type_=t.c.owner.type))
+        return (
+            update(t)
+            .where(*conditions)
+            .values(
+                status=literal_column(f"'{JobStatus.CANCELLED.value}'"),
+                finished_at=now,
+                updated_at=now,
+                lease_expires_at=None,
+                claim_token=None,
+            )
+            .returning(*t.c)
+        )
 
     def cancel_many(
         self, conn: Connection, where: JobFilter, *, now: datetime, actor: str = "app"

@@ -14,15 +14,17 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
-    and_,
+    bindparam,
     delete,
     func,
-    or_,
+    literal_column,
     select,
+    tuple_,
     update,
 )
 
 from ..jobs import Job, JobStatus
+from ..schema import UTCDateTime
 from .history import HistoryStatements
 from .records import (
     NOTIFY_CHANNEL,
@@ -48,20 +50,13 @@ class UpkeepStatements(HistoryStatements):
         ``spend_attempt=False`` and never started pass ``spent=False``. Their ``started``
         event goes too, when the claim wrote one: the handler was never given the job.
         """
-        t = self.table
-        values: dict[str, Any] = {
-            "status": JobStatus.PENDING.value,
-            "attempts": t.c.attempts - 1 if spent else t.c.attempts,
-            "claim_token": None,
-            "lease_expires_at": None,
-            "updated_at": now,
-        }
-        if not keep_run_at:
-            values["run_at"] = now
+        kind = "release" if spent else "release_unspent"
+        stmt = self._guarded_ack(kind + ("_keep_run_at" if keep_run_at else ""))
         released: list[Job] = []
         with self.begin() as conn:
             for job in jobs:
-                if conn.execute(self._guarded_ack(job).values(values)).rowcount == 1:
+                params = {"job_id": job.id, "token": job.claim_token, "now": now}
+                if conn.execute(stmt, params).rowcount == 1:
                     released.append(job)
             if spent:
                 self._forget_started(conn, released)
@@ -71,16 +66,29 @@ class UpkeepStatements(HistoryStatements):
         """Heartbeat: push the lease of still-owned claims to *lease_until*."""
         if not jobs:
             return 0
-        t = self.table
-        owned = [and_(t.c.id == job.id, t.c.claim_token == job.claim_token) for job in jobs]
-        stmt = (
-            update(t)
-            .where(t.c.status == JobStatus.RUNNING.value)
-            .where(or_(*owned))
-            .values(lease_expires_at=lease_until, updated_at=now)
-        )
+        stmt = self._control_sql.get("extend_leases")
+        if stmt is None:
+            t = self.table
+            # One prebuilt statement for any number of jobs: the (id, token) pairs are
+            # one expanding bind, so only rows this worker's claims still own move.
+            stmt = self._control_sql["extend_leases"] = (
+                update(t)
+                .where(
+                    t.c.status == literal_column(f"'{JobStatus.RUNNING.value}'"),
+                    tuple_(t.c.id, t.c.claim_token).in_(bindparam("owned", expanding=True)),
+                )
+                .values(
+                    lease_expires_at=bindparam("lease_until", type_=UTCDateTime()),
+                    updated_at=bindparam("now", type_=UTCDateTime()),
+                )
+            )
+        params = {
+            "owned": [(job.id, job.claim_token) for job in jobs],
+            "lease_until": lease_until,
+            "now": now,
+        }
         with self.begin() as conn:
-            return int(conn.execute(stmt).rowcount)
+            return int(conn.execute(stmt, params).rowcount)
 
     def reclaim_lapsed(self, *, now: datetime, actor: str = "app") -> tuple[int, int]:
         """Return jobs whose lease lapsed to pending (or failed when out of attempts).
