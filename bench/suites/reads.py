@@ -55,7 +55,15 @@ def _backend(ctx: Context, backend: str) -> list[Row]:
             from ..app import defer
 
             health = defer.health()
-            check = f"owed {health.owed:,}, scheduled {health.scheduled:,}, done {health.counts['done']:,}{'+' if 'done' in health.lower_bounds else ''}"
+            bounds = health.lower_bounds
+
+            def shown(value: int, status: str) -> str:
+                return f"{value:,}{'+' if status in bounds else ''}"
+
+            check = (
+                f"owed {health.owed:,} (exact), scheduled {shown(health.scheduled, 'pending')},"
+                f" done {shown(health.counts['done'], 'done')}"
+            )
             rows.append(
                 _row(
                     backend,
