@@ -56,7 +56,7 @@ class ControlStatements(HistoryStatements):
         stmt = self._control_sql.get(name)
         if stmt is None:
             stmt = self._control_sql[name] = self._cancel_statement(by, owned=owner is not None)
-        params = {"job_id": job_id, "key": key, "owner": owner, "now": now}
+        params = {"job_id": job_id, "b_key": key, "b_owner": owner, "now": now}
         row = conn.execute(stmt, params).mappings().first()
         if row is None:
             return None
@@ -65,16 +65,17 @@ class ControlStatements(HistoryStatements):
 
     def _cancel_statement(self, by: str, *, owned: bool) -> Any:
         """The guarded cancel (the Undo's statement), prebuilt per identity and owner
-        guard; binds ``job_id`` or ``key``, ``owner``, ``now``."""
+        guard; binds ``job_id`` or ``b_key``, ``b_owner``, ``now`` (a bind may not share
+        a column's name in an UPDATE)."""
         t = self.table
         now = bindparam("now", type_=UTCDateTime())
         if by == "id":
             identity = t.c.id == bindparam("job_id", type_=t.c.id.type)
         else:
-            identity = t.c.key == bindparam("key", type_=t.c.key.type)
+            identity = t.c.key == bindparam("b_key", type_=t.c.key.type)
         conditions = [identity, t.c.status == literal_column(f"'{JobStatus.PENDING.value}'")]
         if owned:
-            conditions.append(t.c.owner == bindparam("owner", type_=t.c.owner.type))
+            conditions.append(t.c.owner == bindparam("b_owner", type_=t.c.owner.type))
         return (
             update(t)
             .where(*conditions)
