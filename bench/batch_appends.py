@@ -118,8 +118,8 @@ def spread(values: list[float]) -> str:
         return "n=0"
     ms = [value * 1000 for value in values]
     return (
-        f"n={len(ms)} mean={statistics.fmean(ms):.1f} ms p50={statistics.median(ms):.1f} ms p99={percentile(ms, 0.99):.1f} ms "
-        f"max={max(ms):.1f} ms"
+        f"n={len(ms)} mean={statistics.fmean(ms):.1f} ms p50={statistics.median(ms):.1f} ms "
+        f"p99={percentile(ms, 0.99):.1f} ms max={max(ms):.1f} ms"
     )
 
 
