@@ -6,11 +6,13 @@ that has waited a while therefore looks ten times a second, while one that just
 committed and comes straight back (a busy batch key's producers, the worker's next
 claim) takes the lock again between those looks. Under a steady stream of short
 writes the unlucky writer waited for seconds, although no transaction held the lock
-for longer than a few milliseconds (measured: appends waiting 2.1 s beside a worker
-whose longest write transaction was 19 ms), and the worker's own claim waited as long,
-so due batches started seconds late.
+for longer than a few tens of milliseconds (measured: batch appends waiting 2.1-3.1 s
+beside a worker whose longest write transaction took 26-51 ms), and the worker's own
+claim waited as long, so due batches started seconds late.
 
-:class:`WriteLock` takes the lock with ``BEGIN IMMEDIATE`` instead, and
+:class:`WriteLock` takes the lock with ``BEGIN IMMEDIATE`` instead, for every write
+transaction on an engine flask_defer tunes (:func:`take_turns_to_write`: the app's
+own writes too) and for the store's ``begin_immediate`` (:func:`begin_write`), and
 
 - queues this process's writers first-come first-served: only the writer at the
   head of the queue looks for SQLite's lock, the others wait their turn without
@@ -105,12 +107,12 @@ class WriteLock:
         try:
             if self._turns.acquire(deadline - time.monotonic()):
                 try:
-                    while not _try_begin(dbapi):
+                    while True:
+                        if _try_begin(dbapi):
+                            return
                         if time.monotonic() >= deadline:
                             break
                         time.sleep(POLL_INTERVAL)
-                    else:
-                        return
                 finally:
                     self._turns.release()
             # Out of time: one last look, which raises "database is locked".
