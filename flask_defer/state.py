@@ -31,7 +31,7 @@ from .maintenance import prune as prune_settled
 from .maintenance import reclaim_lapsed
 from .registry import HandlerSpec, Registry
 from .runner import Runner
-from .schema import define_history_table, define_jobs_table
+from .schema import SchemaNames, define_history_table, define_jobs_table
 from .store import JobStore, NewJob, versioning
 from .store.tuning import tune_sqlite
 from .timeutil import Duration, as_utc, resolve_run_at, utcnow
@@ -277,7 +277,7 @@ def build_state(
     store.notify_horizon = config.max_sleep
     if session is None:
         store.create_table(history=False)
-        if history is not None and versioning.check(engine, table.name).ok:
+        if history is not None and versioning.check(engine, SchemaNames(jobs=table.name)).ok:
             # A jobs table created just now was recorded at the newest revision, which
             # includes the history table. On an older recorded schema that table comes
             # from `flask defer db upgrade` (revision flask_defer_0003): creating it here
