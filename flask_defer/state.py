@@ -265,6 +265,9 @@ def build_state(
     one, jobs live in ``DEFER_DATABASE_URI`` or a SQLite file in the instance folder,
     and the table is created at once.
     """
+    # Long on purpose: the one place an app's parts are built, in the order each needs
+    # the last (engine, store, transactions, executor, runner, state); split, that order
+    # would be spread over functions that each take most of the others.
     apply_defaults(app.config)
     config = load_config(app.config)
     engine, table, session = _engine_table_session(app, config, db, table_name)

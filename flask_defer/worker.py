@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Collection
 from dataclasses import replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -81,11 +82,7 @@ class Worker:
         self.actor = f"worker:{self.name}"
         # The claim and the execution are run_due's own (one runner, one claim path).
         self.runner = Runner(
-            store,
-            executor,
-            lease=options.lease,
-            claim_batch=options.claim_batch,
-            actor=self.actor,
+            store, executor, lease=options.lease, claim_batch=options.claim_batch, actor=self.actor
         )
         self.registry = executor.registry
         self.options = options
@@ -128,10 +125,9 @@ class Worker:
         if self._started:
             raise RuntimeError("a Worker runs once; create a new one to run again")
         self._started = True
+        grace = self.options.shutdown_grace.total_seconds()
         restore = (
-            _stopping.install_signal_handlers(
-                self.stop, self._stop.is_set, self.options.shutdown_grace.total_seconds()
-            )
+            _stopping.install_signal_handlers(self.stop, self._stop.is_set, grace)
             if install_signal_handlers
             else None
         )
@@ -207,19 +203,7 @@ class Worker:
         claimed = 0
         if free and free >= self._claim_threshold():
             limit = min(free, opts.claim_batch)
-            # Jobs for idle threads start at once: their claim counts the attempt.
-            # The rest wait in the queue and count it when they start (one more
-            # statement each, only when every thread is busy).
-            starting = min(self.pool.idle(), limit)
-            for count, spent in ((starting, True), (limit - starting, False)):
-                if not count:
-                    continue
-                jobs = self.runner.claim(now, count, queues=opts.queues, spend_attempt=spent)
-                for job in jobs:
-                    self.pool.submit(job, self._timeout_for(job.name), spent=spent)
-                claimed += len(jobs)
-                if len(jobs) < count:
-                    break  # nothing more is due
+            claimed = self._claim_into_pool(now, limit)
             self._backlog = claimed == limit
             if claimed == limit and self.pool.free() >= self._claim_threshold():
                 return 0.0  # a full batch and room for another: more may be due now
@@ -253,6 +237,26 @@ class Worker:
         ):
             return None
         return max(min(waits), 0.0 if claimed else MIN_SLEEP)
+
+    def _claim_into_pool(self, now: datetime, limit: int) -> int:
+        """Claim up to *limit* due jobs and hand them to the pool; return how many.
+
+        Jobs for idle threads start at once: their claim counts the attempt. The rest
+        wait in the queue and count it when they start (one more statement each, only
+        when every thread is busy).
+        """
+        claimed = 0
+        starting = min(self.pool.idle(), limit)
+        for count, spent in ((starting, True), (limit - starting, False)):
+            if not count:
+                continue
+            jobs = self.runner.claim(now, count, queues=self.options.queues, spend_attempt=spent)
+            for job in jobs:
+                self.pool.submit(job, self._timeout_for(job.name), spent=spent)
+            claimed += len(jobs)
+            if len(jobs) < count:
+                break  # nothing more is due
+        return claimed
 
     def _claim_threshold(self) -> int:
         """Free slots worth a claim: half a batch while the backlog lasts, else one.
