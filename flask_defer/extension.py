@@ -387,6 +387,7 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         *,
         limit: int | None = None,
         max_seconds: Duration | None = None,
+        actor: str | None = None,
     ) -> RunSummary:
         """Claim and run every job due at *now* in this thread, then return a summary.
 
@@ -399,9 +400,10 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         holds, so a worker beside it never starts one of them a second time.
         ``max_seconds`` stops claiming and starting jobs once that much time has
         passed (claimed jobs not started yet go back to pending): a cron run cannot
-        overlap the next, except for the handler running at the limit.
+        overlap the next, except for the handler running at the limit. ``actor`` is
+        who the job history says ran the jobs (default ``app``; the CLI passes ``cli``).
         """
-        return self._state().run_due(now, limit=limit, max_seconds=max_seconds)
+        return self._state().run_due(now, limit=limit, max_seconds=max_seconds, actor=actor)
 
     # -- the worker and retention -------------------------------------------------
 

@@ -208,6 +208,7 @@ class DeferState:
         *,
         limit: int | None = None,
         max_seconds: Duration | None = None,
+        actor: str | None = None,
     ) -> RunSummary:
         """Run every job due at *now* in this thread, through the worker's runner.
 
@@ -224,14 +225,24 @@ class DeferState:
         def clock() -> datetime:
             return fixed if fixed is not None else utcnow()
 
+        runner = self.runner
+        if actor is not None:
+            # The same executor and settings; only the name the history records differs.
+            runner = Runner(
+                self.store,
+                runner.executor,
+                lease=runner.lease,
+                claim_batch=runner.claim_batch,
+                actor=checked_actor(actor),
+            )
         self.transactions.refuse_uncommitted("run_due")
-        reclaim_lapsed(self.store, utcnow, actor=self.runner.actor)
+        reclaim_lapsed(self.store, utcnow, actor=runner.actor)
         if self.recurring is not None:
             # Sync at every call (run_due is a cron runner's whole "worker start"), then
             # write the ticks due by *now*, so the runner below runs them too.
             self.recurring.sync(clock())
             self.recurring.materialise(clock())
-        return self.runner.run_due(clock, limit=limit, deadline=deadline)
+        return runner.run_due(clock, limit=limit, deadline=deadline)
 
     def worker(self, *, clock: Clock | None = None, **options: Any) -> Worker:
         """A worker over this app's store and executor (options as ``make_worker``)."""

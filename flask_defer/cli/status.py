@@ -10,7 +10,7 @@ import click
 from flask.cli import with_appcontext
 
 from ..extension import current_defer
-from .common import errors_to_exit_codes
+from .common import CLI_ACTOR, errors_to_exit_codes
 
 
 @click.command("status", short_help="Show counts by status and the backlog.")
@@ -89,7 +89,7 @@ def run_due_command(ahead: float, max_seconds: float | None) -> None:
     and a worker beside it never runs a job twice.
     """
     now = datetime.now(UTC) + timedelta(seconds=ahead)
-    summary = current_defer().run_due(now=now, max_seconds=max_seconds)
+    summary = current_defer().run_due(now=now, max_seconds=max_seconds, actor=CLI_ACTOR)
     parts = ", ".join(f"{name} {n}" for name, n in summary.counts.items() if n)
     click.echo(f"ran {summary.ran} job(s)" + (f": {parts}" if parts else ""))
     if summary.out_of_time:
