@@ -384,6 +384,26 @@ def test_keyboard_only_undo_from_the_send_button_in_three_keys(
     expect(page.locator("#send-htmx")).to_be_focused()
 
 
+def test_escape_the_moment_the_outcome_appears_gives_the_focus_back(
+    live: Live, open_page: Callable[..., Page]
+) -> None:
+    # htmx swaps the outcome in at once but fires its load event only after the settle
+    # delay; a busy machine stretches that gap, here it is stretched to a second. An
+    # Escape pressed as soon as the outcome shows must still return the focus to Send.
+    page = open_page("/?window=30")
+    page.evaluate("htmx.config.defaultSettleDelay = 1000")
+    page.locator("#send-htmx").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator(OPEN)).to_have_count(1)
+    page.keyboard.press("F6")
+    expect(page.locator(OPEN).get_by_role("button", name="Undo")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator('[data-defer-outcome="undone"]')).to_be_visible()
+    page.keyboard.press("Escape")
+    expect(page.locator(".defer-toast")).to_have_count(0)
+    expect(page.locator("#send-htmx")).to_be_focused()
+
+
 def test_f6_goes_back_and_escape_dismisses_the_newest_settled_toast(
     live: Live, open_page: Callable[..., Page]
 ) -> None:
