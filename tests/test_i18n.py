@@ -22,7 +22,15 @@ from flask_defer.web import i18n
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALES = ("de", "fr")
-KEYWORDS = {"defer_gettext": None, "t": None, "gettext": None, "ngettext": (1, 2)}
+KEYWORDS = {
+    "defer_gettext": None,
+    "defer_ngettext": (1, 2),
+    "defer_pgettext": ((1, "c"), 2),
+    "N_": None,
+    "t": None,
+    "gettext": None,
+    "ngettext": (1, 2),
+}
 
 
 def extracted_ids() -> set[str]:
@@ -40,9 +48,15 @@ def catalogue(locale: str) -> dict[str, str]:
     path = i18n.TRANSLATIONS_DIR / locale / "LC_MESSAGES" / "flask_defer.po"
     with path.open("rb") as handle:
         po = read_po(handle, locale=locale)
-    return {
-        str(m.id): str(m.string) for m in po if m.id and m.string and "fuzzy" not in m.flags
-    }
+    found = {}
+    for m in po:
+        if not m.id or "fuzzy" in m.flags:
+            continue
+        # A plural message's id and string are tuples: every form must be translated.
+        forms = (m.string,) if isinstance(m.string, str) else tuple(m.string)
+        if all(forms):
+            found[m.id if isinstance(m.id, str) else m.id[0]] = forms[0]
+    return found
 
 
 @pytest.mark.parametrize("locale", LOCALES)

@@ -14,6 +14,7 @@ from flask.typing import ResponseReturnValue
 from ..undo import MAX_JOB_ID
 from .access import current_defer, require_operator
 from .csrf import csrf_token, field_name
+from .i18n import N_, gettext
 from .job_query import JobQuery
 from .redirects import safe_local_target
 
@@ -36,12 +37,17 @@ def confirm_cancel(job_id: int) -> ResponseReturnValue:
     job = current_defer().get(job_id)
     if job is None:
         abort(404)
-    what = f"job {job.id} ({job.name}{', key ' + job.key if job.key else ''})"
+    if job.key:
+        question = gettext(
+            "Cancel job {id} ({name}, key {key})?", id=job.id, name=job.name, key=job.key
+        )
+    else:
+        question = gettext("Cancel job {id} ({name})?", id=job.id, name=job.name)
     return _page(
-        question=f"Cancel {what}?",
-        detail="A cancelled job never runs; it cannot be undone from here.",
+        question=question,
+        detail=gettext("A cancelled job never runs; it cannot be undone from here."),
         action=url_for("defer.dashboard_cancel", job_id=job.id),
-        button="Yes, cancel it",
+        button=gettext("Yes, cancel it"),
         danger=True,
         query=None,
     )
@@ -52,10 +58,10 @@ def confirm_cancel_many() -> ResponseReturnValue:
     require_operator()
     query = JobQuery.from_args(request.args)
     return _page(
-        question=f"Cancel every pending job {_matching(query)}?",
-        detail="Cancelled jobs never run; running ones are left to finish.",
+        question=gettext("Cancel every pending job {matching}?", matching=_matching(query)),
+        detail=gettext("Cancelled jobs never run; running ones are left to finish."),
         action=url_for("defer.dashboard_cancel_many"),
-        button="Yes, cancel them",
+        button=gettext("Yes, cancel them"),
         danger=True,
         query=query,
     )
@@ -66,22 +72,29 @@ def confirm_retry_many() -> ResponseReturnValue:
     require_operator()
     query = JobQuery.from_args(request.args)
     return _page(
-        question=f"Retry every failed job {_matching(query)}?",
-        detail="Each becomes pending, due now, with its attempts reset.",
+        question=gettext("Retry every failed job {matching}?", matching=_matching(query)),
+        detail=gettext("Each becomes pending, due now, with its attempts reset."),
         action=url_for("defer.dashboard_retry_many"),
-        button="Yes, retry them",
+        button=gettext("Yes, retry them"),
         danger=False,
         query=query,
     )
 
 
+#: The filters a confirm question names, in the reader's words.
+FILTER_NAMES = {"name": N_("name"), "key_prefix": N_("key prefix"), "owner": N_("owner")}
+
+
 def _matching(query: JobQuery) -> str:
+    """What a bulk action acts on: "matching name 'x', owner 'y'", or "in the table"."""
     parts = [
-        f"{name.replace('_', ' ')} {value!r}"
+        f"{gettext(FILTER_NAMES[name])} {value!r}"
         for name, value in query.filters.items()
-        if value is not None and name != "status"
+        if value is not None and name in FILTER_NAMES
     ]
-    return "matching " + ", ".join(parts) if parts else "in the table"
+    if not parts:
+        return gettext("in the table")
+    return gettext("matching {filters}", filters=", ".join(parts))
 
 
 def _page(

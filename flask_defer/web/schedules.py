@@ -16,6 +16,7 @@ from ..timeutil import utcnow
 from .access import current_defer, operators_only, require_operator
 from .csrf import require_csrf
 from .dashboard_actions import ActionOutcome, answer
+from .i18n import gettext
 
 
 def register(blueprint: Blueprint) -> None:
@@ -62,8 +63,10 @@ def pause(schedule_id: str) -> ResponseReturnValue:
     except ScheduleNotFound:
         abort(404)
     if paused:
-        return answer(ActionOutcome(True, f"Schedule {schedule_id} paused."))
-    return answer(ActionOutcome(False, f"Schedule {schedule_id} was already paused."))
+        return answer(ActionOutcome(True, gettext("Schedule {id} paused.", id=schedule_id)))
+    return answer(
+        ActionOutcome(False, gettext("Schedule {id} was already paused.", id=schedule_id))
+    )
 
 
 def resume(schedule_id: str) -> ResponseReturnValue:
@@ -74,8 +77,8 @@ def resume(schedule_id: str) -> ResponseReturnValue:
     except ScheduleNotFound:
         abort(404)
     if resumed:
-        return answer(ActionOutcome(True, f"Schedule {schedule_id} resumed."))
-    return answer(ActionOutcome(False, f"Schedule {schedule_id} was not paused."))
+        return answer(ActionOutcome(True, gettext("Schedule {id} resumed.", id=schedule_id)))
+    return answer(ActionOutcome(False, gettext("Schedule {id} was not paused.", id=schedule_id)))
 
 
 def run_now(schedule_id: str) -> ResponseReturnValue:
@@ -85,4 +88,8 @@ def run_now(schedule_id: str) -> ResponseReturnValue:
         job = current_defer().run_recurring_now(schedule_id)
     except ScheduleNotFound:
         abort(404)
-    return answer(ActionOutcome(True, f"Schedule {schedule_id}: job {job.id} is due now."))
+    return answer(
+        ActionOutcome(
+            True, gettext("Schedule {id}: job {job} is due now.", id=schedule_id, job=job.id)
+        )
+    )
