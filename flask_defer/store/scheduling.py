@@ -176,8 +176,8 @@ class SchedulingStatements(HistoryStatements):
     def _inserted_job(job_id: int, values: dict[str, Any]) -> Job:
         """The :class:`Job` just written, from the values written (no read back).
 
-        Built through :meth:`Job.from_row`, the one place that reads a stored row, so a
-        ``label`` column holding the toast's state texts is split exactly as on a read.
+        Built through :meth:`Job.from_row`, the one place that reads a stored row, so the
+        written job and a job read back are built the same way.
         """
         return Job.from_row({**values, "id": job_id, "status": JobStatus.PENDING.value})
 
@@ -250,6 +250,10 @@ class SchedulingStatements(HistoryStatements):
             "max_attempts": new.max_attempts,
             "owner": new.owner,
             "label": new.label,
+            "waiting_label": new.waiting_label,
+            "done_label": new.done_label,
+            "failed_label": new.failed_label,
+            "undone_label": new.undone_label,
             "undo_until": new.undo_until,
             "created_at": now,
             "updated_at": now,
