@@ -189,7 +189,8 @@ def test_the_literal_finder_sees_text_and_visible_attributes_but_not_code() -> N
     source = (
         '<h1>{{ defer_gettext("Jobs") }} · flask_defer</h1><p>Owed {{ n }}</p>'
         '<input placeholder="Any name" value="x"><code>defer.recurring(...)</code> defer-dash'
-        "{# a comment #}{% if x %}<span title=\"{{ t }}\">{{ defer_gettext('ok') }}</span>{% endif %}"
+        "{# a comment #}{% if x %}<span title=\"{{ t }}\">"
+        "{{ defer_gettext('ok') }}</span>{% endif %}"
     )
     assert english_literals(source) == ["text: Owed", "input[placeholder]: Any name"]
 
