@@ -8,6 +8,8 @@ away, and the POST endpoints stay exactly as they are for scripts and htmx.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from flask import Blueprint, abort, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
@@ -53,32 +55,47 @@ def confirm_cancel(job_id: int) -> ResponseReturnValue:
     )
 
 
-def confirm_cancel_many() -> ResponseReturnValue:
-    """Ask before cancelling every pending job of the filter."""
-    require_operator()
-    query = JobQuery.from_args(request.args)
-    return _page(
-        question=gettext("Cancel every pending job {matching}?", matching=_matching(query)),
-        detail=gettext("Cancelled jobs never run; running ones are left to finish."),
-        action=url_for("defer.dashboard_cancel_many"),
-        button=gettext("Yes, cancel them"),
-        danger=True,
-        query=query,
-    )
+def _confirm_bulk(
+    doc: str, question: str, detail: str, endpoint: str, button: str, *, danger: bool
+) -> Callable[[], ResponseReturnValue]:
+    """A confirm page for a bulk action over the filtered rows; *question* names them.
+
+    *question*, *detail* and *button* are catalogue messages (marked ``N_``), translated
+    when the page is asked for, in the operator's locale.
+    """
+
+    def confirm() -> ResponseReturnValue:
+        require_operator()
+        query = JobQuery.from_args(request.args)
+        return _page(
+            question=gettext(question, matching=_matching(query)),
+            detail=gettext(detail),
+            action=url_for(endpoint),
+            button=gettext(button),
+            danger=danger,
+            query=query,
+        )
+
+    confirm.__doc__ = doc
+    return confirm
 
 
-def confirm_retry_many() -> ResponseReturnValue:
-    """Ask before retrying every failed job of the filter."""
-    require_operator()
-    query = JobQuery.from_args(request.args)
-    return _page(
-        question=gettext("Retry every failed job {matching}?", matching=_matching(query)),
-        detail=gettext("Each becomes pending, due now, with its attempts reset."),
-        action=url_for("defer.dashboard_retry_many"),
-        button=gettext("Yes, retry them"),
-        danger=False,
-        query=query,
-    )
+confirm_cancel_many = _confirm_bulk(
+    "Ask before cancelling every pending job of the filter.",
+    N_("Cancel every pending job {matching}?"),
+    N_("Cancelled jobs never run; running ones are left to finish."),
+    "defer.dashboard_cancel_many",
+    N_("Yes, cancel them"),
+    danger=True,
+)
+confirm_retry_many = _confirm_bulk(
+    "Ask before retrying every failed job of the filter.",
+    N_("Retry every failed job {matching}?"),
+    N_("Each becomes pending, due now, with its attempts reset."),
+    "defer.dashboard_retry_many",
+    N_("Yes, retry them"),
+    danger=False,
+)
 
 
 #: The filters a confirm question names, in the reader's words.
