@@ -38,37 +38,8 @@ class JobStatus(enum.StrEnum):
         return not self.is_live
 
 
-#: Separates the toast's state texts inside the ``label`` column. Texts may not contain
-#: it (:func:`join_texts` refuses them), so a plain label never splits by accident.
-TEXT_SEPARATOR = "\x1f"
-#: The state texts after the label, in their stored order.
+#: The Undo toast's texts for its states after "open", each in its own column.
 STATE_TEXTS = ("waiting_label", "done_label", "failed_label", "undone_label")
-
-
-def join_texts(label: str | None, **states: str | None) -> str | None:
-    """The ``label`` column's value for a label and the toast's state texts.
-
-    One column holds them all so the texts need no schema change: the label first, then
-    the state texts of :data:`STATE_TEXTS` joined by :data:`TEXT_SEPARATOR`; with no state
-    text the column is the label alone, exactly as before. Raises ``ValueError`` for a
-    text holding the separator (the caller names the argument).
-    """
-    for name, text in (("label", label), *states.items()):
-        if text is not None and TEXT_SEPARATOR in text:
-            raise ValueError(name)
-    if not any(states.values()):
-        return label
-    parts = [label or "", *(states.get(name) or "" for name in STATE_TEXTS)]
-    return TEXT_SEPARATOR.join(parts)
-
-
-def split_texts(stored: str) -> dict[str, str | None]:
-    """The label and state texts of a ``label`` column written by :func:`join_texts`."""
-    label, *rest = stored.split(TEXT_SEPARATOR)
-    texts: dict[str, str | None] = {"label": label or None}
-    for name, text in zip(STATE_TEXTS, rest, strict=False):
-        texts[name] = text or None
-    return texts
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +71,7 @@ class Job:
     finished_at: datetime | None = None
     claim_token: str | None = None
     lease_expires_at: datetime | None = None
-    #: The toast's texts for its other states (``defer.undoable(done_label=...)``);
-    #: stored with ``label`` in its column (see :func:`join_texts`).
+    #: The toast's texts for its other states (``defer.undoable(done_label=...)``).
     waiting_label: str | None = None
     done_label: str | None = None
     failed_label: str | None = None
@@ -112,9 +82,6 @@ class Job:
         """Build a job from a mapping of column values (as the store returns them)."""
         values = {name: row[name] for name in cls.__slots__ if name in row}
         values["status"] = JobStatus(values["status"])
-        label = values.get("label")
-        if label is not None and TEXT_SEPARATOR in label:
-            values.update(split_texts(label))
         return cls(**values)
 
     @property

@@ -16,7 +16,7 @@ from . import signals
 from .bulk import build_new_jobs
 from .errors import InvalidArgument, JobNotFound, JobNotPending
 from .execution import Clock
-from .jobs import Job, JobStatus, join_texts
+from .jobs import Job, JobStatus
 from .state import DeferState
 from .store import JobFilter
 from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
@@ -105,8 +105,8 @@ def undoable(
 ) -> Job:
     """Schedule *name* after an Undo window (plus the margin), with a toast for *owner*.
 
-    *texts* are the toast's state texts (``waiting_label``, ``done_label``, ...), stored
-    with the label in its column (:func:`~flask_defer.jobs.join_texts`).
+    *texts* are the toast's state texts (``waiting_label``, ``done_label``, ...), each
+    stored in its own column.
     """
     span = (
         state.config.undo_window
@@ -119,13 +119,6 @@ def undoable(
             "there is no current owner to show the Undo toast to; call undoable() "
             "while handling a request, or pass owner=",
         )
-    checked = {name: checked_text(text, name) for name, text in (texts or {}).items()}
-    try:
-        stored_label = join_texts(checked_text(label, "label"), **checked)
-    except ValueError as error:
-        raise InvalidArgument(str(error), "must not contain the U+001F separator") from None
-    if stored_label is not None and len(stored_label) > 255:
-        raise InvalidArgument("label", "label and the state texts together: at most 255 characters")
     now = utcnow()
     return state.schedule(
         name,
@@ -134,8 +127,9 @@ def undoable(
         key=key,
         replace=replace,
         owner=owner,
-        label=stored_label,
+        label=label,
         undo_until=now + span,
+        texts=texts,
     )
 
 

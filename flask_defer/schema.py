@@ -149,6 +149,11 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         Column("max_attempts", Integer, nullable=False),
         Column("owner", String(255), nullable=True),
         Column("label", String(255), nullable=True),
+        # The Undo toast's texts for its other states (revision flask_defer_0004).
+        Column("waiting_label", String(255), nullable=True),
+        Column("done_label", String(255), nullable=True),
+        Column("failed_label", String(255), nullable=True),
+        Column("undone_label", String(255), nullable=True),
         Column("undo_until", DateTime(timezone=True), nullable=True),
         Column("last_error", Text, nullable=True),
         Column("result", payload_type, nullable=True),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -131,8 +131,12 @@ class DeferState:
         label: str | None = None,
         undo_until: datetime | None = None,
         actor: str | None = None,
+        texts: Mapping[str, str | None] | None = None,
     ) -> Job:
-        """Validate and insert one job (what ``Defer.schedule`` documents)."""
+        """Validate and insert one job (what ``Defer.schedule`` documents).
+
+        *texts* are an Undo toast's state texts (``done_label=`` ...), from ``undoable``.
+        """
         spec = self.spec_for(name)
         now = utcnow()
         new = NewJob(
@@ -145,6 +149,7 @@ class DeferState:
             owner=checked_text(owner, "owner"),
             label=checked_text(label, "label"),
             undo_until=as_utc(undo_until, "undo_until") if undo_until is not None else None,
+            **{name: checked_text(text, name) for name, text in (texts or {}).items()},
         )
         if not isinstance(replace, bool):
             raise InvalidArgument("replace", f"expected True or False, got {replace!r}")

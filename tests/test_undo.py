@@ -341,13 +341,24 @@ def test_the_state_texts_are_stored_with_the_label_and_read_back(mail: AppKit) -
 
 @pytest.mark.parametrize(
     ("argument", "value"),
-    [("done_label", "a\x1fb"), ("failed_label", ""), ("waiting_label", 7), ("label", "x" * 250)],
+    [("done_label", "x" * 256), ("failed_label", ""), ("waiting_label", 7), ("label", "x" * 256)],
 )
 def test_undoable_refuses_bad_state_texts(mail: AppKit, argument: str, value: object) -> None:
     texts: dict[str, object] = {"done_label": "Sent", argument: value}
     with pytest.raises(InvalidArgument) as caught:
         undoable(mail, **texts)
     assert caught.value.argument == argument
+
+
+def test_each_state_text_has_its_own_column_and_any_character(mail: AppKit) -> None:
+    # Each text may use its whole 255 characters, and a label may hold U+001F (once the
+    # separator of the texts joined into one column): nothing splits it.
+    job = undoable(mail, label="a\x1fb" + "x" * 250, done_label="d" * 255, undone_label="u\x1f")
+    stored = mail.defer.get(job.id)
+    assert stored is not None
+    assert stored.label == "a\x1fb" + "x" * 250
+    assert (stored.done_label, stored.undone_label) == ("d" * 255, "u\x1f")
+    assert (stored.waiting_label, stored.failed_label) == (None, None)
 
 
 def test_toast_state_comes_from_the_row_alone(mail: AppKit) -> None:

@@ -151,7 +151,12 @@ def test_upgrade_of_a_0_1_0_database_creates_the_schedules_table_through_0002(
 ) -> None:
     fill(legacy_engine, legacy_rows(legacy_engine))
     applied = versioning.upgrade(legacy_engine)
-    assert applied == ["flask_defer_0001", "flask_defer_0002", "flask_defer_0003"]
+    assert applied == [
+        "flask_defer_0001",
+        "flask_defer_0002",
+        "flask_defer_0003",
+        "flask_defer_0004",
+    ]
     inspector = inspect(legacy_engine)
     assert "defer_schedules" in inspector.get_table_names()
     [index] = inspector.get_indexes("defer_schedules")
@@ -334,7 +339,52 @@ def test_downgrade_of_the_schedules_revision_drops_only_that_table(
     assert len(read_back(legacy_engine)) == 8
     status = versioning.check(legacy_engine)
     assert status.state == "behind" and status.database == "flask_defer_0001"
-    assert versioning.upgrade(legacy_engine) == ["flask_defer_0002", "flask_defer_0003"]
+    assert versioning.upgrade(legacy_engine) == [
+        "flask_defer_0002",
+        "flask_defer_0003",
+        "flask_defer_0004",
+    ]
+    assert versioning.check(legacy_engine).ok
+
+
+def _alembic_upgrade(engine: Engine, target: str) -> None:
+    """Upgrade a 0.1.0 database (recorded as flask_defer_0001, as upgrade does) to *target*."""
+    from alembic import command
+
+    with versioning._connected(engine, "defer_jobs") as (conn, config):
+        command.stamp(config, "flask_defer_0001")
+        command.upgrade(config, target)
+        conn.commit()
+
+
+JOINED = "Message sent\x1fSending…\x1fSent\x1f\x1fSending undone."
+
+
+def test_the_state_texts_revision_moves_joined_labels_into_their_columns_and_back(
+    legacy_engine: Engine,
+) -> None:
+    fill(legacy_engine, legacy_rows(legacy_engine))
+    _alembic_upgrade(legacy_engine, "flask_defer_0003")
+    with legacy_engine.begin() as conn:
+        conn.execute(text("UPDATE defer_jobs SET label = :label WHERE id = 1"), {"label": JOINED})
+        conn.execute(text("UPDATE defer_jobs SET label = :label WHERE id = 2"), {"label": "Plain"})
+    assert versioning.upgrade(legacy_engine) == ["flask_defer_0004"]
+    columns = "label, waiting_label, done_label, failed_label, undone_label"
+    with legacy_engine.connect() as conn:
+        rows = {
+            r[0]: tuple(r[1:])
+            for r in conn.execute(text(f"SELECT id, {columns} FROM defer_jobs WHERE id IN (1, 2)"))
+        }
+    assert rows[1] == ("Message sent", "Sending…", "Sent", None, "Sending undone.")
+    assert rows[2] == ("Plain", None, None, None, None)
+    _alembic_downgrade(legacy_engine, "flask_defer_0003")
+    assert "done_label" not in {c["name"] for c in inspect(legacy_engine).get_columns("defer_jobs")}
+    with legacy_engine.connect() as conn:
+        labels = dict(
+            conn.execute(text("SELECT id, label FROM defer_jobs WHERE id IN (1, 2)")).all()
+        )
+    assert labels == {1: JOINED, 2: "Plain"}
+    assert versioning.upgrade(legacy_engine) == ["flask_defer_0004"]
     assert versioning.check(legacy_engine).ok
 
 
@@ -357,7 +407,11 @@ def test_an_app_without_db_on_an_older_schema_leaves_the_schedules_table_to_the_
         # Creating the table at init_app would make revision 0002 fail on it.
         assert "defer_schedules" not in inspect(legacy_engine).get_table_names()
         with app.app_context():
-            assert defer.upgrade_schema() == ["flask_defer_0002", "flask_defer_0003"]
+            assert defer.upgrade_schema() == [
+                "flask_defer_0002",
+                "flask_defer_0003",
+                "flask_defer_0004",
+            ]
             assert defer.schema_status().ok
             defer.recurring("nightly", "send_email", cron="0 3 * * *")
             defer.run_due(now=NOW)
@@ -381,7 +435,12 @@ def test_renamed_tables_are_created_by_the_revisions_under_their_names(
     engine: Engine,
 ) -> None:
     applied = versioning.upgrade(engine, "app_jobs", schedules_table="app_schedules")
-    assert applied == ["flask_defer_0001", "flask_defer_0002", "flask_defer_0003"]
+    assert applied == [
+        "flask_defer_0001",
+        "flask_defer_0002",
+        "flask_defer_0003",
+        "flask_defer_0004",
+    ]
     names = set(inspect(engine).get_table_names())
     assert {"app_jobs", "app_schedules"} <= names
     assert not {"defer_jobs", "defer_schedules"} & names

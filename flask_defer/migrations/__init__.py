@@ -3,7 +3,8 @@
 ``versions/`` holds one revision per schema change on the ``flask_defer`` branch; the
 first (``flask_defer_0001``) is the schema of 0.1.0, the second (``flask_defer_0002``)
 adds the recurring schedules table, the third (``flask_defer_0003``) the job history
-table. They run two ways:
+table, the fourth (``flask_defer_0004``) the Undo toast's state-text columns. They run
+two ways:
 
 * from the app's own Alembic / Flask-Migrate setup, by adding
   ``flask_defer.migrations:versions`` to its ``version_locations`` (``flask db upgrade``

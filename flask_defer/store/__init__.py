@@ -12,7 +12,10 @@ own. All times are passed in (``now=``) so tests can drive the clock.
 
 from __future__ import annotations
 
+from .acks import AckStatements
+from .batches import BatchStatements
 from .claims import ClaimStatements
+from .control import ControlStatements
 from .reads import ReadStatements
 from .records import (
     NOTIFY_CHANNEL,
@@ -26,6 +29,7 @@ from .records import (
     StatusCounts,
 )
 from .scheduling import SchedulingStatements
+from .upkeep import UpkeepStatements
 
 __all__ = [
     "NOTIFY_CHANNEL",
@@ -41,9 +45,18 @@ __all__ = [
 ]
 
 
-class JobStore(SchedulingStatements, ReadStatements, ClaimStatements):
+class JobStore(
+    SchedulingStatements,
+    ControlStatements,
+    BatchStatements,
+    ReadStatements,
+    ClaimStatements,
+    AckStatements,
+    UpkeepStatements,
+):
     """All reads and writes of the jobs table, over one engine.
 
-    Split by who calls it (callers' writes, reads, the worker's statements) only to
-    keep each file readable; it is one object and one owner of all SQL.
+    Split by who calls it (callers' inserts, control writes and batch appends;
+    reads; the worker's claims, acknowledgements and upkeep) only to keep each
+    file readable; it is one object and one owner of all SQL.
     """

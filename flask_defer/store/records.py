@@ -34,6 +34,11 @@ class NewJob:
     owner: str | None = None
     label: str | None = None
     undo_until: datetime | None = None
+    #: The Undo toast's texts for its other states (``undoable(done_label=...)``).
+    waiting_label: str | None = None
+    done_label: str | None = None
+    failed_label: str | None = None
+    undone_label: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,178 @@
+"""Batch appends: items joining one pending job per (name, key) window.
+
+An append is a guarded update of the open batch or the insert of a new one, so items
+racing the worker's claim land in exactly one batch.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    String,
+    Text,
+    case,
+    cast,
+    func,
+    literal,
+    literal_column,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql
+
+from ..jobs import Job, JobStatus
+from ..schema import UTCDateTime
+from .history import HistoryStatements
+from .records import (
+    BatchAppend,
+    NewJob,
+)
+
+#: A stand-in job, only to learn the column names an insert binds.
+_PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)
+
+
+class BatchStatements(HistoryStatements):
+    """Batch appends: items joining one pending job per (name, key) window."""
+
+    def batch_append(
+        self,
+        conn: Connection,
+        *,
+        name: str,
+        key: str,
+        item_json: str,
+        now: datetime,
+        max_items: int | None,
+        debounce_until: datetime | None,
+    ) -> BatchAppend | None:
+        """Append one item to the pending batch job *name* holding *key*, in one statement.
+
+        The guard (``status = 'pending'`` and, with *max_items*, "not full yet") makes
+        the append and the worker's claim exclusive: an item lands in a batch before it
+        is claimed, or the update touches nothing and the caller starts a new batch.
+        *item_json* is the item as JSON text. ``debounce_until`` moves ``run_at`` there,
+        but never past the batch's ``flush_by`` (its ``max_wait`` deadline); a batch
+        that reaches *max_items* is made due at once and its key becomes
+        ``<key>#full-<id>``. ``None`` when no such row accepts the item, which includes
+        a batch already due at *now*.
+        """
+        # Long on purpose: one guarded UPDATE built for both dialects; splitting it would
+        # hide which conditions the single statement checks together.
+        t = self.table
+        if self.is_postgres:
+            items = t.c.payload.op("->")(literal_column("'items'"))
+            count_before = func.jsonb_array_length(items)
+            # A one-element array concatenated to the list appends the item, even
+            # when the item is itself an array.
+            appended = func.jsonb_set(
+                t.c.payload,
+                literal_column("'{items}'"),
+                items.op("||")(cast(literal("[" + item_json + "]", Text()), postgresql.JSONB)),
+            )
+            count_after: ColumnElement[Any] = literal_column(
+                "jsonb_array_length(payload -> 'items')"
+            )
+            flush_by: ColumnElement[Any] = cast(
+                t.c.payload.op("->>")(literal_column("'flush_by'")),
+                postgresql.TIMESTAMP(timezone=True),
+            )
+            earliest: Any = func.least
+        else:
+            count_before = func.json_array_length(t.c.payload, literal_column("'$.items'"))
+            appended = func.json_insert(
+                t.c.payload, literal_column("'$.items[#]'"), func.json(literal(item_json, Text()))
+            )
+            count_after = literal_column("json_array_length(payload, '$.items')")
+            # flush_by is ISO 8601 UTC; SQLite stores times as "YYYY-MM-DD HH:MM:SS.ffffff",
+            # which compares correctly as text once the "T" and the offset are cut.
+            iso = func.json_extract(t.c.payload, literal_column("'$.flush_by'"))
+            flush_by = func.substr(iso, 1, 10).op("||")(" ").op("||")(func.substr(iso, 12, 15))
+            earliest = func.min
+        run_at: ColumnElement[Any] = t.c.run_at
+        if debounce_until is not None:
+            candidate = literal(debounce_until, UTCDateTime())
+            run_at = earliest(candidate, func.coalesce(flush_by, candidate))
+        conditions = [
+            t.c.key == key,
+            t.c.name == name,
+            t.c.status == JobStatus.PENDING.value,
+            # A batch that is due belongs to the worker: on PostgreSQL every append
+            # locks the row until its transaction commits, and the claim's SKIP LOCKED
+            # passes over a locked row, so a busy key's appenders would keep an
+            # overdue batch from ever being claimed. Late items open the next batch.
+            # (SQLite has no row locks: its claim waits for the write lock instead.)
+        ]
+        if self.is_postgres:
+            conditions.append(t.c.run_at > now)
+        values: dict[str, Any] = {"payload": appended, "updated_at": now}
+        if max_items is not None:
+            conditions.append(count_before < max_items)
+            full = count_before + 1 >= max_items
+            run_at = case((full, literal(now, UTCDateTime())), else_=run_at)
+            # A full batch gives its key up (renamed after its id), so the next item
+            # can open a new batch in the same slot while this one waits for a worker.
+            values["key"] = case(
+                (full, t.c.key + literal_column("'#full-'") + cast(t.c.id, String())),
+                else_=t.c.key,
+            )
+        values["run_at"] = run_at
+        stmt = (
+            update(t)
+            .where(*conditions)
+            .values(values)
+            .returning(t.c.id, t.c.run_at, t.c.queue, count_after)
+        )
+        row = conn.execute(stmt).first()
+        if row is None:
+            return None
+        result = BatchAppend(job_id=int(row[0]), run_at=row[1], items=int(row[3]))
+        if result.run_at <= now:
+            # Full: wake a sleeping worker now rather than at its next poll.
+            self.notify(conn, row[2])
+        return result
+
+    def batch_retire_due(self, conn: Connection, *, name: str, key: str, now: datetime) -> bool:
+        """Move a due, unclaimed batch out of its slot (key ``<key>#due-<id>``); True if one was.
+
+        A batch that is due takes no more items (see :meth:`batch_append`), so the slot
+        it holds is only in the way of the next batch. It keeps its run_at and is
+        claimed like any due job; one write per due batch, by the item that needs
+        the slot, instead of every later item locking it.
+        """
+        t = self.table
+        stmt = (
+            update(t)
+            .where(
+                t.c.key == key,
+                t.c.name == name,
+                t.c.status == JobStatus.PENDING.value,
+                t.c.run_at <= now,
+            )
+            .values(key=t.c.key + literal_column("'#due-'") + cast(t.c.id, String()))
+        )
+        return bool(conn.execute(stmt).rowcount)
+
+    def hold_claim(self, conn: Connection, job: Job) -> bool:
+        """Lock a claimed job's row in the caller's transaction; False if the claim is lost.
+
+        An ``atomic=True`` handler calls this first, so its transaction takes the job
+        row before the rows it works on, in the same order as an undo (cancel, then the
+        app's row): the two can wait for each other but never deadlock. SQLite has one
+        writer at a time and needs no row lock; there it is only the ownership check.
+        """
+        t = self.table
+        stmt = (
+            select(t.c.id)
+            .where(
+                t.c.id == job.id,
+                t.c.status == JobStatus.RUNNING.value,
+                t.c.claim_token == job.claim_token,
+            )
+            .with_for_update()
+        )
+        return conn.execute(stmt).first() is not None

@@ -1,0 +1,249 @@
+"""Control writes on behalf of callers: cancel, reschedule, hold, retry.
+
+Each is one guarded statement in the caller's transaction, so a cancel that races the
+worker's claim either wins or cleanly loses.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import (
+    Connection,
+    func,
+    select,
+    update,
+)
+
+from ..jobs import Job, JobStatus
+from .history import HistoryStatements
+from .records import (
+    HistoryEvent,
+    JobFilter,
+    NewJob,
+)
+
+#: A stand-in job, only to learn the column names an insert binds.
+_PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)
+
+
+class ControlStatements(HistoryStatements):
+    """Control writes on behalf of callers: cancel, reschedule, hold, retry."""
+
+    def cancel(
+        self,
+        conn: Connection,
+        *,
+        now: datetime,
+        job_id: int | None = None,
+        key: str | None = None,
+        owner: str | None = None,
+        actor: str = "app",
+        event: str = "cancelled",
+    ) -> Job | None:
+        """Cancel the pending job with this id or key; ``None`` if none was pending.
+
+        ``owner`` narrows the guard so a user can only ever cancel their own job, even
+        if they guess another id. *event* names it in the history: ``cancelled``, or
+        ``undone`` for the owner's Undo.
+        """
+        t = self.table
+        stmt = (
+            update(t)
+            .where(self._identity(job_id, key), t.c.status == JobStatus.PENDING.value)
+            .values(self._settle_values(JobStatus.CANCELLED, now))
+            .returning(*t.c)
+        )
+        if owner is not None:
+            stmt = stmt.where(t.c.owner == owner)
+        row = conn.execute(stmt).mappings().first()
+        if row is None:
+            return None
+        self.record_events(conn, [HistoryEvent(row["id"], event, now, actor, row["attempts"])])
+        return Job.from_row(row)
+
+    def cancel_many(
+        self, conn: Connection, where: JobFilter, *, now: datetime, actor: str = "app"
+    ) -> tuple[int, int]:
+        """Cancel every pending job matching *where*; return (cancelled, still running)."""
+        t = self.table
+        condition = self._filter(where)
+        gone = conn.execute(
+            update(t)
+            .where(condition, t.c.status == JobStatus.PENDING.value)
+            .values(self._settle_values(JobStatus.CANCELLED, now))
+            .returning(t.c.id, t.c.attempts)
+        ).all()
+        self.record_events(
+            conn,
+            [HistoryEvent(int(i), "cancelled", now, actor, attempts) for i, attempts in gone],
+        )
+        cancelled = len(gone)
+        in_flight = conn.execute(
+            select(func.count())
+            .select_from(t)
+            .where(condition, t.c.status == JobStatus.RUNNING.value)
+        ).scalar_one()
+        return int(cancelled), int(in_flight)
+
+    def reschedule(
+        self,
+        conn: Connection,
+        run_at: datetime,
+        *,
+        now: datetime,
+        job_id: int | None = None,
+        key: str | None = None,
+        actor: str = "app",
+        event: str = "rescheduled",
+    ) -> Job | None:
+        """Move a pending job to *run_at*; ``None`` if no job with this id/key is pending.
+
+        *event* names it in the history: ``rescheduled``, or ``run_now``.
+        """
+        t = self.table
+        row = (
+            conn.execute(
+                update(t)
+                .where(self._identity(job_id, key), t.c.status == JobStatus.PENDING.value)
+                .values(run_at=run_at, due_at=run_at, updated_at=now)
+                .returning(*t.c)
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            return None
+        self.record_events(
+            conn, [HistoryEvent(row["id"], event, now, actor, row["attempts"], run_at=run_at)]
+        )
+        # Moved earlier ("run now"), it must not wait for a worker's timed wake.
+        self.notify(conn, row["queue"])
+        return Job.from_row(row)
+
+    def hold(
+        self,
+        conn: Connection,
+        job_id: int,
+        *,
+        owner: str | None,
+        undo_until: datetime,
+        margin: timedelta,
+        max_hold: timedelta,
+        now: datetime,
+    ) -> Job | None:
+        """Push an open Undo window to *undo_until* (``run_at`` a *margin* after it).
+
+        ``None`` when refused: not *owner*'s job (any owner's with None), not pending,
+        its window already over at *now*, or already at least that late. A request past
+        the cap — ``run_at`` at most *max_hold* after ``due_at``, the time the job was
+        first due, which a hold (like a retry's backoff) never moves — is cut to the
+        cap. Each write is one guarded statement; the cap is compared as ``due_at >=
+        run_at - max_hold`` so no date arithmetic happens in SQL (SQLite stores text).
+        The read between the two attempts only finds the cap; the guard decides.
+        """
+        moved = self._guarded_hold(conn, job_id, owner, undo_until, margin, max_hold, now)
+        if moved is not None:
+            return moved
+        t = self.table
+        current = conn.execute(select(t.c.due_at, t.c.undo_until).where(t.c.id == job_id)).first()
+        if current is None or current.undo_until is None:
+            return None
+        cap = current.due_at + max_hold - margin
+        if current.undo_until < cap < undo_until:
+            return self._guarded_hold(conn, job_id, owner, cap, margin, max_hold, now)
+        return None
+
+    def _guarded_hold(
+        self,
+        conn: Connection,
+        job_id: int,
+        owner: str | None,
+        undo_until: datetime,
+        margin: timedelta,
+        max_hold: timedelta,
+        now: datetime,
+    ) -> Job | None:
+        t = self.table
+        run_at = undo_until + margin
+        stmt = (
+            update(t)
+            .where(
+                t.c.id == job_id,
+                t.c.status == JobStatus.PENDING.value,
+                t.c.undo_until > now,
+                t.c.undo_until < undo_until,
+                t.c.due_at >= run_at - max_hold,
+            )
+            .values(undo_until=undo_until, run_at=run_at, updated_at=now)
+            .returning(*t.c)
+        )
+        if owner is not None:
+            stmt = stmt.where(t.c.owner == owner)
+        row = conn.execute(stmt).mappings().first()
+        return Job.from_row(row) if row is not None else None
+
+    def retry_failed(
+        self, conn: Connection, job_id: int, *, now: datetime, actor: str = "app"
+    ) -> Job | None:
+        """Put a failed job back to pending, due now, with its attempts reset."""
+        t = self.table
+        row = (
+            conn.execute(
+                update(t)
+                .where(t.c.id == job_id, t.c.status == JobStatus.FAILED.value)
+                .values(
+                    status=JobStatus.PENDING.value,
+                    attempts=0,
+                    run_at=now,
+                    due_at=now,
+                    finished_at=None,
+                    updated_at=now,
+                )
+                .returning(*t.c)
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            return None
+        self.record_events(
+            conn, [HistoryEvent(job_id, "retried_by_operator", now, actor, 0, run_at=now)]
+        )
+        self.notify(conn, row["queue"])
+        return Job.from_row(row)
+
+    # -- dashboard: bulk retry -------------------------------------------------------
+
+    def retry_failed_many(
+        self, conn: Connection, where: JobFilter, *, now: datetime, actor: str = "app"
+    ) -> int:
+        """Put every failed job matching *where* back to pending, due now; return how many.
+
+        One guarded statement (``... AND status = 'failed'``), like the single retry:
+        a row that is not failed at the moment of the update is left alone.
+        """
+        t = self.table
+        retried = conn.execute(
+            update(t)
+            .where(self._filter(where), t.c.status == JobStatus.FAILED.value)
+            .values(
+                status=JobStatus.PENDING.value,
+                attempts=0,
+                run_at=now,
+                due_at=now,
+                finished_at=None,
+                updated_at=now,
+            )
+            .returning(t.c.id, t.c.queue)
+        ).all()
+        self.record_events(
+            conn,
+            [
+                HistoryEvent(int(job_id), "retried_by_operator", now, actor, 0, run_at=now)
+                for job_id, _queue in retried
+            ],
+        )
+        for queue in {queue for _id, queue in retried}:
+            self.notify(conn, queue)
+        return len(retried)

@@ -1,0 +1,224 @@
+"""Leases, reclaim, prune and LISTEN: the statements that keep claimed rows honest.
+
+A lapsed lease is handed back by one guarded statement under the maintenance lock,
+so two workers never reclaim (or prune) the same rows twice.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    and_,
+    delete,
+    func,
+    or_,
+    select,
+    update,
+)
+
+from ..jobs import Job, JobStatus
+from .history import HistoryStatements
+from .records import (
+    NOTIFY_CHANNEL,
+    HistoryEvent,
+)
+
+
+class UpkeepStatements(HistoryStatements):
+    """Leases, reclaim, prune and LISTEN: the statements that keep claimed rows honest."""
+
+    def release(
+        self,
+        jobs: Sequence[Job],
+        *,
+        now: datetime,
+        keep_run_at: bool = False,
+        spent: bool = True,
+    ) -> int:
+        """Hand claimed jobs back to pending, attempt not spent (shutdown, ``run_due``).
+
+        They are due now, or at their old ``run_at`` with ``keep_run_at``. ``spent``
+        says their claim counted an attempt, which is given back; jobs claimed with
+        ``spend_attempt=False`` and never started pass ``spent=False``. Their ``started``
+        event goes too, when the claim wrote one: the handler was never given the job.
+        """
+        t = self.table
+        values: dict[str, Any] = {
+            "status": JobStatus.PENDING.value,
+            "attempts": t.c.attempts - 1 if spent else t.c.attempts,
+            "claim_token": None,
+            "lease_expires_at": None,
+            "updated_at": now,
+        }
+        if not keep_run_at:
+            values["run_at"] = now
+        released: list[Job] = []
+        with self.begin() as conn:
+            for job in jobs:
+                if conn.execute(self._guarded_ack(job).values(values)).rowcount == 1:
+                    released.append(job)
+            if spent:
+                self._forget_started(conn, released)
+        return len(released)
+
+    def extend_leases(self, jobs: Sequence[Job], *, now: datetime, lease_until: datetime) -> int:
+        """Heartbeat: push the lease of still-owned claims to *lease_until*."""
+        if not jobs:
+            return 0
+        t = self.table
+        owned = [and_(t.c.id == job.id, t.c.claim_token == job.claim_token) for job in jobs]
+        stmt = (
+            update(t)
+            .where(t.c.status == JobStatus.RUNNING.value)
+            .where(or_(*owned))
+            .values(lease_expires_at=lease_until, updated_at=now)
+        )
+        with self.begin() as conn:
+            return int(conn.execute(stmt).rowcount)
+
+    def reclaim_lapsed(self, *, now: datetime, actor: str = "app") -> tuple[int, int]:
+        """Return jobs whose lease lapsed to pending (or failed when out of attempts).
+
+        The attempt the crashed worker started stays counted, so a job that kills its
+        worker every time ends as a dead letter instead of looping forever. Each job
+        gets a ``reclaimed`` event by *actor* naming the worker that lost it (the
+        actor of its last ``started``), and ``failed`` too when it was out of attempts.
+        """
+        t = self.table
+        lapsed = (t.c.status == JobStatus.RUNNING.value) & (t.c.lease_expires_at < now)
+        note = "lease lapsed: the worker running this job stopped renewing it"
+        with self.begin_immediate() as conn:
+            failed = conn.execute(
+                update(t)
+                .where(lapsed, t.c.attempts >= t.c.max_attempts)
+                .values({**self._settle_values(JobStatus.FAILED, now), "last_error": note})
+                .returning(t.c.id, t.c.attempts)
+            ).all()
+            returned = conn.execute(
+                update(t)
+                .where(lapsed)
+                .values(
+                    status=JobStatus.PENDING.value,
+                    run_at=now,
+                    claim_token=None,
+                    lease_expires_at=None,
+                    last_error=note,
+                    updated_at=now,
+                )
+                .returning(t.c.id, t.c.attempts)
+            ).all()
+            if returned:
+                self.notify(conn, "default")
+            if self.history_table is not None and (failed or returned):
+                self._record_reclaimed(conn, now, actor, note, returned=returned, failed=failed)
+        return len(returned), len(failed)
+
+    def _record_reclaimed(
+        self,
+        conn: Connection,
+        now: datetime,
+        actor: str,
+        note: str,
+        *,
+        returned: Sequence[Any],
+        failed: Sequence[Any],
+    ) -> None:
+        lost_by = self._last_started_by(conn, [int(r[0]) for r in (*returned, *failed)])
+        events: list[HistoryEvent] = []
+        for job_id, attempts in (*returned, *failed):
+            worker = lost_by.get(int(job_id), "an unknown worker")
+            why = f"lease lapsed: {worker} stopped renewing it"
+            events.append(HistoryEvent(int(job_id), "reclaimed", now, actor, attempts, why, now))
+        events.extend(
+            HistoryEvent(int(job_id), "failed", now, actor, attempts, note)
+            for job_id, attempts in failed
+        )
+        self.record_events(conn, events)
+
+    def prune(
+        self,
+        *,
+        settled_before: datetime,
+        failed_before: datetime,
+        batch_size: int = 1000,
+        max_batches: int | None = None,
+    ) -> int:
+        """Delete settled rows older than the retention, in batches; return how many.
+
+        ``max_batches`` bounds one call, so a worker catching up on a huge backlog of
+        history goes back to claiming jobs between rounds.
+        """
+        t = self.table
+        old = (
+            (t.c.status.in_([JobStatus.DONE.value, JobStatus.CANCELLED.value]))
+            & (t.c.finished_at < settled_before)
+        ) | ((t.c.status == JobStatus.FAILED.value) & (t.c.finished_at < failed_before))
+        total = 0
+        batches = 0
+        while True:
+            batch = select(t.c.id).where(old).limit(batch_size).scalar_subquery()
+            with self.begin_immediate() as conn:
+                # The job's history goes in the same transaction as the job.
+                gone = conn.execute(delete(t).where(t.c.id.in_(batch)).returning(t.c.id))
+                ids = [int(job_id) for job_id in gone.scalars()]
+                self._forget_history(conn, ids)
+                deleted = len(ids)
+            total += deleted
+            batches += 1
+            if deleted < batch_size or (max_batches is not None and batches >= max_batches):
+                return total
+
+    @contextmanager
+    def maintenance_lock(self) -> Iterator[bool]:
+        """Yield True in the one worker that may reclaim and prune right now.
+
+        PostgreSQL: a transaction-scoped advisory lock, tried without waiting, held on
+        a connection of its own for the duration of the block and released by its
+        commit, or by the server if this worker dies. SQLite: always True; its
+        writes are serialised anyway and reclaim/prune are guarded statements.
+        """
+        if not self.is_postgres:
+            yield True
+            return
+        with self.engine.connect() as conn, conn.begin():
+            locked = conn.execute(
+                select(func.pg_try_advisory_xact_lock(self._maintenance_lock_key()))
+            ).scalar()
+            yield bool(locked)
+
+    def _maintenance_lock_key(self) -> int:
+        # One lock per jobs table, so two apps sharing a database do not exclude
+        # each other. crc32 fits PostgreSQL's bigint key and is stable across runs.
+        return zlib.crc32(f"flask_defer:{self.table.name}".encode())
+
+    @property
+    def can_listen(self) -> bool:
+        """True when workers can LISTEN for NOTIFY (PostgreSQL through psycopg 3)."""
+        return self.is_postgres and self.engine.dialect.driver == "psycopg"
+
+    def open_listener(self) -> Any:
+        """A dedicated psycopg connection, in autocommit, LISTENing on the channel.
+
+        Taken from the engine (so it has the app's credentials and connect options)
+        and detached from its pool: it lives as long as the worker and is closed by
+        the caller. PostgreSQL only.
+        """
+        if not self.can_listen:
+            raise RuntimeError("LISTEN needs PostgreSQL through psycopg 3")
+        pooled = self.engine.raw_connection()
+        conn: Any = pooled.driver_connection
+        pooled.detach()
+        try:
+            conn.rollback()
+            conn.autocommit = True
+            conn.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
+        except BaseException:
+            conn.close()
+            raise
+        return conn
