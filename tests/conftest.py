@@ -8,7 +8,6 @@ tests never see each other's rows.
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -21,7 +20,7 @@ import pytest
 from flask import Flask
 from flask.globals import _cv_app
 from flask_sqlalchemy import SQLAlchemy
-from sqlalchemy import Engine, MetaData, create_engine, text
+from sqlalchemy import Engine, MetaData, create_engine
 from sqlalchemy.orm import DeclarativeBase
 from werkzeug.serving import WSGIRequestHandler, make_server
 
@@ -30,9 +29,9 @@ from flask_defer.schema import define_jobs_table
 from flask_defer.store import JobStore, NewJob
 
 from .pg_cluster import PostgresCluster
+from .pg_databases import EmptyDatabases
 
 BACKENDS = ["sqlite", "postgresql"]
-_database_numbers = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -56,23 +55,23 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(scope="session")
+def _empty_databases(postgres_server_url: str) -> Iterator[EmptyDatabases]:
+    databases = EmptyDatabases(postgres_server_url)
+    yield databases
+    databases.close()
+
+
 @pytest.fixture
 def database_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh, empty database on the backend under test."""
     if backend == "sqlite":
         yield f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
         return
-    server_url: str = request.getfixturevalue("postgres_server_url")
-    name = f"defer_test_{os.getpid()}_{next(_database_numbers)}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-        yield server_url.rsplit("/", 1)[0] + "/" + name
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
+    databases: EmptyDatabases = request.getfixturevalue("_empty_databases")
+    url = databases.take()
+    yield url
+    databases.give_back(url)
 
 
 @pytest.fixture

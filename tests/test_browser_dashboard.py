@@ -82,7 +82,8 @@ def test_filter_open_a_failed_job_and_retry_it(
     # Open the failed job: its traceback, attempts and payload.
     row.get_by_role("link", name="sync_invoices").click()
     expect(page).to_have_url(live.url + f"/defer/jobs/{failed_id}")
-    error = page.locator("pre.defer-traceback")
+    # The last error's traceback (the history timeline below shows each attempt's too).
+    error = page.get_by_label("Traceback of the last error")
     expect(error).to_contain_text("Traceback (most recent call last)")
     expect(error).to_contain_text("in _post_invoices")
     expect(page.locator(".defer-dl")).to_contain_text("3 of 3")
@@ -171,7 +172,7 @@ def test_screenshot_of_the_dashboard(
     page.screenshot(path=str(artifacts / f"dashboard{suffix}.png"), full_page=True)
     assert (artifacts / f"dashboard{suffix}.png").stat().st_size > 50_000
     page.goto(f"{live.url}/defer/jobs/{live.jobs.failed[0]}")
-    expect(page.locator("pre.defer-traceback")).to_be_visible()
+    expect(page.get_by_label("Traceback of the last error")).to_be_visible()
     page.screenshot(path=str(artifacts / f"dashboard-job{suffix}.png"), full_page=True)
 
 
