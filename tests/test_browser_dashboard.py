@@ -82,7 +82,6 @@ def test_filter_open_a_failed_job_and_retry_it(
     # Open the failed job: its traceback, attempts and payload.
     row.get_by_role("link", name="sync_invoices").click()
     expect(page).to_have_url(live.url + f"/defer/jobs/{failed_id}")
-    # The last error's traceback (the history timeline below shows each attempt's too).
     error = page.get_by_label("Traceback of the last error")
     expect(error).to_contain_text("Traceback (most recent call last)")
     expect(error).to_contain_text("in _post_invoices")
