@@ -100,6 +100,8 @@ class ReadStatements(StoreBase):
         do not move. Pending jobs a worker left for want of a handler are counted per
         name too (``unknown_to_worker``), so health needs no second pass.
         """
+        # Long because: one grouped pass over live rows and the capped settled windows fill
+        # one per-name record; split, the partial records would travel between functions.
         t = self.table
         cap = self.settled_cap if settled_cap is None else settled_cap
         pending = t.c.status == JobStatus.PENDING.value

@@ -8,6 +8,8 @@ away, and the POST endpoints stay exactly as they are for scripts and htmx.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from flask import Blueprint, abort, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
@@ -47,32 +49,43 @@ def confirm_cancel(job_id: int) -> ResponseReturnValue:
     )
 
 
-def confirm_cancel_many() -> ResponseReturnValue:
-    """Ask before cancelling every pending job of the filter."""
-    require_operator()
-    query = JobQuery.from_args(request.args)
-    return _page(
-        question=f"Cancel every pending job {_matching(query)}?",
-        detail="Cancelled jobs never run; running ones are left to finish.",
-        action=url_for("defer.dashboard_cancel_many"),
-        button="Yes, cancel them",
-        danger=True,
-        query=query,
-    )
+def _confirm_bulk(
+    doc: str, question: str, detail: str, endpoint: str, button: str, *, danger: bool
+) -> Callable[[], ResponseReturnValue]:
+    """A confirm page for a bulk action over the filtered rows; *question* names them."""
+
+    def confirm() -> ResponseReturnValue:
+        require_operator()
+        query = JobQuery.from_args(request.args)
+        return _page(
+            question=question.format(matching=_matching(query)),
+            detail=detail,
+            action=url_for(endpoint),
+            button=button,
+            danger=danger,
+            query=query,
+        )
+
+    confirm.__doc__ = doc
+    return confirm
 
 
-def confirm_retry_many() -> ResponseReturnValue:
-    """Ask before retrying every failed job of the filter."""
-    require_operator()
-    query = JobQuery.from_args(request.args)
-    return _page(
-        question=f"Retry every failed job {_matching(query)}?",
-        detail="Each becomes pending, due now, with its attempts reset.",
-        action=url_for("defer.dashboard_retry_many"),
-        button="Yes, retry them",
-        danger=False,
-        query=query,
-    )
+confirm_cancel_many = _confirm_bulk(
+    "Ask before cancelling every pending job of the filter.",
+    "Cancel every pending job {matching}?",
+    "Cancelled jobs never run; running ones are left to finish.",
+    "defer.dashboard_cancel_many",
+    "Yes, cancel them",
+    danger=True,
+)
+confirm_retry_many = _confirm_bulk(
+    "Ask before retrying every failed job of the filter.",
+    "Retry every failed job {matching}?",
+    "Each becomes pending, due now, with its attempts reset.",
+    "defer.dashboard_retry_many",
+    "Yes, retry them",
+    danger=False,
+)
 
 
 def _matching(query: JobQuery) -> str:

@@ -7,10 +7,13 @@ schedules`` and Python pause a schedule through the same guarded statement.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from flask import Blueprint, abort, render_template, url_for
 from flask.typing import ResponseReturnValue
 
 from ..errors import ScheduleNotFound
+from ..extension import Defer
 from ..recurrence import ID_PATTERN
 from ..timeutil import utcnow
 from .access import current_defer, operators_only, require_operator
@@ -56,26 +59,25 @@ def _guard(schedule_id: str) -> None:
 
 def pause(schedule_id: str) -> ResponseReturnValue:
     """running → paused; an already paused schedule is reported as such."""
-    _guard(schedule_id)
-    try:
-        paused = current_defer().pause_recurring(schedule_id)
-    except ScheduleNotFound:
-        abort(404)
-    if paused:
-        return answer(ActionOutcome(True, f"Schedule {schedule_id} paused."))
-    return answer(ActionOutcome(False, f"Schedule {schedule_id} was already paused."))
+    return _switch(schedule_id, Defer.pause_recurring, "paused", "was already paused")
 
 
 def resume(schedule_id: str) -> ResponseReturnValue:
     """paused → running from its next tick (the paused ticks are not run)."""
+    return _switch(schedule_id, Defer.resume_recurring, "resumed", "was not paused")
+
+
+def _switch(
+    schedule_id: str, method: Callable[[Defer, str], bool], done: str, unchanged: str
+) -> ResponseReturnValue:
+    """Pause or resume (the facade's *method*): *done* if this call changed it."""
     _guard(schedule_id)
     try:
-        resumed = current_defer().resume_recurring(schedule_id)
+        changed = method(current_defer(), schedule_id)
     except ScheduleNotFound:
         abort(404)
-    if resumed:
-        return answer(ActionOutcome(True, f"Schedule {schedule_id} resumed."))
-    return answer(ActionOutcome(False, f"Schedule {schedule_id} was not paused."))
+    text = done if changed else unchanged
+    return answer(ActionOutcome(changed, f"Schedule {schedule_id} {text}."))
 
 
 def run_now(schedule_id: str) -> ResponseReturnValue:
