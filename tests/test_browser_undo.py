@@ -20,6 +20,7 @@ from playwright.sync_api import BrowserContext, Page, expect
 from flask_defer import Job, JobStatus
 from flask_defer.timeutil import utcnow
 
+from .conftest import LiveServers
 from .undo_app import MailApp, create_app
 from .worker_helpers import wait_for_handler_threads, worker_thread
 
@@ -45,11 +46,12 @@ class Live:
 
 
 @pytest.fixture
-def live(tmp_path: Path, live_server: Callable[[Any], str]) -> Iterator[Live]:
+def live(tmp_path: Path, live_server: LiveServers) -> Iterator[Live]:
     mail = create_app(f"sqlite:///{tmp_path / 'mail.sqlite3'}")
     try:
         yield Live(mail, live_server(mail.app))
     finally:
+        live_server.stop()  # no request in flight while the engine is disposed
         mail.dispose()
 
 
@@ -162,7 +164,7 @@ def test_reload_and_navigation_keep_the_toast_with_the_time_left(
 
 @pytest.fixture
 def live_on(
-    database_url: str, live_server: Callable[[Any], str]
+    database_url: str, live_server: LiveServers
 ) -> Iterator[Callable[..., Live]]:
     """Factory: the mail app on the backend under test (SQLite and PostgreSQL)."""
     made: list[MailApp] = []
@@ -173,6 +175,7 @@ def live_on(
         return Live(mail, live_server(mail.app))
 
     yield make
+    live_server.stop()  # no request in flight while the engines are disposed
     for mail in made:
         mail.dispose()
 
