@@ -32,7 +32,7 @@ bench:
 # Re-extract the blueprint's strings, merge them into the German and French
 # catalogues (flask_defer/translations/), and compile the .mo files the wheel ships.
 translations: venv
-	.venv/bin/pybabel extract -F babel.cfg -k defer_gettext -k t -k gettext -k ngettext:1,2 \
+	.venv/bin/pybabel extract -F babel.cfg -k defer_gettext -k defer_ngettext:1,2 -k defer_pgettext:1c,2 -k N_ -k t -k gettext -k ngettext:1,2 \
 		--no-location --project flask-defer --copyright-holder "flask_defer developers" \
 		-o flask_defer/translations/flask_defer.pot .
 	.venv/bin/pybabel update -D flask_defer -i flask_defer/translations/flask_defer.pot \

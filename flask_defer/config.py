@@ -258,6 +258,49 @@ class WorkerOptions:
         )
 
 
+def _check_int(config: Mapping[str, Any], name: str, low: int, high: int | None) -> None:
+    """Refuse a setting that is not an integer from *low* to *high* (None: no bound)."""
+    value = config[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        ok = False  # True is an int to Python, never a count to a reader
+    else:
+        ok = low <= value and (high is None or value <= high)
+    if not ok:
+        bounds = f"≥ {low}" if high is None else f"from {low} to {high}"
+        raise InvalidArgument(name, f"expected an integer {bounds}, got {value!r}")
+
+
+def _check_bool(config: Mapping[str, Any], name: str) -> None:
+    """Refuse a setting that is not exactly True or False (``"false"`` is truthy)."""
+    if not isinstance(config[name], bool):
+        raise InvalidArgument(name, f"expected True or False, got {config[name]!r}")
+
+
+def _check_web_settings(config: Mapping[str, Any]) -> None:
+    """Refuse the blueprint's settings that would build a broken URL or header."""
+    prefix = config["DEFER_URL_PREFIX"]
+    if not isinstance(prefix, str) or not prefix.startswith("/") or prefix.endswith("/"):
+        raise InvalidArgument(
+            "DEFER_URL_PREFIX", f"expected a path like '/defer' (no trailing slash), got {prefix!r}"
+        )
+    home = config["DEFER_DASHBOARD_HOME_URL"]
+    if home is not None and (not isinstance(home, str) or not home.strip()):
+        raise InvalidArgument(
+            "DEFER_DASHBOARD_HOME_URL", f"expected a URL or path such as '/', or None, got {home!r}"
+        )
+    ancestors = config["DEFER_FRAME_ANCESTORS"]
+    if ancestors is not None and (
+        not isinstance(ancestors, str)
+        or not ancestors.strip()
+        or any(c in ancestors for c in ";,\r\n")
+    ):
+        # A ";" would let the setting smuggle another CSP directive into the header.
+        raise InvalidArgument(
+            "DEFER_FRAME_ANCESTORS",
+            f"expected a frame-ancestors source list like \"'self'\" or None, got {ancestors!r}",
+        )
+
+
 def load_config(config: Mapping[str, Any]) -> DeferConfig:
     """Build the frozen config, with errors that name the offending key."""
     values: dict[str, Any] = {}
@@ -272,35 +315,16 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         "DEFER_MAX_PAYLOAD_BYTES",
         "DEFER_RECURRING_MAX_CATCH_UP",
     ):
-        value = config[name]
         # attempts are 32-bit integer columns; nothing else here needs more.
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**31:
-            raise InvalidArgument(name, f"expected an integer from 1 to {2**31 - 1}, got {value!r}")
-    if not isinstance(config["DEFER_STRICT_LOCAL_TIMES"], bool):
-        raise InvalidArgument(
-            "DEFER_STRICT_LOCAL_TIMES",
-            f"expected True or False, got {config['DEFER_STRICT_LOCAL_TIMES']!r}",
-        )
-    prefix = config["DEFER_URL_PREFIX"]
-    if not isinstance(prefix, str) or not prefix.startswith("/") or prefix.endswith("/"):
-        raise InvalidArgument(
-            "DEFER_URL_PREFIX", f"expected a path like '/defer' (no trailing slash), got {prefix!r}"
-        )
-    limit = config["DEFER_TOAST_LIMIT"]
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100:
-        raise InvalidArgument(
-            "DEFER_TOAST_LIMIT", f"expected an integer from 1 to 100, got {limit!r}"
-        )
+        _check_int(config, name, 1, 2**31 - 1)
+    _check_bool(config, "DEFER_STRICT_LOCAL_TIMES")
+    _check_int(config, "DEFER_TOAST_LIMIT", 1, 100)
     # -- helpers --
     values["http_allowed_hosts"] = _allowed_hosts(config["DEFER_HTTP_ALLOWED_HOSTS"])
     if values["http_timeout"] <= timedelta(0):
         raise InvalidArgument("DEFER_HTTP_TIMEOUT", "must be positive")
     # -- the worker --
-    concurrency = config["DEFER_WORKER_CONCURRENCY"]
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise InvalidArgument(
-            "DEFER_WORKER_CONCURRENCY", f"expected an integer ≥ 1, got {concurrency!r}"
-        )
+    _check_int(config, "DEFER_WORKER_CONCURRENCY", 1, None)
     for name in (
         "DEFER_LEASE",
         "DEFER_JOB_TIMEOUT",
@@ -317,34 +341,12 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
             "DEFER_ACK_FLUSH", f"must be shorter than DEFER_LEASE ({values['lease']}), "
             f"got {values['ack_flush']}"
         )
-    embedded = config["DEFER_EMBEDDED_WORKER"]
-    if not isinstance(embedded, bool):
-        raise InvalidArgument("DEFER_EMBEDDED_WORKER", f"expected True or False, got {embedded!r}")
+    _check_bool(config, "DEFER_EMBEDDED_WORKER")
     # -- the operator dashboard and metrics --
-    page_size = config["DEFER_DASHBOARD_PAGE_SIZE"]
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1000:
-        raise InvalidArgument(
-            "DEFER_DASHBOARD_PAGE_SIZE", f"expected an integer from 1 to 1000, got {page_size!r}"
-        )
-    home = config["DEFER_DASHBOARD_HOME_URL"]
-    if home is not None and (not isinstance(home, str) or not home.strip()):
-        raise InvalidArgument(
-            "DEFER_DASHBOARD_HOME_URL", f"expected a URL or path such as '/', or None, got {home!r}"
-        )
+    _check_int(config, "DEFER_DASHBOARD_PAGE_SIZE", 1, 1000)
     for name in ("DEFER_METRICS", "DEFER_METRICS_PUBLIC", "DEFER_HISTORY"):
-        if not isinstance(config[name], bool):
-            raise InvalidArgument(name, f"expected True or False, got {config[name]!r}")
-    ancestors = config["DEFER_FRAME_ANCESTORS"]
-    if ancestors is not None and (
-        not isinstance(ancestors, str)
-        or not ancestors.strip()
-        or any(c in ancestors for c in ";,\r\n")
-    ):
-        # A ";" would let the setting smuggle another CSP directive into the header.
-        raise InvalidArgument(
-            "DEFER_FRAME_ANCESTORS",
-            f"expected a frame-ancestors source list like \"'self'\" or None, got {ancestors!r}",
-        )
+        _check_bool(config, name)
+    _check_web_settings(config)
     return DeferConfig(**values)
 
 

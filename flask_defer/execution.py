@@ -163,6 +163,9 @@ class Executor:
         *actor* (the worker, or ``app`` for ``run_due``) is who the outcome's history
         event names when it is written here; a batch names its actor at :meth:`flush`.
         """
+        # Long on purpose: one try block maps every way a handler can end (done, NotYet,
+        # Fail, an error, SystemExit) to its acknowledgement; split, each except clause
+        # would lose the try, the context and the atomic scope it belongs to.
         log = JobLog(logger, {"job": job})
         token = job.claim_token or ""
         spec = self.registry.get(job.name)
@@ -234,10 +237,6 @@ class Executor:
             job.id, token, JobStatus.DONE.value, result=result, last_error=note,
             attempt=job.attempts,
         )  # fmt: skip
-        return self._record(
-            PendingAck(done, lambda ok: self._succeeded(job, log, acknowledged=ok)), clock, batch,
-            actor,
-        )
         succeeded = PendingAck(done, lambda ok: self._succeeded(job, log, acknowledged=ok))
         return self._record(succeeded, clock, batch, actor)
 

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .execution import JobLog, Outcome, PendingAck
 from .jobs import Job
@@ -248,3 +249,23 @@ class HandlerPool:
                 self._tasks.discard(task)
                 if not self._tasks:
                     self._idle.notify_all()
+
+
+def warn_if_connections_short(engine: Any, needed: int) -> None:
+    """Warn when *engine*'s connection pool cannot give the worker *needed* connections.
+
+    Handler threads that wait for a connection hold their jobs' leases idle; the
+    setting to change (``SQLALCHEMY_ENGINE_OPTIONS``) is named in the warning.
+    """
+    pool: Any = engine.pool
+    size = getattr(pool, "size", None)
+    overflow = getattr(pool, "_max_overflow", 0)
+    if not callable(size) or overflow < 0:
+        return  # not a QueuePool, or unbounded overflow
+    if size() + overflow < needed:
+        logger.warning(
+            "the engine's pool allows %d connections but this worker may need %d; "
+            "raise pool_size/max_overflow (SQLALCHEMY_ENGINE_OPTIONS)",
+            size() + overflow,
+            needed,
+        )

@@ -121,6 +121,9 @@ class Runner:
         value) no job starts after it: the rest of the batch goes back to pending
         untouched and ``summary.out_of_time`` is set.
         """
+        # Long on purpose: the held list is shared by the heartbeat, the claim loop and the
+        # finally that hands unstarted jobs back; split, that sharing would need an object
+        # of its own for one loop.
         summary = RunSummary()
         started: set[int] = set()
         held: list[Job] = []  # claimed by this call, outcome not written yet

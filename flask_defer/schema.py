@@ -38,6 +38,7 @@ and deleted with its job (so its only index is ``(job_id, id)``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -297,6 +298,29 @@ def define_schedules_table(metadata: MetaData, name: str = DEFAULT_SCHEDULES_TAB
 def history_table_name(jobs_table_name: str) -> str:
     """The name of the history table that belongs to *jobs_table_name*."""
     return f"{jobs_table_name}_history"
+
+
+@dataclass(frozen=True)
+class SchemaNames:
+    """One app's flask_defer tables by name, and whether the app's Alembic migrates them.
+
+    What every schema-revision step needs to know (check, upgrade, the SQL, install),
+    passed as one value so a renamed table cannot be forgotten in one call of the chain.
+    ``jobs`` and ``schedules`` are ``Defer(table_name=..., schedules_table_name=...)``;
+    ``history`` always follows ``jobs`` (see :func:`history_table_name`), so it is derived
+    rather than stored and can never disagree with it. ``app_migrations``: the app runs
+    Alembic itself (Flask-Migrate), so the command to run is ``flask db upgrade`` even
+    before its first ``alembic_version`` exists.
+    """
+
+    jobs: str = DEFAULT_TABLE_NAME
+    schedules: str = DEFAULT_SCHEDULES_TABLE_NAME
+    app_migrations: bool = False
+
+    @property
+    def history(self) -> str:
+        """The job history table's name (``<jobs>_history``)."""
+        return history_table_name(self.jobs)
 
 
 def define_history_table(metadata: MetaData, jobs_table_name: str = DEFAULT_TABLE_NAME) -> Table:

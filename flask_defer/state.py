@@ -31,7 +31,7 @@ from .maintenance import prune as prune_settled
 from .maintenance import reclaim_lapsed
 from .registry import HandlerSpec, Registry
 from .runner import Runner
-from .schema import define_history_table, define_jobs_table
+from .schema import SchemaNames, define_history_table, define_jobs_table
 from .store import JobStore, NewJob, versioning
 from .store.tuning import tune_sqlite
 from .timeutil import Duration, as_utc, resolve_run_at, utcnow
@@ -208,6 +208,7 @@ class DeferState:
         *,
         limit: int | None = None,
         max_seconds: Duration | None = None,
+        actor: str | None = None,
     ) -> RunSummary:
         """Run every job due at *now* in this thread, through the worker's runner.
 
@@ -224,14 +225,24 @@ class DeferState:
         def clock() -> datetime:
             return fixed if fixed is not None else utcnow()
 
+        runner = self.runner
+        if actor is not None:
+            # The same executor and settings; only the name the history records differs.
+            runner = Runner(
+                self.store,
+                runner.executor,
+                lease=runner.lease,
+                claim_batch=runner.claim_batch,
+                actor=checked_actor(actor),
+            )
         self.transactions.refuse_uncommitted("run_due")
-        reclaim_lapsed(self.store, utcnow, actor=self.runner.actor)
+        reclaim_lapsed(self.store, utcnow, actor=runner.actor)
         if self.recurring is not None:
             # Sync at every call (run_due is a cron runner's whole "worker start"), then
             # write the ticks due by *now*, so the runner below runs them too.
             self.recurring.sync(clock())
             self.recurring.materialise(clock())
-        return self.runner.run_due(clock, limit=limit, deadline=deadline)
+        return runner.run_due(clock, limit=limit, deadline=deadline)
 
     def worker(self, *, clock: Clock | None = None, **options: Any) -> Worker:
         """A worker over this app's store and executor (options as ``make_worker``)."""
@@ -270,6 +281,9 @@ def build_state(
     one, jobs live in ``DEFER_DATABASE_URI`` or a SQLite file in the instance folder,
     and the table is created at once.
     """
+    # Long on purpose: the one place an app's parts are built, in the order each needs
+    # the last (engine, store, transactions, executor, runner, state); split, that order
+    # would be spread over functions that each take most of the others.
     apply_defaults(app.config)
     config = load_config(app.config)
     engine, table, session = _engine_table_session(app, config, db, table_name)
@@ -282,7 +296,7 @@ def build_state(
     store.notify_horizon = config.max_sleep
     if session is None:
         store.create_table(history=False)
-        if history is not None and versioning.check(engine, table.name).ok:
+        if history is not None and versioning.check(engine, SchemaNames(jobs=table.name)).ok:
             # A jobs table created just now was recorded at the newest revision, which
             # includes the history table. On an older recorded schema that table comes
             # from `flask defer db upgrade` (revision flask_defer_0003): creating it here

@@ -13,6 +13,7 @@ import warnings
 
 from flask import Flask
 
+from .schema import SchemaNames
 from .store import JobStore, versioning
 
 logger = logging.getLogger("flask_defer")
@@ -31,7 +32,7 @@ def warn_once_on_mismatch(app: Flask, store: JobStore) -> None:
             return
         done.set()
         try:
-            status = versioning.check(store.engine, store.table.name)
+            status = versioning.check(store.engine, SchemaNames(jobs=store.table.name))
         except Exception:  # the request itself will report a database that is down
             logger.warning("flask_defer could not check its schema version", exc_info=True)
             return

@@ -25,28 +25,28 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
-import sys
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import replace
 from datetime import datetime
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from . import stopping as _stopping
+from .acks import AckBuffer
 from .config import DeferConfig, WorkerOptions
 from .execution import Clock, Executor, JobLog, Outcome, PendingAck, RunSummary
-from .jobs import Job
 from .leases import LeaseHeartbeat
 from .leases import brief as _brief
 from .maintenance import Maintenance
-from .pool import HandlerPool
+from .pool import HandlerPool, warn_if_connections_short
 from .runner import Runner
+from .stopping import release, wait_for_handlers
 from .store import JobStore
+from .ticks import TickTimer
 from .timeutil import utcnow
 from .wake import Wake, Waker
 
@@ -75,20 +75,14 @@ class Worker:
     ) -> None:
         self.store = store
         #: Recurring schedules: synced at start, their due ticks written each round.
-        self.ticker = ticker
-        self._next_tick: datetime | None = None
-        self._tick_recheck = 0.0
+        self.ticks = TickTimer(ticker, options.poll_interval.total_seconds())
         self.executor = executor
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         #: Who this worker's claims, outcomes and reclaims are in the job history.
         self.actor = f"worker:{self.name}"
         # The claim and the execution are run_due's own (one runner, one claim path).
         self.runner = Runner(
-            store,
-            executor,
-            lease=options.lease,
-            claim_batch=options.claim_batch,
-            actor=self.actor,
+            store, executor, lease=options.lease, claim_batch=options.claim_batch, actor=self.actor
         )
         self.registry = executor.registry
         self.options = options
@@ -97,14 +91,7 @@ class Worker:
         self._summary_lock = threading.Lock()
         self._stop = threading.Event()
         self._started = False
-        queues = options.queues
-        self.waker = Waker(store.open_listener if store.can_listen else None, queues=queues)
-        if store.is_postgres and not store.can_listen:
-            logger.warning(
-                "LISTEN/NOTIFY needs the psycopg 3 driver (postgresql+psycopg://); "
-                "this worker polls every %g s instead",
-                options.poll_interval.total_seconds(),
-            )
+        self.waker = _waker(store, options)
         # Prefetch one claim batch: with every thread busy, the next jobs are already
         # claimed (their leases renewed by the heartbeat), so a finishing thread never
         # waits for a round trip. Other workers still get the rest of the backlog.
@@ -117,11 +104,8 @@ class Worker:
             prefetch=options.claim_batch,
             start=lambda job: store.start_claimed(job, now=self.clock(), actor=self.actor),
         )
-        # Handlers' outcomes waiting for the loop to write them in one batch, each
-        # with whether it counts in the summary (False: abandoned at its timeout).
-        self._acks: list[tuple[PendingAck, bool]] = []
-        self._acks_lock = threading.Lock()
-        self._ack_deadline: float | None = None
+        # Handlers' outcomes waiting for the loop to write them in one batch.
+        self._acks = AckBuffer(options.ack_flush.total_seconds())
         # Claim a batch only once a batch of slots is free, unless the last claim
         # found fewer due jobs than it asked for (then a job that comes due must not
         # wait for others to finish).
@@ -141,14 +125,20 @@ class Worker:
         if self._started:
             raise RuntimeError("a Worker runs once; create a new one to run again")
         self._started = True
-        restore = self._install_signal_handlers() if install_signal_handlers else None
+        grace = self.options.shutdown_grace.total_seconds()
+        restore = (
+            _stopping.install_signal_handlers(self.stop, self._stop.is_set, grace)
+            if install_signal_handlers
+            else None
+        )
         try:
             self.waker.start()
             self.pool.start()
             self._heartbeat.start()
-            self._warn_if_pool_too_small()
-            if self.ticker is not None:
-                self.ticker.sync(self.clock())
+            # Each handler thread acknowledges on its own connection; the loop, the
+            # heartbeat and the maintenance lock need one each.
+            warn_if_connections_short(self.store.engine, self.options.concurrency + 3)
+            self.ticks.sync(self.clock())
             logger.info(
                 "worker %s started: %d thread(s), queues %s, %s%s",
                 self.name,
@@ -194,38 +184,26 @@ class Worker:
                 if woke in (Wake.NOTIFY, Wake.RECONNECTED):
                     # A schedule may have been resumed or added elsewhere (they notify):
                     # look at the schedules table again instead of at the next poll.
-                    self._tick_recheck = 0.0
+                    self.ticks.look_again()
 
     def _step(self) -> float | None:
         """One round: time-outs, maintenance, acks, claim. Returns how long to sleep."""
         self._record_timeouts()
         self.maintenance.run_if_due()
         mono = time.monotonic()
-        deadline = self._ack_deadline
+        deadline = self._acks.deadline
         if deadline is not None and (deadline <= mono or self._stop.is_set()):
             self._flush_acks()
         if self._stop.is_set():
             return 0.0
         opts = self.options
-        self._write_ticks()
+        self.ticks.write_due(self.clock())
         now = self.clock()
         free = self.pool.free()
         claimed = 0
         if free and free >= self._claim_threshold():
             limit = min(free, opts.claim_batch)
-            # Jobs for idle threads start at once: their claim counts the attempt.
-            # The rest wait in the queue and count it when they start (one more
-            # statement each, only when every thread is busy).
-            starting = min(self.pool.idle(), limit)
-            for count, spent in ((starting, True), (limit - starting, False)):
-                if not count:
-                    continue
-                jobs = self.runner.claim(now, count, queues=opts.queues, spend_attempt=spent)
-                for job in jobs:
-                    self.pool.submit(job, self._timeout_for(job.name), spent=spent)
-                claimed += len(jobs)
-                if len(jobs) < count:
-                    break  # nothing more is due
+            claimed = self._claim_into_pool(now, limit)
             self._backlog = claimed == limit
             if claimed == limit and self.pool.free() >= self._claim_threshold():
                 return 0.0  # a full batch and room for another: more may be due now
@@ -238,16 +216,15 @@ class Worker:
                 waits.append((next_run_at - self.clock()).total_seconds())
             if not self.waker.listening:
                 waits.append(opts.poll_interval.total_seconds())
-        if self._next_tick is not None and self._next_tick > now:
-            # A tick due before any job must wake the loop too, or it would be late. (One
-            # still due after _write_ticks is a schedule that failed: no busy loop on it.)
-            waits.append((self._next_tick - self.clock()).total_seconds())
+        tick_wait = self.ticks.wait(now, self.clock())
+        if tick_wait is not None:
+            waits.append(tick_wait)  # a tick due before any job must wake the loop too
         # With every thread busy there is nothing to claim; a finishing handler wakes us.
         mono = time.monotonic()
         deadline = self.pool.next_deadline()
         if deadline is not None:
             waits.append(deadline - mono)
-        ack_deadline = self._ack_deadline
+        ack_deadline = self._acks.deadline
         if ack_deadline is not None:
             waits.append(ack_deadline - mono)
         if not opts.burst:
@@ -260,6 +237,26 @@ class Worker:
         ):
             return None
         return max(min(waits), 0.0 if claimed else MIN_SLEEP)
+
+    def _claim_into_pool(self, now: datetime, limit: int) -> int:
+        """Claim up to *limit* due jobs and hand them to the pool; return how many.
+
+        Jobs for idle threads start at once: their claim counts the attempt. The rest
+        wait in the queue and count it when they start (one more statement each, only
+        when every thread is busy).
+        """
+        claimed = 0
+        starting = min(self.pool.idle(), limit)
+        for count, spent in ((starting, True), (limit - starting, False)):
+            if not count:
+                continue
+            jobs = self.runner.claim(now, count, queues=self.options.queues, spend_attempt=spent)
+            for job in jobs:
+                self.pool.submit(job, self._timeout_for(job.name), spent=spent)
+            claimed += len(jobs)
+            if len(jobs) < count:
+                break  # nothing more is due
+        return claimed
 
     def _claim_threshold(self) -> int:
         """Free slots worth a claim: half a batch while the backlog lasts, else one.
@@ -278,38 +275,17 @@ class Worker:
         kept and written on a later round (its leases lapse meanwhile only if the
         outage outlasts them, and then the compare-and-set reports the claims lost).
         """
-        with self._acks_lock:
-            batch, self._acks = self._acks, []
-            self._ack_deadline = None
+        batch = self._acks.take()
         if not batch:
             return
         try:
             outcomes = self.runner.flush([pending for pending, _ in batch], self.clock)
         except BaseException:
-            with self._acks_lock:
-                self._acks[:0] = batch
-                self._ack_deadline = time.monotonic()
+            self._acks.put_back(batch)
             raise
         for outcome, (_, counted) in zip(outcomes, batch, strict=True):
             if counted:
                 self._count(outcome)
-
-    def _write_ticks(self) -> None:
-        """Write the jobs of due recurring ticks, and learn when the next tick is.
-
-        The schedules table is read when a known tick is due, and otherwise every
-        ``poll_interval`` (another process may have resumed or changed a schedule), so
-        an idle worker costs the table one indexed read per poll.
-        """
-        if self.ticker is None:
-            return
-        mono = time.monotonic()
-        now = self.clock()
-        if mono < self._tick_recheck and (self._next_tick is None or self._next_tick > now):
-            return
-        self.ticker.materialise(now)
-        self._next_tick = self.ticker.next_due()
-        self._tick_recheck = mono + self.options.poll_interval.total_seconds()
 
     def _record_timeouts(self) -> None:
         for task in self.pool.expire():
@@ -338,15 +314,10 @@ class Worker:
         """A handler returned (on its thread): batch its acknowledgement, maybe wake."""
         wake = False
         if isinstance(result, PendingAck):
-            with self._acks_lock:
-                self._acks.append((result, counted))
-                if self._ack_deadline is None:
-                    # The first of a batch: the loop must learn when to flush it.
-                    self._ack_deadline = time.monotonic() + self.options.ack_flush.total_seconds()
-                    wake = True
-        else:
-            if counted:
-                self._count(result)
+            # The first of a batch wakes the loop: it must learn when to flush it.
+            wake = self._acks.add(result, counted)
+        elif counted:
+            self._count(result)
         # A thread is free; the loop claims once a batch of slots is (or at once when
         # the backlog is short), so finishing handlers do not each cost a claim.
         if wake or self.pool.free() >= self._claim_threshold():
@@ -368,32 +339,13 @@ class Worker:
 
     def _shutdown(self) -> None:
         """Let running handlers finish within the grace period; release the rest."""
-        grace_ends = time.monotonic() + self.options.shutdown_grace.total_seconds()
         # Prefetched jobs that no thread started go back at once, not after the grace.
         withdrawn = self.pool.withdraw_queued()
-        self._release([t.job for t in withdrawn if t.spent], "claimed but not started")
-        self._release(
-            [t.job for t in withdrawn if not t.spent], "claimed but not started", spent=False
-        )
-        if self.pool.busy():
-            logger.info(
-                "waiting up to %g s for %d running job(s)",
-                self.options.shutdown_grace.total_seconds(),
-                len(self.pool.in_flight()),
-            )
-        while self.pool.busy():
-            try:
-                self._record_timeouts()
-            except Exception:  # noqa: BLE001 - shutting down regardless
-                logger.exception("recording timeouts during shutdown failed")
-            now = time.monotonic()
-            if now >= grace_ends:
-                break
-            wait = grace_ends - now
-            deadline = self.pool.next_deadline()
-            if deadline is not None:
-                wait = min(wait, max(deadline - now, MIN_SLEEP))
-            self.pool.wait_idle(wait)
+        for spent in (True, False):
+            jobs = [t.job for t in withdrawn if t.spent is spent]
+            release(self.store, jobs, "claimed but not started", self.clock(), spent=spent)
+        grace = self.options.shutdown_grace.total_seconds()
+        wait_for_handlers(self.pool, grace, self._record_timeouts)
         try:
             self._flush_acks()
         except SQLAlchemyError as error:
@@ -403,72 +355,11 @@ class Worker:
                 len(self._acks),
                 _brief(error),
             )
-        self._release(self.pool.in_flight(), "still running after the shutdown grace period")
+        why = "still running after the shutdown grace period"
+        release(self.store, self.pool.in_flight(), why, self.clock(), spent=True)
         self._heartbeat.stopped.set()
         self.pool.close()
         self.waker.close()
-
-    def _release(self, jobs: list[Job], why: str, *, spent: bool = True) -> None:
-        """Hand *jobs* back to pending (attempt not spent), logging each one."""
-        if not jobs:
-            return
-        try:
-            released = self.store.release(jobs, now=self.clock(), spent=spent)
-        except SQLAlchemyError as error:
-            logger.error(
-                "could not release %d job(s) (%s); they return to pending when "
-                "their leases lapse",
-                len(jobs),
-                _brief(error),
-            )
-            return
-        for job in jobs:
-            JobLog(logger, {"job": job}).warning("%s; released to pending", why)
-        logger.info("released %d job(s) back to pending", released)
-
-    def _install_signal_handlers(self) -> Callable[[], None] | None:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-        def on_signal(signum: int, _frame: FrameType | None) -> None:
-            name = signal.Signals(signum).name
-            if self._stop.is_set():
-                logger.warning("second %s: exiting at once", name)
-                _flush_logs()
-                os._exit(128 + signum)
-            logger.info(
-                "%s received: no new jobs; running ones get %g s to finish",
-                name,
-                self.options.shutdown_grace.total_seconds(),
-            )
-            self.stop()
-
-        for sig in previous:
-            signal.signal(sig, on_signal)
-
-        def restore() -> None:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-        return restore
-
-    def _warn_if_pool_too_small(self) -> None:
-        pool: Any = self.store.engine.pool
-        size = getattr(pool, "size", None)
-        overflow = getattr(pool, "_max_overflow", 0)
-        if not callable(size) or overflow < 0:
-            return  # not a QueuePool, or unbounded overflow
-        # Each handler thread acknowledges on its own connection; the loop, the
-        # heartbeat and the maintenance lock need one each.
-        needed = self.options.concurrency + 3
-        if size() + overflow < needed:
-            logger.warning(
-                "the engine's pool allows %d connections but this worker may need %d; "
-                "raise pool_size/max_overflow (SQLALCHEMY_ENGINE_OPTIONS)",
-                size() + overflow,
-                needed,
-            )
 
 
 def make_worker(
@@ -495,10 +386,12 @@ def _summary_text(summary: RunSummary) -> str:
     return f"ran {summary.ran} job(s)" + (f" ({', '.join(parts)})" if parts else "")
 
 
-def _flush_logs() -> None:
-    for handler in logging.getLogger().handlers + logging.getLogger("flask_defer").handlers:
-        try:
-            handler.flush()
-        except Exception:  # noqa: BLE001 - exiting anyway
-            pass
-    sys.stderr.flush()
+def _waker(store: JobStore, options: WorkerOptions) -> Waker:
+    """LISTEN where the driver can (psycopg 3), else a poll every ``poll_interval``."""
+    if store.is_postgres and not store.can_listen:
+        logger.warning(
+            "LISTEN/NOTIFY needs the psycopg 3 driver (postgresql+psycopg://); "
+            "this worker polls every %g s instead",
+            options.poll_interval.total_seconds(),
+        )
+    return Waker(store.open_listener if store.can_listen else None, queues=options.queues)

@@ -8,7 +8,6 @@ tests never see each other's rows.
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -21,18 +20,19 @@ import pytest
 from flask import Flask
 from flask.globals import _cv_app
 from flask_sqlalchemy import SQLAlchemy
-from sqlalchemy import Engine, MetaData, create_engine, text
+from sqlalchemy import Engine, MetaData, create_engine
 from sqlalchemy.orm import DeclarativeBase
 from werkzeug.serving import WSGIRequestHandler, make_server
+from werkzeug.wsgi import ClosingIterator
 
 from flask_defer import Defer
 from flask_defer.schema import define_jobs_table
 from flask_defer.store import JobStore, NewJob
 
 from .pg_cluster import PostgresCluster
+from .pg_databases import EmptyDatabases
 
 BACKENDS = ["sqlite", "postgresql"]
-_database_numbers = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -56,23 +56,23 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(scope="session")
+def _empty_databases(postgres_server_url: str) -> Iterator[EmptyDatabases]:
+    databases = EmptyDatabases(postgres_server_url)
+    yield databases
+    databases.close()
+
+
 @pytest.fixture
 def database_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh, empty database on the backend under test."""
     if backend == "sqlite":
         yield f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
         return
-    server_url: str = request.getfixturevalue("postgres_server_url")
-    name = f"defer_test_{os.getpid()}_{next(_database_numbers)}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-        yield server_url.rsplit("/", 1)[0] + "/" + name
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
+    databases: EmptyDatabases = request.getfixturevalue("_empty_databases")
+    url = databases.take()
+    yield url
+    databases.give_back(url)
 
 
 @pytest.fixture
@@ -235,26 +235,71 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-@pytest.fixture
-def live_server() -> Iterator[Callable[[Any], str]]:
-    """Factory: serve a WSGI app on 127.0.0.1 (a free port) in a thread; returns its URL.
+class LiveServers:
+    """Serve WSGI apps on 127.0.0.1 (a free port each) in threads: ``url = live(app)``.
 
-    Real HTTP for the browser tests; every server is shut down after the test.
+    ``stop()`` shuts every server down and waits until the requests in flight have
+    returned. An app fixture calls it before disposing its engines: a browser page
+    still polling could otherwise be mid-request while the pool is disposed, and the
+    connection that request returns afterwards lands in the discarded pool, left open
+    for the garbage collector.
     """
-    running: list[tuple[Any, threading.Thread]] = []
 
-    def serve(app: Any) -> str:
-        server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=_QuietHandler)
+    def __init__(self) -> None:
+        self._running: list[tuple[Any, threading.Thread]] = []
+        self._idle = threading.Condition()
+        self._in_flight = 0
+
+    def __call__(self, app: Any) -> str:
+        server = make_server(
+            "127.0.0.1", 0, self._counted(app), threaded=True, request_handler=_QuietHandler
+        )
         thread = threading.Thread(target=server.serve_forever, name="live-app", daemon=True)
         thread.start()
-        running.append((server, thread))
+        self._running.append((server, thread))
         return f"http://127.0.0.1:{server.server_port}"
 
-    yield serve
-    for server, thread in running:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    def stop(self, timeout: float = 30) -> None:
+        """Stop accepting requests, then wait up to *timeout* s for those in flight."""
+        running, self._running = self._running, []
+        for server, thread in running:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=10)
+        with self._idle:
+            assert self._idle.wait_for(lambda: self._in_flight == 0, timeout), (
+                f"{self._in_flight} request(s) still running {timeout} s after the stop"
+            )
+
+    def _counted(self, app: Any) -> Any:
+        def counted(environ: Any, start_response: Any) -> Any:
+            with self._idle:
+                self._in_flight += 1
+            try:
+                body = app(environ, start_response)
+            except BaseException:
+                self._finished()
+                raise
+            return ClosingIterator(body, [self._finished])
+
+        return counted
+
+    def _finished(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
+
+
+@pytest.fixture
+def live_server() -> Iterator[LiveServers]:
+    """Factory: serve a WSGI app on 127.0.0.1 (a free port) in a thread; returns its URL.
+
+    Real HTTP for the browser tests; every server is shut down after the test (fixtures
+    that dispose an app call ``live_server.stop()`` first).
+    """
+    servers = LiveServers()
+    yield servers
+    servers.stop()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from flask import Flask, redirect
+from flask import Flask, redirect, request
 from flask_login import LoginManager, UserMixin, current_user, login_user, logout_user
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.orm import DeclarativeBase
@@ -62,8 +62,15 @@ def _post_invoices(account: int) -> None:
     raise BillingUnavailable(f"billing API refused the connection (account {account})")
 
 
-def create_app(database_url: str, *, auth: bool = True, **config: Any) -> OpsApp:
-    """The app on *database_url*, its tables created; ``auth=False`` registers no hook."""
+#: The languages the app offers when it uses Flask-Babel (picked from Accept-Language).
+LOCALES = ["en", "de", "fr"]
+
+
+def create_app(
+    database_url: str, *, auth: bool = True, babel: bool = False, **config: Any
+) -> OpsApp:
+    """The app on *database_url*, its tables created; ``auth=False`` registers no hook,
+    ``babel=True`` initialises Flask-Babel (the browser's language picks the locale)."""
 
     class Model(DeclarativeBase):
         pass
@@ -78,6 +85,10 @@ def create_app(database_url: str, *, auth: bool = True, **config: Any) -> OpsApp
     )
     app.config.update(config)
     db.init_app(app)
+    if babel:
+        from flask_babel import Babel
+
+        Babel(app, locale_selector=lambda: request.accept_languages.best_match(LOCALES))
     defer.init_app(app, db=db)
 
     @defer.job("send_email")

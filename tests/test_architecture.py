@@ -1,7 +1,9 @@
-"""The dependency direction of DESIGN §3, as the import-linter contracts enforce it."""
+"""The shape of DESIGN §3: the import-linter contracts, module and function sizes."""
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -9,6 +11,85 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+#: One module, one idea: longer means two ideas, or a reason to say.
+MAX_MODULE_LINES = 400
+#: ``extension.py`` may be longer only as wiring plus thin, documented public methods.
+MAX_FACADE_LINES = 520
+MAX_FUNCTION_LINES = 60
+#: The comment a longer function carries, inside it, saying why it is one piece.
+LONG_REASON = re.compile(r"#\s*long (because|on purpose):", re.IGNORECASE)
+#: Shipped revisions are frozen steps (DDL scripts), never edited, not even for a comment.
+FROZEN = ("migrations/versions/",)
+
+
+def modules(package: Path) -> list[Path]:
+    return sorted(
+        path
+        for path in package.rglob("*.py")
+        if not any(part in path.relative_to(package).as_posix() for part in FROZEN)
+    )
+
+
+def oversized_modules(package: Path) -> list[str]:
+    """Modules over their line limit, as ``path: lines``."""
+    found = []
+    for path in modules(package):
+        lines = len(path.read_text().splitlines())
+        name = path.relative_to(package).as_posix()
+        limit = MAX_FACADE_LINES if name == "extension.py" else MAX_MODULE_LINES
+        if lines > limit:
+            found.append(f"{name}: {lines} lines (limit {limit})")
+    return found
+
+
+def long_functions_without_a_reason(package: Path) -> list[str]:
+    """Functions over MAX_FUNCTION_LINES whose body has no ``# long because:`` comment."""
+    found = []
+    for path in modules(package):
+        source = path.read_text()
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            end = node.end_lineno or node.lineno
+            length = end - node.lineno + 1
+            body = lines[node.lineno - 1 : end]
+            if length > MAX_FUNCTION_LINES and not any(map(LONG_REASON.search, body)):
+                name = path.relative_to(package).as_posix()
+                found.append(f"{name}:{node.lineno} {node.name}() is {length} lines")
+    return found
+
+
+def test_no_module_is_over_400_lines_and_the_facade_stays_under_520() -> None:
+    assert oversized_modules(ROOT / "flask_defer") == []
+
+
+def test_no_function_is_over_60_lines_without_a_comment_saying_why() -> None:
+    assert long_functions_without_a_reason(ROOT / "flask_defer") == []
+
+
+def test_the_size_checks_report_a_long_module_and_an_unexplained_long_function(
+    tmp_path: Path,
+) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    explained = f"def explained():\n    # Long because: one table, one place.\n{body}"
+    (package / "long.py").write_text(f"def unexplained():\n{body}\n\n{explained}")
+    (package / "extension.py").write_text("x = 1\n" * MAX_FACADE_LINES)
+    (package / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (package / "migrations" / "versions").mkdir(parents=True)
+    (package / "migrations" / "versions" / "0001.py").write_text(
+        f"def upgrade():\n{body}" + "x = 1\n" * MAX_MODULE_LINES
+    )
+    assert long_functions_without_a_reason(package) == [
+        f"long.py:1 unexplained() is {MAX_FUNCTION_LINES + 1} lines"
+    ]
+    # extension.py at its own limit passes; the frozen revision is not looked at.
+    assert oversized_modules(package) == [
+        f"big.py: {MAX_MODULE_LINES + 1} lines (limit {MAX_MODULE_LINES})"
+    ]
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:

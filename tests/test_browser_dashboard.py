@@ -243,6 +243,16 @@ def test_the_job_history_timeline(
     expect(items.nth(7)).to_contain_text("Retried by an operator")
     expect(items.nth(7)).to_contain_text("admin")
 
+    # The job is live again, so its page refreshes every second, but not while the
+    # operator reads the opened traceback: the swap would close it. Closed, it resumes.
+    opened = items.nth(2).locator("details")
+    opened.locator("summary").click()
+    expect(opened).to_have_attribute("open", "")
+    page.wait_for_timeout(2500)  # proving an absence: two refresh periods pass
+    expect(opened).to_have_attribute("open", "")
+    with page.expect_request(lambda r: r.url.endswith(f"/defer/jobs/{failed_id}"), timeout=5000):
+        opened.locator("summary").click()
+
     # Nothing spills sideways at phone width; the page passes axe.
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     wide = page.evaluate(

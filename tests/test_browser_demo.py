@@ -187,7 +187,11 @@ def test_delete_a_project_then_undo_brings_it_back(
     row.get_by_role("button", name="Delete Website relaunch").click()
     expect(row).to_have_count(0)
     binned = page.locator(f"#deleted-project-{project_id}")
-    expect(binned).to_contain_text(re.compile(r"gone for good in (29|30) s"))
+    expect(binned).to_contain_text(re.compile(r"gone for good in \d+ s"))
+    # The 30 s grace counts down from the server's run_at; a loaded machine may take a
+    # few seconds to get here, never the whole grace.
+    left = int(re.findall(r"gone for good in (\d+) s", binned.inner_text())[0])
+    assert 15 <= left <= 30, left
     toast = toasts(page).last
     expect(toast).to_contain_text("Project “Website relaunch” deleted")
     mark_page(page)

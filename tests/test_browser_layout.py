@@ -7,7 +7,9 @@ on screen and tappable, and pass axe-core with no serious or critical violation.
 
 The demo serves the people's pages; the ops app of ``tests/dashboard_app`` serves the
 dashboard, with a failed job's traceback and an HTTP job whose result is one very long
-line, the two contents that used to widen the job page.
+line, the two contents that used to widen the job page. The dashboard is swept once more
+in German, whose long words ("Schlüsselpräfix", "Fehlgeschlagen") are what a narrow card
+or button would let spill.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def site(tmp_path: Path, live_server: Callable[[Any], str]) -> Iterator[Site]:
         tmp_path / "instance",
         DEMO_MAIL_UNDO_WINDOW=timedelta(minutes=10),  # the toast stays for the sweep
     )
-    ops = create_app(f"sqlite:///{tmp_path / 'ops.sqlite3'}")
+    # Flask-Babel on: an English browser reads English, a German one the German dashboard.
+    ops = create_app(f"sqlite:///{tmp_path / 'ops.sqlite3'}", babel=True)
     try:
         jobs = seed(ops)
         target = live_server(long_line_app)
@@ -256,3 +259,65 @@ def test_the_phone_nav_keeps_its_badge_on_one_line_and_shows_more_links_lie_beyo
     nav.evaluate("nav => nav.scrollTo({left: nav.scrollWidth})")
     expect(nav).not_to_have_attribute("data-more", "")
     expect(nav.get_by_role("link", name="Dashboard")).to_be_in_viewport()
+
+
+#: The dashboard's own words in boxes (figures, headers, badges, buttons, labels): with a
+#: long German word, any of them could push its text past its edge.
+WORDED_BOXES = (
+    ".defer-card__label, .defer-card__foot, .defer-card__value, .defer-badge, th, dt, "
+    ".defer-btn, .defer-field > span, .defer-dash__title, .defer-jobs__title, "
+    ".defer-pages__at, .defer-alert, .defer-note"
+)
+
+
+def assert_no_text_spills(page: Page, where: str) -> None:
+    """No worded box's text is wider than the box (cut off, or drawn over its neighbour)."""
+    spilled = page.evaluate(
+        """(selector) => [...document.querySelectorAll(selector)]
+            .filter(e => e.getClientRects().length && e.scrollWidth > e.clientWidth + 1)
+            .map(e => e.tagName + "." + e.className + " " + JSON.stringify(
+                e.textContent.trim().slice(0, 40)) + " " + e.scrollWidth + ">" + e.clientWidth)""",
+        WORDED_BOXES,
+    )
+    assert spilled == [], f"{where}: text spills out of {spilled}"
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_german_dashboard_fits_its_long_words_and_passes_axe(
+    site: Site,
+    new_browser_context: Callable[..., BrowserContext],
+    axe_violations: Callable[[Any], list[dict[str, Any]]],
+    artifacts: Path,
+    layout: str,
+    scheme: str,
+) -> None:
+    options = LAYOUTS[layout]
+    width = options["viewport"]["width"]  # type: ignore[index]
+    page = new_browser_context(
+        **options, color_scheme=scheme, locale="de-DE", device_scale_factor=2
+    ).new_page()
+    page.goto(site.ops_url + "/login/admin")
+    for path in [*dashboard_paths(site), "/defer/schedules"]:
+        where = f"{path} in German at {layout}, {scheme}"
+        page.goto(site.ops_url + path)
+        page.wait_for_load_state("networkidle")
+        expect(page.locator("html")).to_have_attribute("lang", "de")
+        assert_fits(page, width, where)
+        assert_no_text_spills(page, where)
+        if layout == "desktop":
+            # A desktop has room for every column: no table scrolls inside its panel.
+            scrolled = page.evaluate(
+                """() => [...document.querySelectorAll('.defer-panel')]
+                    .filter(p => p.scrollWidth > p.clientWidth + 1)
+                    .map(p => p.className + ' ' + p.scrollWidth + '>' + p.clientWidth)"""
+            )
+            assert scrolled == [], f"{where}: a table scrolls sideways: {scrolled}"
+        assert_accessible(page, axe_violations, where)
+    page.goto(site.ops_url + "/defer/")
+    expect(page.get_by_role("heading", name="Aufgaben", exact=True)).to_be_visible()
+    shot = artifacts / f"dashboard-de-{layout}-{scheme}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    if layout == "desktop" and scheme == "light":
+        # The committed screenshot of the German dashboard (docs/screenshots).
+        docs = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+        (docs / "dashboard-de.png").write_bytes(shot.read_bytes())

@@ -20,6 +20,7 @@ from playwright.sync_api import BrowserContext, Page, expect
 from flask_defer import Job, JobStatus
 from flask_defer.timeutil import utcnow
 
+from .conftest import LiveServers
 from .undo_app import MailApp, create_app
 from .worker_helpers import wait_for_handler_threads, worker_thread
 
@@ -45,11 +46,12 @@ class Live:
 
 
 @pytest.fixture
-def live(tmp_path: Path, live_server: Callable[[Any], str]) -> Iterator[Live]:
+def live(tmp_path: Path, live_server: LiveServers) -> Iterator[Live]:
     mail = create_app(f"sqlite:///{tmp_path / 'mail.sqlite3'}")
     try:
         yield Live(mail, live_server(mail.app))
     finally:
+        live_server.stop()  # no request in flight while the engine is disposed
         mail.dispose()
 
 
@@ -162,7 +164,7 @@ def test_reload_and_navigation_keep_the_toast_with_the_time_left(
 
 @pytest.fixture
 def live_on(
-    database_url: str, live_server: Callable[[Any], str]
+    database_url: str, live_server: LiveServers
 ) -> Iterator[Callable[..., Live]]:
     """Factory: the mail app on the backend under test (SQLite and PostgreSQL)."""
     made: list[MailApp] = []
@@ -173,6 +175,7 @@ def live_on(
         return Live(mail, live_server(mail.app))
 
     yield make
+    live_server.stop()  # no request in flight while the engines are disposed
     for mail in made:
         mail.dispose()
 
@@ -379,6 +382,26 @@ def test_keyboard_only_undo_from_the_send_button_in_three_keys(
     expect(page.locator('[data-defer-outcome="undone"]')).to_be_visible()
     assert live.job(job_id).status is JobStatus.CANCELLED
     # Escape dismisses the settled outcome and the focus goes back to Send.
+    page.keyboard.press("Escape")
+    expect(page.locator(".defer-toast")).to_have_count(0)
+    expect(page.locator("#send-htmx")).to_be_focused()
+
+
+def test_escape_the_moment_the_outcome_appears_gives_the_focus_back(
+    live: Live, open_page: Callable[..., Page]
+) -> None:
+    # htmx swaps the outcome in at once but fires its load event only after the settle
+    # delay; a busy machine stretches that gap, here it is stretched to a second. An
+    # Escape pressed as soon as the outcome shows must still return the focus to Send.
+    page = open_page("/?window=30")
+    page.evaluate("htmx.config.defaultSettleDelay = 1000")
+    page.locator("#send-htmx").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator(OPEN)).to_have_count(1)
+    page.keyboard.press("F6")
+    expect(page.locator(OPEN).get_by_role("button", name="Undo")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator('[data-defer-outcome="undone"]')).to_be_visible()
     page.keyboard.press("Escape")
     expect(page.locator(".defer-toast")).to_have_count(0)
     expect(page.locator("#send-htmx")).to_be_focused()

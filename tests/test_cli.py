@@ -137,6 +137,15 @@ def test_run_due_runs_what_is_due(cli_kit: AppKit) -> None:
     assert "ran 1 job(s)" in invoke(cli_kit, "run-due", "--ahead", "7200")[1]
 
 
+def test_run_due_from_the_cli_is_recorded_as_the_cli_in_the_job_history(cli_kit: AppKit) -> None:
+    invoke(cli_kit, "install")
+    job = schedule(cli_kit)
+    assert invoke(cli_kit, "run-due")[0] == 0
+    with cli_kit.context():
+        events = [(e.event, e.actor) for e in cli_kit.defer.history(job.id)]
+    assert events == [("scheduled", "app"), ("started", "cli"), ("done", "cli")]
+
+
 def test_status_prints_counts_and_exits_3_past_a_threshold(cli_kit: AppKit) -> None:
     invoke(cli_kit, "install")
     schedule(cli_kit)

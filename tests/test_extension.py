@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect as pyinspect
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -530,3 +531,44 @@ def test_every_error_is_a_defer_error() -> None:
     for error in (InvalidArgument, JobExists, JobNotFound, JobNotPending, UnknownJob):
         assert issubclass(error, DeferError)
     assert issubclass(NotConfigured, RuntimeError)
+
+
+#: DESIGN §4's public names and the keyword parameters it fixes for them.
+DESIGN_PARAMETERS: dict[str, set[str]] = {
+    "init_app": {"app", "db"},
+    "job": {"max_attempts", "timeout"},
+    "schedule": {"payload", "run_at", "delay", "key", "replace", "owner", "label"},
+    "cancel": {"id", "key"},
+    "cancel_many": set(),
+    "reschedule": {"key", "run_at", "delay"},
+    "get": {"id", "key"},
+    "list": {"limit"},
+    "run_due": {"now"},
+    "health": set(),
+    "undoable": {"payload", "window", "label", "done_label", "failed_label"},
+    "soft_delete": {"obj", "grace", "label"},
+    "batch": {"key", "item", "window"},
+    "recurring": {"id", "job_name", "cron", "every", "tz", "payload", "catch_up"},
+    "pause_recurring": {"id"},
+    "resume_recurring": {"id"},
+    "list_recurring": set(),
+    "history": {"job_id"},
+}
+
+
+def test_every_public_name_of_the_design_is_a_method_of_defer_with_its_parameters() -> None:
+    for name, parameters in DESIGN_PARAMETERS.items():
+        method = getattr(Defer, name)
+        assert callable(method), name
+        assert parameters <= set(pyinspect.signature(method).parameters), name
+
+
+def test_every_public_method_of_defer_says_what_it_does() -> None:
+    # Inherited ones too: the facade's method groups live in flask_defer/facade/.
+    undocumented = [
+        name
+        for name, member in pyinspect.getmembers(Defer)
+        if not name.startswith("_") and callable(member) and not pyinspect.getdoc(member)
+    ]
+    assert undocumented == []
+

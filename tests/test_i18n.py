@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gettext as stdlib_gettext
 import io
+import re
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -17,12 +19,21 @@ from babel.messages.mofile import write_mo
 from babel.messages.pofile import read_po
 from flask import Flask
 from flask_babel import Babel
+from jinja2 import Environment
 
 from flask_defer.web import i18n
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALES = ("de", "fr")
-KEYWORDS = {"defer_gettext": None, "t": None, "gettext": None, "ngettext": (1, 2)}
+KEYWORDS = {
+    "defer_gettext": None,
+    "defer_ngettext": (1, 2),
+    "defer_pgettext": ((1, "c"), 2),
+    "N_": None,
+    "t": None,
+    "gettext": None,
+    "ngettext": (1, 2),
+}
 
 
 def extracted_ids() -> set[str]:
@@ -40,9 +51,15 @@ def catalogue(locale: str) -> dict[str, str]:
     path = i18n.TRANSLATIONS_DIR / locale / "LC_MESSAGES" / "flask_defer.po"
     with path.open("rb") as handle:
         po = read_po(handle, locale=locale)
-    return {
-        str(m.id): str(m.string) for m in po if m.id and m.string and "fuzzy" not in m.flags
-    }
+    found = {}
+    for m in po:
+        if not m.id or "fuzzy" in m.flags:
+            continue
+        # A plural message's id and string are tuples: every form must be translated.
+        forms = (m.string,) if isinstance(m.string, str) else tuple(m.string)
+        if all(forms):
+            found[m.id if isinstance(m.id, str) else m.id[0]] = forms[0]
+    return found
 
 
 @pytest.mark.parametrize("locale", LOCALES)
@@ -100,3 +117,86 @@ def test_without_babel_on_the_app_the_texts_are_english() -> None:
 )
 def test_plain_seconds_are_short_english_durations(seconds: float, text: str) -> None:
     assert i18n.plain_seconds(seconds) == text
+
+
+#: Attributes a reader sees or hears (tooltips, placeholders, screen-reader names, the
+#: question htmx asks before a destructive action).
+VISIBLE_ATTRIBUTES = {"title", "placeholder", "aria-label", "alt", "hx-confirm"}
+#: Literal text that is the same in every language: the product's name, arrows, marks.
+UNTRANSLATED_OK = {"flask_defer"}
+KEBAB = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)+")
+#: Elements whose text is code or data, not words.
+CODE_ELEMENTS = {"code", "pre", "script", "style", "svg"}
+
+
+class _LiteralFinder(HTMLParser):
+    """Collects English literals in a template's static HTML (Jinja replaced by a mark)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[str] = []
+        self._code_depth = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in CODE_ELEMENTS:
+            self._code_depth += 1
+        for name, value in attrs:
+            if name in VISIBLE_ATTRIBUTES and value:
+                self._check(value, f"{tag}[{name}]")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in CODE_ELEMENTS and self._code_depth:
+            self._code_depth -= 1
+
+    def handle_data(self, data: str) -> None:
+        if not self._code_depth:
+            self._check(data, "text")
+
+    def _check(self, text: str, where: str) -> None:
+        words = re.findall(r"[^\W\d_][\w.'’-]*", text.replace(MARK, " "))
+        # kebab-case is a class or attribute name written outside a tag (a block that
+        # fills class="...", a macro that renders attributes), not a word for a reader.
+        words = [w for w in words if w not in UNTRANSLATED_OK and not KEBAB.fullmatch(w)]
+        if words:
+            self.found.append(f"{where}: {' '.join(words)}")
+
+
+#: What every Jinja tag or expression becomes before the HTML is parsed.
+MARK = "\x00"
+
+
+def english_literals(source: str) -> list[str]:
+    """The user-visible words of *source* written outside any ``{{ ... }}`` / ``{% %}``."""
+    env = Environment()
+    static = "".join(
+        value if kind == "data" else (MARK if kind.endswith("_begin") else "")
+        for _line, kind, value in env.lex(source)
+    )
+    finder = _LiteralFinder()
+    finder.feed(static)
+    finder.close()
+    return finder.found
+
+
+DASHBOARD_TEMPLATES = sorted(
+    path.name
+    for path in (ROOT / "templates" / "defer").glob("*.html")
+    if "dashboard" in path.name
+)
+
+
+def test_the_literal_finder_sees_text_and_visible_attributes_but_not_code() -> None:
+    source = (
+        '<h1>{{ defer_gettext("Jobs") }} · flask_defer</h1><p>Owed {{ n }}</p>'
+        '<input placeholder="Any name" value="x"><code>defer.recurring(...)</code> defer-dash'
+        "{# a comment #}{% if x %}<span title=\"{{ t }}\">"
+        "{{ defer_gettext('ok') }}</span>{% endif %}"
+    )
+    assert english_literals(source) == ["text: Owed", "input[placeholder]: Any name"]
+
+
+@pytest.mark.parametrize("name", DASHBOARD_TEMPLATES)
+def test_no_dashboard_template_holds_an_untranslated_english_literal(name: str) -> None:
+    assert len(DASHBOARD_TEMPLATES) >= 10  # the glob found the dashboard's templates
+    source = (ROOT / "templates" / "defer" / name).read_text(encoding="utf-8")
+    assert english_literals(source) == [], f"{name}: wrap these in defer_gettext(...)"

@@ -114,7 +114,6 @@ def test_batch_append_adds_to_a_pending_batch_only(
         assert store.get(conn, job_id=job.id).payload["items"] == [{"n": 1}, {"n": 2}, [3, 4]]
 
 
-@pytest.mark.parametrize("backend", ["postgresql"])
 def test_batch_append_refuses_a_due_batch_which_then_gives_up_its_slot(
     store: JobStore, new_job: MakeJob, now: datetime
 ) -> None:

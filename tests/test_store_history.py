@@ -117,6 +117,24 @@ def test_a_cancel_in_the_callers_transaction_records_its_event_only_if_committed
     ]
 
 
+def test_run_due_records_the_given_actor_and_app_by_default(kit: AppKit) -> None:
+    @kit.defer.job("publish")
+    def publish(job: Job) -> None:
+        pass
+
+    first = kit.defer.schedule("publish", key="post:1")
+    kit.db.session.commit()
+    kit.defer.run_due(actor="cron:nightly")
+    second = kit.defer.schedule("publish", key="post:2")
+    kit.db.session.commit()
+    kit.defer.run_due()
+    assert [(e.event, e.actor) for e in kit.defer.history(first.id)][1:] == [
+        ("started", "cron:nightly"),
+        ("done", "cron:nightly"),
+    ]
+    assert {e.actor for e in kit.defer.history(second.id)} == {"app"}
+
+
 def test_control_methods_record_their_event_and_the_given_actor(kit: AppKit) -> None:
     @kit.defer.job("publish")
     def publish(job: Job) -> None:

@@ -20,7 +20,9 @@ from sqlalchemy.exc import IntegrityError
 
 from flask_defer import Defer, Job, SchemaMismatch
 from flask_defer.migrations import VERSION_TABLE
+from flask_defer.schema import SchemaNames
 from flask_defer.store import versioning
+from flask_defer.store.schema_diff import differences
 
 from .conftest import AppKit
 
@@ -159,7 +161,7 @@ def test_upgrade_of_a_0_1_0_database_creates_the_schedules_table_through_0002(
     [index] = inspector.get_indexes("defer_schedules")
     assert index["name"] == "ix_defer_schedules_active_next_run_at"
     with legacy_engine.connect() as conn:
-        assert versioning._differences(conn, "defer_jobs") == []
+        assert differences(conn, SchemaNames()) == []
 
 
 def test_unique_live_key_is_still_enforced_after_upgrade(legacy_engine: Engine) -> None:
@@ -249,7 +251,7 @@ def test_create_all_on_a_fresh_database_records_the_newest_revision(kit: AppKit)
     assert status.ok and status.database == versioning.head_revision()
     # The same schema the revisions build, schedules table included.
     with kit.db.engine.connect() as conn:
-        assert versioning._differences(conn, "defer_jobs") == []
+        assert differences(conn, SchemaNames()) == []
 
 
 def test_sql_on_an_empty_database_is_the_create_table(make_app: Callable[..., AppKit]) -> None:
@@ -298,7 +300,7 @@ def test_install_refuses_a_database_managed_by_alembic(make_app: Callable[..., A
 def _alembic_downgrade(engine: Engine, target: str) -> None:
     from alembic import command
 
-    with versioning._connected(engine, "defer_jobs") as (conn, config):
+    with versioning._connected(engine, SchemaNames()) as (conn, config):
         command.downgrade(config, target)
         conn.commit()
 
@@ -344,7 +346,7 @@ def _alembic_upgrade(engine: Engine, target: str) -> None:
     """Upgrade a 0.1.0 database (recorded as flask_defer_0001, as upgrade does) to *target*."""
     from alembic import command
 
-    with versioning._connected(engine, "defer_jobs") as (conn, config):
+    with versioning._connected(engine, SchemaNames()) as (conn, config):
         command.stamp(config, "flask_defer_0001")
         command.upgrade(config, target)
         conn.commit()
@@ -417,13 +419,14 @@ def test_revisions_build_exactly_the_schema_code_including_index_predicates(
 ) -> None:
     versioning.upgrade(engine)
     with engine.connect() as conn:
-        assert versioning._differences(conn, "defer_jobs") == []
+        assert differences(conn, SchemaNames()) == []
 
 
 def test_renamed_tables_are_created_by_the_revisions_under_their_names(
     engine: Engine,
 ) -> None:
-    applied = versioning.upgrade(engine, "app_jobs", schedules_table="app_schedules")
+    renamed = SchemaNames(jobs="app_jobs", schedules="app_schedules")
+    applied = versioning.upgrade(engine, renamed)
     assert applied == REVISIONS
     names = set(inspect(engine).get_table_names())
     assert {"app_jobs", "app_schedules"} <= names
@@ -431,8 +434,9 @@ def test_renamed_tables_are_created_by_the_revisions_under_their_names(
     indexes = {ix["name"] for ix in inspect(engine).get_indexes("app_schedules")}
     assert indexes == {"ix_app_schedules_active_next_run_at"}
     with engine.connect() as conn:
-        assert versioning._differences(conn, "app_jobs", "app_schedules") == []
-    assert versioning.check(engine, "app_jobs", schedules_table="app_schedules").ok
+        assert differences(conn, renamed) == []
+    assert versioning.check(engine, renamed).ok
+    assert "app_jobs_history" in names and renamed.history == "app_jobs_history"
 
 
 def as_managed_by_the_apps_own_revisions(engine: Engine) -> None:

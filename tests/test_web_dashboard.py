@@ -819,3 +819,81 @@ def test_a_blank_home_url_is_refused_naming_the_setting(make_ops: Callable[..., 
 
     with pytest.raises(InvalidArgument, match="DEFER_DASHBOARD_HOME_URL"):
         make_ops(DEFER_DASHBOARD_HOME_URL=" ")
+
+
+#: What a German and a French operator read: headings, figures, actions, outcomes.
+SPOKEN = {
+    "de": {
+        "list": ["<h1", ">Aufgaben</a></h1>", ">Überfällig<", ">Schlüsselpräfix<",
+                 ">Jetzt ausführen<", ">Wiederholen<", ">fehlgeschlagen<", "vor 4 Min.",
+                 "Alle Aufgaben", "Zeitpläne"],
+        "job": [">Verlauf<", ">Nutzdaten<", ">Letzter Fehler<", ">Versuche<",
+                "Versuch fehlgeschlagen; wird wiederholt", "3 von 3"],
+        "schedules": [">Zeitpläne</h1>", ">Pausieren<", ">Nächster Lauf<", ">aktiv<"],
+        "cancelled": "ok: Aufgabe {id} abgebrochen.",
+        "refused": "refused: Aufgabe {id} ist erledigt; nicht sofort ausgeführt.",
+        "confirm": "Aufgabe {id} (publish_post, Schlüssel post:93:publish) abbrechen?",
+    },
+    "fr": {
+        "list": ["<h1", ">Tâches</a></h1>", ">En retard<", ">Préfixe de clé<",
+                 ">Lancer maintenant<", ">Relancer<", ">en échec<", "il y a 4\xa0min",
+                 "Toutes les tâches", "Planifications"],
+        "job": [">Historique<", ">Données<", ">Dernière erreur<", ">Tentatives<",
+                "Tentative échouée\u202f; nouvel essai prévu", "3 sur 3"],
+        "schedules": [">Planifications</h1>", ">Mettre en pause<", ">Prochaine exécution<",
+                      ">active<"],
+        "cancelled": "ok: Tâche {id} interrompue.",
+        "refused": "refused: La tâche {id} est terminée\u202f; elle n’a pas été lancée.",
+        "confirm": "Interrompre la tâche {id} (publish_post, clé post:93:publish)\u202f?",
+    },
+}
+#: English words of the same pages that must not be left in a translated page.
+ENGLISH = [">Jobs<", ">Owed<", ">Run now<", ">Retry<", ">History<", ">Payload<",
+           "min ago", ">Schedules</h1>", ">Pause<", "All jobs", "Key prefix"]
+
+
+@pytest.mark.parametrize("locale", sorted(SPOKEN))
+def test_the_dashboard_speaks_the_operators_language(
+    make_ops: Callable[..., OpsApp], locale: str
+) -> None:
+    ops = make_ops(babel=True)
+    jobs = seed(ops)
+    client = signed_in(ops)
+    spoken, lang = SPOKEN[locale], {"Accept-Language": locale}
+
+    def page(path: str) -> str:
+        html: str = client.get(path, headers=lang).get_data(as_text=True)
+        assert f'<html lang="{locale}">' in html
+        return html
+
+    pages = {
+        "list": page("/defer/"),
+        "job": page(f"/defer/jobs/{jobs.failed[0]}"),
+        "schedules": page("/defer/schedules"),
+    }
+    for name, html in pages.items():
+        missing = [text for text in spoken[name] if text not in html]
+        assert missing == [], f"{locale} {name} page lacks {missing}"
+        english = [text for text in ENGLISH if text in html]
+        assert english == [], f"{locale} {name} page still says {english}"
+
+    token = token_of(client)
+    headers = {**HTMX, "X-CSRFToken": token, **lang}
+    cancel = client.post(f"/defer/jobs/{jobs.due[0]}/cancel", headers=headers)
+    assert outcome_text(cancel.get_data(as_text=True)) == spoken["cancelled"].format(
+        id=jobs.due[0]
+    )
+    refused = client.post(f"/defer/jobs/{jobs.done[0]}/run-now", headers=headers)
+    assert outcome_text(refused.get_data(as_text=True)) == spoken["refused"].format(
+        id=jobs.done[0]
+    )
+    confirm = page(f"/defer/jobs/{jobs.scheduled[0]}/cancel?next=/defer/")
+    assert spoken["confirm"].format(id=jobs.scheduled[0]) in confirm
+
+
+def test_without_babel_the_dashboard_stays_english(ops: OpsApp, jobs: Seeded) -> None:
+    html = signed_in(ops).get("/defer/", headers={"Accept-Language": "de"}).get_data(
+        as_text=True
+    )
+    assert '<html lang="en">' in html and ">Owed<" in html and ">Run now<" in html
+    assert "Überfällig" not in html

@@ -20,6 +20,8 @@ schema code: a revision is a frozen step, it must mean the same thing forever.
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 from alembic import op
@@ -91,10 +93,37 @@ def include_in(migrate: Any) -> Any:
     @migrate.configure  # type: ignore[untyped-decorator]
     def add_version_location(config: Any) -> Any:
         own = f"{config.get_main_option('script_location')}/versions"
-        config.set_main_option("version_locations", f"{own} {VERSION_LOCATION}")
+        config.set_main_option("version_locations", _joined_locations(config, own))
         return config
 
     return migrate
+
+
+#: Alembic's ``path_separator`` names and the character each splits on.
+_SEPARATORS = {"space": " ", "newline": "\n", "os": os.pathsep, ":": ":", ";": ";"}
+
+
+def _joined_locations(config: Any, own: str) -> str:
+    """The app's versions folder and flask_defer's, joined as *config* splits them.
+
+    flask_defer's folder is given as a file path, not ``package:versions``: an app
+    whose ``alembic.ini`` says ``path_separator = os`` splits on ``:`` and would cut the
+    package form in two. An ini naming no separator gets ``newline`` (Alembic warns
+    that the old space splitting is deprecated), unless it also has
+    ``prepend_sys_path``, whose splitting that setting would change: then the old
+    space-joined form, as Alembic still reads it.
+    """
+    ours = str(Path(__file__).resolve().parent / "versions")
+    name = config.get_main_option("path_separator") or config.get_main_option(
+        "version_path_separator"
+    )
+    if name is None:
+        if config.get_main_option("prepend_sys_path") is not None:
+            return f"{own} {ours}"
+        config.set_main_option("path_separator", "newline")
+        name = "newline"
+    separator = _SEPARATORS.get(name, " ")
+    return f"{own}{separator}{ours}"
 
 
 def _app_revision_directives(context: Any, revision: Any, directives: list[Any]) -> None:

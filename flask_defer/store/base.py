@@ -36,6 +36,7 @@ from .records import (
     JobFilter,
 )
 from .versioning import record_on_create
+from .write_lock import begin_write
 
 logger = logging.getLogger("flask_defer")
 
@@ -144,14 +145,15 @@ class StoreBase:
 
         On SQLite a deferred transaction that reads first and writes later can fail
         with "database is locked" without waiting; ``BEGIN IMMEDIATE`` waits for the
-        lock (busy timeout) instead. PostgreSQL needs nothing special.
+        lock (busy timeout) instead, in turn with this process's other writers
+        (:mod:`flask_defer.store.write_lock`). PostgreSQL needs nothing special.
         """
         if not self.is_sqlite:
             with self.engine.begin() as conn:
                 yield conn
             return
         with self.engine.connect() as conn:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            begin_write(conn)
             try:
                 yield conn
             except BaseException:

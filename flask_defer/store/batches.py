@@ -101,14 +101,14 @@ class BatchStatements(HistoryStatements):
             t.c.key == key,
             t.c.name == name,
             t.c.status == JobStatus.PENDING.value,
-            # A batch that is due belongs to the worker: on PostgreSQL every append
+            # A batch that is due belongs to the worker. On PostgreSQL every append
             # locks the row until its transaction commits, and the claim's SKIP LOCKED
             # passes over a locked row, so a busy key's appenders would keep an
-            # overdue batch from ever being claimed. Late items open the next batch.
-            # (SQLite has no row locks: its claim waits for the write lock instead.)
+            # overdue batch from ever being claimed; on SQLite each append is one more
+            # writer ahead of the claim in the queue for the write lock. Late items
+            # open the next batch, on both, so a due batch stops growing.
+            t.c.run_at > now,
         ]
-        if self.is_postgres:
-            conditions.append(t.c.run_at > now)
         values: dict[str, Any] = {"payload": appended, "updated_at": now}
         if max_items is not None:
             conditions.append(count_before < max_items)

@@ -60,6 +60,8 @@ class ClaimStatements(HistoryStatements):
         others): on PostgreSQL by a data-modifying CTE of the same statement, on SQLite
         by one INSERT for the batch in the same transaction.
         """
+        # Long because: its docstring states every backend's rule; the code is one claim
+        # transaction (look, claim, history) and its retry after a lost index.
         if self.is_sqlite:
             # Look before taking the write lock: an idle worker polling an empty
             # backlog must not make every web request's write wait for it.

@@ -114,11 +114,13 @@ class ReadStatements(StoreBase):
         * the settled statuses (done, cancelled) grow without bound until pruned, so
           they are counted over the *settled_cap* most recently finished rows, a lower
           bound at the cap (listed in ``lower_bounds``), so the dashboard shows
-          "10,000+".
+          "1,000+".
 
         "Owed" ages from ``due_at``, which retries do not move. Pending jobs a worker
         left for want of a handler are counted per name (``unknown_to_worker``).
         """
+        # Long because: the seven parts' rows fill one per-name record; split, the
+        # partial records would travel between functions.
         settled = self.settled_cap if settled_cap is None else settled_cap
         scheduled = self.scheduled_cap if scheduled_cap is None else scheduled_cap
         params = {
@@ -190,6 +192,8 @@ class ReadStatements(StoreBase):
         through the (status, finished_at, name) index, so the pending parts name their
         index (``INDEXED BY``, which SQLAlchemy does not render: hence text).
         """
+        # Long because: one statement's seven parts, kept together so each part's
+        # index and predicate can be read against the others.
         cached = self._counts_sql
         if cached is not None:
             return cached

@@ -115,6 +115,9 @@ class ScheduleStore:
         old rule, so a second process syncing the same change cannot move an already
         advanced schedule back and run a tick twice.
         """
+        # Long on purpose: one immediate transaction reads the table once and writes the
+        # adds, guarded restarts and orphans against that read; split, each part would
+        # need the connection and the read rows handed along.
         t = self.table
         added: list[str] = []
         changed: list[str] = []

@@ -7,6 +7,8 @@ from typing import Any
 
 from sqlalchemy import Engine, event
 
+from .write_lock import take_turns_to_write
+
 
 def tune_sqlite(engine: Engine, busy_timeout: timedelta) -> None:
     """WAL lets the web read while the worker writes; the busy timeout makes writers wait."""
@@ -22,5 +24,6 @@ def tune_sqlite(engine: Engine, busy_timeout: timedelta) -> None:
             cursor.close()
 
     event.listen(engine, "connect", on_connect)
+    take_turns_to_write(engine, busy_ms)
     # Connections opened before init_app (if any) are replaced so all get the pragmas.
     engine.pool.dispose()

@@ -17,6 +17,7 @@ from flask.typing import ResponseReturnValue
 
 from ..extension import current_defer
 from ..owner import flask_login_owner
+from .i18n import gettext
 
 __all__ = ["current_defer", "operator", "operators_only", "require_operator"]
 
@@ -29,7 +30,7 @@ V = TypeVar("V", bound=Callable[..., ResponseReturnValue])
 def require_operator() -> None:
     """Abort with 403 unless this request may use the dashboard."""
     if not current_defer().dashboard_allowed():
-        abort(403, description="The jobs dashboard is not open to this request.")
+        abort(403, description=gettext("The jobs dashboard is not open to this request."))
 
 
 def operator() -> str:

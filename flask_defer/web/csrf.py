@@ -15,6 +15,7 @@ import secrets
 from flask import abort, current_app, request, session
 
 from ..owner import require_secret_key
+from .i18n import gettext
 
 #: The session key of the extension's own token.
 SESSION_KEY = "_defer_csrf"
@@ -64,7 +65,7 @@ def require_csrf() -> None:
     """Abort with 400 unless the request carries this browser's valid token."""
     token = submitted_token()
     if token is None:
-        abort(400, description="The CSRF token is missing.")
+        abort(400, description=gettext("The CSRF token is missing."))
     if uses_flask_wtf():
         # wtforms' ValidationError, re-exported by flask_wtf.csrf.
         from flask_wtf.csrf import ValidationError, validate_csrf
@@ -72,8 +73,8 @@ def require_csrf() -> None:
         try:
             validate_csrf(token)
         except ValidationError as error:
-            abort(400, description=f"The CSRF token is invalid: {error}")
+            abort(400, description=gettext("The CSRF token is invalid: {error}", error=error))
         return
     expected = session.get(SESSION_KEY)
     if not isinstance(expected, str) or not hmac.compare_digest(expected.encode(), token.encode()):
-        abort(400, description="The CSRF token is invalid or has expired.")
+        abort(400, description=gettext("The CSRF token is invalid or has expired."))

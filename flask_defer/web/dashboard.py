@@ -32,6 +32,7 @@ from . import dashboard_actions, dashboard_confirm, formatting, metrics_view, sc
 from .access import current_defer, operators_only
 from .csrf import csrf_token, field_name
 from .dashboard_actions import FLASH_OK, FLASH_REFUSED, ActionOutcome
+from .i18n import gettext
 from .job_query import JobQuery
 from .redirects import path_of
 from .responses import is_htmx, no_store
@@ -59,7 +60,7 @@ def _bad_request(error: BadRequest) -> ResponseReturnValue:
     endpoint = request.endpoint or ""
     if not endpoint.startswith("defer.dashboard") or not is_htmx():
         return error
-    outcome = ActionOutcome(False, error.description or "The request was refused.")
+    outcome = ActionOutcome(False, error.description or gettext("The request was refused."))
     return no_store((render_template("defer/_dashboard_outcome.html", outcome=outcome), 400))
 
 

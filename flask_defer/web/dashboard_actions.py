@@ -5,6 +5,7 @@ says what really happened ("Job 12 is running; not cancelled.") instead of
 pretending. Every one is a POST that needs the operator's authorisation (403) and a
 CSRF token (400). htmx gets the outcome as a fragment plus an ``HX-Trigger`` that
 makes the page refresh its list; a plain form gets a redirect and a flashed outcome.
+Outcomes are translated (:mod:`.i18n`) when they are made, in the operator's locale.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from ..errors import JobNotFound, JobNotPending
 from ..undo import MAX_JOB_ID
 from .access import current_defer, operator, require_operator
 from .csrf import require_csrf
-from .formatting import relative, utc_text
+from .formatting import relative, status_label, utc_text
+from .i18n import N_, gettext, ngettext
 from .job_query import JobQuery
 from .redirects import safe_local_target
 from .responses import is_htmx, no_store
@@ -90,8 +92,10 @@ def action(view: V) -> V:
 def cancel(job_id: int) -> ResponseReturnValue:
     """pending → cancelled; anything else is refused with the job's real state."""
     if current_defer().cancel(job_id, actor=operator()):
-        return answer(ActionOutcome(True, f"Job {job_id} cancelled."))
-    return answer(_refused(job_id, _status_of(job_id), "not cancelled"))
+        return answer(ActionOutcome(True, gettext("Job {id} cancelled.", id=job_id)))
+    return answer(
+        _refused(job_id, _status_of(job_id), N_("Job {id} is {status}; not cancelled."))
+    )
 
 
 @action
@@ -100,8 +104,10 @@ def run_now(job_id: int) -> ResponseReturnValue:
     try:
         current_defer().run_now(job_id, actor=operator())
     except JobNotPending as error:
-        return answer(_refused(job_id, error.status, "not run now"))
-    return answer(ActionOutcome(True, f"Job {job_id} is due now; a worker will start it."))
+        return answer(_refused(job_id, error.status, N_("Job {id} is {status}; not run now.")))
+    return answer(
+        ActionOutcome(True, gettext("Job {id} is due now; a worker will start it.", id=job_id))
+    )
 
 
 @action
@@ -123,9 +129,13 @@ def reschedule(job_id: int) -> ResponseReturnValue:
             job_id, run_at=run_at, delay=delay, actor=operator()
         )
     except JobNotPending as error:
-        return answer(_refused(job_id, error.status, "not rescheduled"))
+        return answer(
+            _refused(job_id, error.status, N_("Job {id} is {status}; not rescheduled."))
+        )
     when = f"{utc_text(job.run_at)} ({relative(job.run_at, job.updated_at or job.run_at)})"
-    return answer(ActionOutcome(True, f"Job {job_id} rescheduled to {when}."))
+    return answer(
+        ActionOutcome(True, gettext("Job {id} rescheduled to {when}.", id=job_id, when=when))
+    )
 
 
 @action
@@ -134,8 +144,18 @@ def retry(job_id: int) -> ResponseReturnValue:
     try:
         current_defer().retry(job_id, actor=operator())
     except JobNotPending as error:
-        return answer(_refused(job_id, error.status, "not retried (only a failed job can be)"))
-    return answer(ActionOutcome(True, f"Job {job_id} is pending again, due now, attempts reset."))
+        return answer(
+            _refused(
+                job_id,
+                error.status,
+                N_("Job {id} is {status}; not retried (only a failed job can be)."),
+            )
+        )
+    return answer(
+        ActionOutcome(
+            True, gettext("Job {id} is pending again, due now, attempts reset.", id=job_id)
+        )
+    )
 
 
 @action
@@ -146,18 +166,24 @@ def cancel_many() -> ResponseReturnValue:
         return answer(
             ActionOutcome(
                 False,
-                "Filter by name, key prefix or owner first: "
-                "the dashboard does not cancel every pending job at once.",
+                gettext(
+                    "Filter by name, key prefix or owner first: "
+                    "the dashboard does not cancel every pending job at once."
+                ),
             ),
             status=400,
         )
     counts = current_defer().cancel_many(actor=operator(), **query.filters)
     cancelled, in_flight = counts["cancelled"], counts["in_flight"]
-    text = f"Cancelled {_jobs(cancelled, 'pending job')}."
+    text = ngettext("Cancelled {count} pending job.", "Cancelled {count} pending jobs.", cancelled)
     if cancelled == 0:
-        text = "No pending jobs match this filter; nothing cancelled."
+        text = gettext("No pending jobs match this filter; nothing cancelled.")
     if in_flight:
-        text += f" {_jobs(in_flight, 'running job')} could not be stopped."
+        text += " " + ngettext(
+            "{count} running job could not be stopped.",
+            "{count} running jobs could not be stopped.",
+            in_flight,
+        )
     return answer(ActionOutcome(cancelled > 0, text))
 
 
@@ -167,8 +193,18 @@ def retry_many() -> ResponseReturnValue:
     query = JobQuery.from_args(request.form)
     retried = current_defer().retry_many(actor=operator(), **query.filters)
     if retried == 0:
-        return answer(ActionOutcome(False, "No failed jobs match this filter; nothing retried."))
-    return answer(ActionOutcome(True, f"Retried {_jobs(retried, 'failed job')}, due now."))
+        return answer(
+            ActionOutcome(False, gettext("No failed jobs match this filter; nothing retried."))
+        )
+    return answer(
+        ActionOutcome(
+            True,
+            ngettext(
+                "Retried {count} failed job, due now.", "Retried {count} failed jobs, due now.",
+                retried,
+            ),
+        )
+    )
 
 
 def answer(outcome: ActionOutcome, *, status: int = 200) -> ResponseReturnValue:
@@ -191,19 +227,27 @@ def _requested_time() -> tuple[datetime | None, timedelta | None]:
     delay = request.form.get("delay", "").strip()
     if delay:
         if not delay.isascii() or not delay.isdigit() or len(delay) > 12 or int(delay) > MAX_DELAY:
-            abort(400, description="The delay must be a whole number of seconds, at most 10 years.")
+            abort(
+                400,
+                description=gettext(
+                    "The delay must be a whole number of seconds, at most 10 years."
+                ),
+            )
         return None, timedelta(seconds=int(delay))
     text = request.form.get("run_at", "").strip()
     if not text:
-        abort(400, description="Give the time to run at (run_at) or a delay in seconds.")
+        abort(400, description=gettext("Give the time to run at (run_at) or a delay in seconds."))
     try:
         when = datetime.fromisoformat(text)
         # The form's datetime-local field says "UTC" next to it: a naive value is UTC.
         when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
     except (ValueError, OverflowError):
-        abort(400, description="The time to run at is not a date and time (YYYY-MM-DDTHH:MM).")
+        abort(
+            400,
+            description=gettext("The time to run at is not a date and time (YYYY-MM-DDTHH:MM)."),
+        )
     if when.year > 9000:
-        abort(400, description="The time to run at is too far in the future.")
+        abort(400, description=gettext("The time to run at is too far in the future."))
     return when, None
 
 
@@ -214,9 +258,6 @@ def _status_of(job_id: int) -> str:
     return job.status.value
 
 
-def _refused(job_id: int, status: str, what: str) -> ActionOutcome:
-    return ActionOutcome(False, f"Job {job_id} is {status}; {what}.")
-
-
-def _jobs(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
+def _refused(job_id: int, status: str, sentence: str) -> ActionOutcome:
+    """The refusal *sentence* (a catalogue message with ``{id}`` and ``{status}``)."""
+    return ActionOutcome(False, gettext(sentence, id=job_id, status=status_label(status)))

@@ -8,12 +8,15 @@ away, and the POST endpoints stay exactly as they are for scripts and htmx.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from flask import Blueprint, abort, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
 from ..undo import MAX_JOB_ID
 from .access import current_defer, require_operator
 from .csrf import csrf_token, field_name
+from .i18n import N_, gettext
 from .job_query import JobQuery
 from .redirects import safe_local_target
 
@@ -36,52 +39,79 @@ def confirm_cancel(job_id: int) -> ResponseReturnValue:
     job = current_defer().get(job_id)
     if job is None:
         abort(404)
-    what = f"job {job.id} ({job.name}{', key ' + job.key if job.key else ''})"
+    if job.key:
+        question = gettext(
+            "Cancel job {id} ({name}, key {key})?", id=job.id, name=job.name, key=job.key
+        )
+    else:
+        question = gettext("Cancel job {id} ({name})?", id=job.id, name=job.name)
     return _page(
-        question=f"Cancel {what}?",
-        detail="A cancelled job never runs; it cannot be undone from here.",
+        question=question,
+        detail=gettext("A cancelled job never runs; it cannot be undone from here."),
         action=url_for("defer.dashboard_cancel", job_id=job.id),
-        button="Yes, cancel it",
+        button=gettext("Yes, cancel it"),
         danger=True,
         query=None,
     )
 
 
-def confirm_cancel_many() -> ResponseReturnValue:
-    """Ask before cancelling every pending job of the filter."""
-    require_operator()
-    query = JobQuery.from_args(request.args)
-    return _page(
-        question=f"Cancel every pending job {_matching(query)}?",
-        detail="Cancelled jobs never run; running ones are left to finish.",
-        action=url_for("defer.dashboard_cancel_many"),
-        button="Yes, cancel them",
-        danger=True,
-        query=query,
-    )
+def _confirm_bulk(
+    doc: str, question: str, detail: str, endpoint: str, button: str, *, danger: bool
+) -> Callable[[], ResponseReturnValue]:
+    """A confirm page for a bulk action over the filtered rows; *question* names them.
+
+    *question*, *detail* and *button* are catalogue messages (marked ``N_``), translated
+    when the page is asked for, in the operator's locale.
+    """
+
+    def confirm() -> ResponseReturnValue:
+        require_operator()
+        query = JobQuery.from_args(request.args)
+        return _page(
+            question=gettext(question, matching=_matching(query)),
+            detail=gettext(detail),
+            action=url_for(endpoint),
+            button=gettext(button),
+            danger=danger,
+            query=query,
+        )
+
+    confirm.__doc__ = doc
+    return confirm
 
 
-def confirm_retry_many() -> ResponseReturnValue:
-    """Ask before retrying every failed job of the filter."""
-    require_operator()
-    query = JobQuery.from_args(request.args)
-    return _page(
-        question=f"Retry every failed job {_matching(query)}?",
-        detail="Each becomes pending, due now, with its attempts reset.",
-        action=url_for("defer.dashboard_retry_many"),
-        button="Yes, retry them",
-        danger=False,
-        query=query,
-    )
+confirm_cancel_many = _confirm_bulk(
+    "Ask before cancelling every pending job of the filter.",
+    N_("Cancel every pending job {matching}?"),
+    N_("Cancelled jobs never run; running ones are left to finish."),
+    "defer.dashboard_cancel_many",
+    N_("Yes, cancel them"),
+    danger=True,
+)
+confirm_retry_many = _confirm_bulk(
+    "Ask before retrying every failed job of the filter.",
+    N_("Retry every failed job {matching}?"),
+    N_("Each becomes pending, due now, with its attempts reset."),
+    "defer.dashboard_retry_many",
+    N_("Yes, retry them"),
+    danger=False,
+)
+
+
+#: The filters a confirm question names, in the reader's words.
+FILTER_NAMES = {"name": N_("name"), "key_prefix": N_("key prefix"), "owner": N_("owner")}
 
 
 def _matching(query: JobQuery) -> str:
+    """What a bulk action acts on: "matching name 'x', owner 'y'", or "in the table"."""
     parts = [
-        f"{name.replace('_', ' ')} {value!r}"
+        f"{gettext(FILTER_NAMES[name])} {value!r}"
         for name, value in query.filters.items()
-        if value is not None and name != "status"
+        if value is not None and name in FILTER_NAMES
     ]
-    return "matching " + ", ".join(parts) if parts else "in the table"
+    if not parts:
+        return gettext("in the table")
+    return gettext("matching {filters}", filters=", ".join(parts))
 
 
 def _page(

@@ -2,7 +2,8 @@
 
 Times are shown in UTC (the store's time and the worker's), with a relative form
 ("in 3 min", "4 min ago") computed at render time, because "is it late?" is the
-question an operator asks.
+question an operator asks. Every word goes through the blueprint's :mod:`.i18n`, so
+the dashboard reads in the operator's language when the app uses Flask-Babel.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 from flask import Blueprint
 
-from .i18n import plain_seconds as format_seconds
+from ..recurrence import Rule
+from .i18n import N_, format_number, format_seconds, gettext, ngettext, pgettext
 
 #: Longest one-line error summary shown in the job list.
 SUMMARY_CHARS = 140
@@ -28,29 +30,90 @@ def register(blueprint: Blueprint) -> None:
     blueprint.add_app_template_filter(age_text, "defer_age")
     blueprint.add_app_template_filter(event_label, "defer_event_label")
     blueprint.add_app_template_filter(event_tone, "defer_event_tone")
+    blueprint.add_app_template_filter(status_label, "defer_status")
+    blueprint.add_app_template_filter(schedule_state_label, "defer_schedule_state")
+    blueprint.add_app_template_filter(rule_text, "defer_rule")
+    blueprint.add_app_template_filter(format_number, "defer_number")
+    blueprint.add_app_template_global(ngettext, "defer_ngettext")
+    blueprint.add_app_template_global(pgettext, "defer_pgettext")
 
 
 #: How the job page's timeline names each history event, and its colour (tone).
 EVENTS: dict[str, tuple[str, str]] = {
-    "scheduled": ("Scheduled", "info"),
-    "replaced": ("Replaced by a newer job with its key", "neutral"),
-    "rescheduled": ("Rescheduled", "info"),
-    "run_now": ("Made due now", "info"),
-    "started": ("Started", "info"),
-    "done": ("Done", "ok"),
-    "retried": ("Attempt failed; will retry", "warn"),
-    "snoozed": ("Not yet; waits", "neutral"),
-    "failed": ("Failed", "danger"),
-    "cancelled": ("Cancelled", "neutral"),
-    "undone": ("Undone", "neutral"),
-    "reclaimed": ("Lease lapsed; reclaimed", "warn"),
-    "retried_by_operator": ("Retried by an operator", "info"),
+    "scheduled": (N_("Scheduled"), "info"),
+    "replaced": (N_("Replaced by a newer job with its key"), "neutral"),
+    "rescheduled": (N_("Rescheduled"), "info"),
+    "run_now": (N_("Made due now"), "info"),
+    "started": (N_("Started"), "info"),
+    "done": (N_("Done"), "ok"),
+    "retried": (N_("Attempt failed; will retry"), "warn"),
+    "snoozed": (N_("Not yet; waits"), "neutral"),
+    "failed": (N_("Failed"), "danger"),
+    "cancelled": (N_("Cancelled"), "neutral"),
+    "undone": (N_("Undone"), "neutral"),
+    "reclaimed": (N_("Lease lapsed; reclaimed"), "warn"),
+    "retried_by_operator": (N_("Retried by an operator"), "info"),
+}
+
+#: A job's status as the dashboard's badges and details say it; "due" is a pending
+#: job whose time has come (owed work).
+STATUSES: dict[str, str] = {
+    "pending": N_("pending"),
+    "running": N_("running"),
+    "done": N_("done"),
+    "failed": N_("failed"),
+    "cancelled": N_("cancelled"),
+    "due": N_("due"),
+}
+
+#: A recurring schedule's state on the Schedules page.
+SCHEDULE_STATES: dict[str, str] = {
+    "active": N_("active"),
+    "paused": N_("paused"),
+    "orphaned": N_("orphaned"),
 }
 
 
 def event_label(event: str) -> str:
     """The timeline's words for a history event (the event's own name if unknown)."""
-    return EVENTS.get(event, (event, "neutral"))[0]
+    label = EVENTS.get(event)
+    return gettext(label[0]) if label is not None else event
+
+
+def status_label(status: str) -> str:
+    """A status (``pending``, ..., or ``due``) in the reader's words (itself if unknown)."""
+    label = STATUSES.get(status)
+    return gettext(label) if label is not None else status
+
+
+def schedule_state_label(state: str) -> str:
+    """``active``, ``paused`` or ``orphaned`` in the reader's words."""
+    label = SCHEDULE_STATES.get(state)
+    return gettext(label) if label is not None else state
+
+
+def rule_text(rule: Rule) -> str:
+    """A schedule's rule: the cron line and its zone as written, or "every 5 min"."""
+    if rule.cron is not None:
+        return f"{rule.cron} ({rule.tz})"
+    assert rule.every is not None
+    return gettext("every {interval}", interval=exact_interval(rule.every.total_seconds()))
+
+
+def exact_interval(seconds: float) -> str:
+    """An interval in its largest whole unit ("90 s", "5 min", "2 h", "1 d"), never rounded.
+
+    A schedule's period is a setting the operator compares with the code: "every 1 min"
+    for a 90 s schedule would be wrong, so this does not round like the ages do. The
+    unit symbols are the SI ones, read alike in the blueprint's languages.
+    """
+    if seconds != int(seconds) or seconds < 60:
+        return f"{seconds:g} s"
+    whole = int(seconds)
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if whole % size == 0:
+            return f"{whole // size} {unit}"
+    return f"{whole} s"
 
 
 def event_tone(event: str) -> str:
@@ -71,10 +134,10 @@ def relative(value: datetime | None, now: datetime) -> str:
         return ""
     seconds = (value - now).total_seconds()
     if abs(seconds) < 1:
-        return "now"
+        return gettext("now")
     if seconds > 0:
-        return f"in {format_seconds(seconds)}"
-    return f"{format_seconds(-seconds)} ago"
+        return gettext("in {duration}", duration=format_seconds(seconds))
+    return gettext("{duration} ago", duration=format_seconds(-seconds))
 
 
 def age_text(seconds: float | None) -> str:

@@ -42,6 +42,17 @@ def gettext(text: str, **variables: Any) -> str:
     return text.format(**variables) if variables else text
 
 
+def pgettext(context: str, text: str, **variables: Any) -> str:
+    """*text* as meant in *context*: one English word, two translations.
+
+    "Scheduled" heads a column of counts on the dashboard and names an event in a job's
+    history; French says "Planifiées" for the one and "Planifiée" for the other.
+    """
+    if _babel_active():
+        text = str(_domain().get_translations().pgettext(context, text))
+    return text.format(**variables) if variables else text
+
+
 def ngettext(singular: str, plural: str, count: int, **variables: Any) -> str:
     """The singular or plural form for *count* (``{count}`` is filled in, with the rest)."""
     if _babel_active():
@@ -49,6 +60,27 @@ def ngettext(singular: str, plural: str, count: int, **variables: Any) -> str:
     else:
         text = singular if count == 1 else plural
     return text.format(count=count, **variables)
+
+
+def N_(text: str) -> str:
+    """*text* unchanged, marked for the catalogue (``gettext_noop``).
+
+    For tables built at import time (no request, no locale yet): ``pybabel extract``
+    finds the string here, and the code that shows it calls :func:`gettext` then.
+    """
+    return text
+
+
+def format_number(value: int) -> str:
+    """*value* with the reader's digit grouping ("10,000"; "10.000" in German)."""
+    if _babel_active():
+        from babel.numbers import format_decimal
+        from flask_babel import get_locale
+
+        locale = get_locale()
+        if locale is not None:
+            return str(format_decimal(value, locale=locale))
+    return f"{value:,}"
 
 
 def locale_tag() -> str | None:

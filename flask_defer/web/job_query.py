@@ -14,6 +14,7 @@ from flask import abort
 from werkzeug.datastructures import MultiDict
 
 from ..jobs import JobStatus
+from .i18n import gettext
 
 #: The highest page number accepted; beyond it the offset would be absurd.
 MAX_PAGE = 1_000_000
@@ -38,22 +39,30 @@ class JobQuery:
         """Parse the query string (or a bulk action's form); abort 400 on a bad value."""
         statuses = [value for value in args.getlist("status") if value]
         if len(statuses) > 1:
-            abort(400, description="Give one status to filter by.")
+            abort(400, description=gettext("Give one status to filter by."))
         status = None
         if statuses:
             try:
                 status = JobStatus(statuses[0])
             except ValueError:
                 allowed = ", ".join(s.value for s in JobStatus)
-                abort(400, description=f"Unknown status; expected one of {allowed}.")
+                abort(
+                    400,
+                    description=gettext(
+                        "Unknown status; expected one of {allowed}.", allowed=allowed
+                    ),
+                )
         texts: dict[str, str | None] = {}
         for field in TEXT_FILTERS:
             values = args.getlist(field)
             if len(values) > 1:
-                abort(400, description=f"Give one {field} to filter by.")
+                abort(400, description=gettext("Give one {field} to filter by.", field=field))
             value = values[0].strip() if values else ""
             if len(value) > MAX_TEXT or any(ord(char) < 32 for char in value):
-                abort(400, description=f"The {field} filter is not a valid value.")
+                abort(
+                    400,
+                    description=gettext("The {field} filter is not a valid value.", field=field),
+                )
             texts[field] = value or None
         return cls(status=status, page=_page(args.get("page")), **texts)
 
@@ -94,8 +103,8 @@ def _page(value: str | None) -> int:
     if value is None or value == "":
         return 1
     if not value.isdigit() or not value.isascii():
-        abort(400, description="The page must be a positive integer.")
+        abort(400, description=gettext("The page must be a positive integer."))
     page = int(value) if len(value) <= 10 else MAX_PAGE + 1
     if not 1 <= page <= MAX_PAGE:
-        abort(400, description=f"The page must be from 1 to {MAX_PAGE}.")
+        abort(400, description=gettext("The page must be from 1 to {max}.", max=MAX_PAGE))
     return page

@@ -7,15 +7,19 @@ schedules`` and Python pause a schedule through the same guarded statement.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from flask import Blueprint, abort, render_template, url_for
 from flask.typing import ResponseReturnValue
 
 from ..errors import ScheduleNotFound
+from ..extension import Defer
 from ..recurrence import ID_PATTERN
 from ..timeutil import utcnow
 from .access import current_defer, operators_only, require_operator
 from .csrf import require_csrf
 from .dashboard_actions import ActionOutcome, answer
+from .i18n import N_, gettext
 
 
 def register(blueprint: Blueprint) -> None:
@@ -56,26 +60,37 @@ def _guard(schedule_id: str) -> None:
 
 def pause(schedule_id: str) -> ResponseReturnValue:
     """running → paused; an already paused schedule is reported as such."""
-    _guard(schedule_id)
-    try:
-        paused = current_defer().pause_recurring(schedule_id)
-    except ScheduleNotFound:
-        abort(404)
-    if paused:
-        return answer(ActionOutcome(True, f"Schedule {schedule_id} paused."))
-    return answer(ActionOutcome(False, f"Schedule {schedule_id} was already paused."))
+    return _switch(
+        schedule_id,
+        Defer.pause_recurring,
+        N_("Schedule {id} paused."),
+        N_("Schedule {id} was already paused."),
+    )
 
 
 def resume(schedule_id: str) -> ResponseReturnValue:
     """paused → running from its next tick (the paused ticks are not run)."""
+    return _switch(
+        schedule_id,
+        Defer.resume_recurring,
+        N_("Schedule {id} resumed."),
+        N_("Schedule {id} was not paused."),
+    )
+
+
+def _switch(
+    schedule_id: str, method: Callable[[Defer, str], bool], done: str, unchanged: str
+) -> ResponseReturnValue:
+    """Pause or resume (the facade's *method*): the *done* sentence if this call changed
+    it, else *unchanged* (each a catalogue message with ``{id}``)."""
     _guard(schedule_id)
     try:
-        resumed = current_defer().resume_recurring(schedule_id)
+        changed = method(current_defer(), schedule_id)
     except ScheduleNotFound:
         abort(404)
-    if resumed:
-        return answer(ActionOutcome(True, f"Schedule {schedule_id} resumed."))
-    return answer(ActionOutcome(False, f"Schedule {schedule_id} was not paused."))
+    # *done* and *unchanged* are catalogue messages (marked N_), translated here.
+    text = done if changed else unchanged
+    return answer(ActionOutcome(changed, gettext(text, id=schedule_id)))
 
 
 def run_now(schedule_id: str) -> ResponseReturnValue:
@@ -85,4 +100,8 @@ def run_now(schedule_id: str) -> ResponseReturnValue:
         job = current_defer().run_recurring_now(schedule_id)
     except ScheduleNotFound:
         abort(404)
-    return answer(ActionOutcome(True, f"Schedule {schedule_id}: job {job.id} is due now."))
+    return answer(
+        ActionOutcome(
+            True, gettext("Schedule {id}: job {job} is due now.", id=schedule_id, job=job.id)
+        )
+    )

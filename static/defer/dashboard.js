@@ -4,8 +4,9 @@
  * only makes refused requests visible. htmx does not swap 4xx answers by default, so
  * a 400 whose body is an outcome fragment (a bad reschedule time, a bulk cancel
  * without a filter) is put in the outcome region, and any other error (403 after a
- * logout, 404, a lost connection) is said there in words. No inline script is
- * needed, so it works under a strict CSP.
+ * logout, 404, a lost connection) is said there in words: the page's own, in the
+ * reader's language (data-defer-text-* on the outcome region), English without them.
+ * No inline script is needed, so it works under a strict CSP.
  */
 (function () {
   "use strict";
@@ -41,11 +42,20 @@
     out.replaceChildren(box);
   }
 
+  // The server renders each text translated onto the region; these are the fallbacks.
+  function text(name, fallback) {
+    var out = region();
+    return (out && out.getAttribute("data-defer-text-" + name)) || fallback;
+  }
+
   function describe(status) {
-    if (status === 403) { return "Not authorised any more: sign in again and reload the page."; }
-    if (status === 404) { return "That job no longer exists (it may have been pruned)."; }
-    if (status === 400) { return "The request was refused: reload the page and try again."; }
-    return "The server answered with an error (HTTP " + status + "). Try again.";
+    if (status === 403) {
+      return text("forbidden", "Not authorised any more: sign in again and reload the page.");
+    }
+    if (status === 404) { return text("missing", "That job no longer exists (it may have been pruned)."); }
+    if (status === 400) { return text("refused", "The request was refused: reload the page and try again."); }
+    return text("error", "The server answered with an error (HTTP {status}). Try again.")
+      .replace("{status}", String(status));
   }
 
   document.addEventListener("htmx:beforeSwap", function (event) {
@@ -65,7 +75,7 @@
 
   document.addEventListener("htmx:sendError", function (event) {
     if (inDashboard(event.detail && event.detail.elt)) {
-      say("Could not reach the server; the figures may be out of date.");
+      say(text("offline", "Could not reach the server; the figures may be out of date."));
     }
   });
 

@@ -563,16 +563,35 @@
     if (toast) { showError(toast, "network", "Could not reach the server. Try again."); }
   }
 
+  function isOutcome(elt) {
+    return !!(elt && elt.classList && elt.classList.contains("defer-toast--outcome"));
+  }
+
+  /* The Undo button that had the focus is gone with its toast: put the focus on the
+     outcome that took its place, so Escape finds it there and gives it back. */
+  function keepFocus(outcome) {
+    var active = document.activeElement;
+    if (outcome.__deferLeaving || (active && active !== document.body && active.isConnected)) {
+      return;
+    }
+    var close = outcome.querySelector("[data-defer-dismiss]");
+    if (close) { close.hidden = false; close.focus({ preventScroll: true }); }
+  }
+
+  /* htmx fires afterSwap on the new outcome in the same task as the swap, before the
+     page is painted; its load event only comes after the settle delay (20 ms, far more
+     on a busy machine). Taking the focus here leaves no moment in which the outcome is
+     on screen with the focus nowhere: an Escape pressed then used to dismiss it without
+     returning the focus. */
+  function onAfterSwap(event) {
+    if (isOutcome(event.target)) { keepFocus(event.target); }
+  }
+
   function onLoad(event) {
     var elt = event.detail && event.detail.elt;
-    if (!elt || !elt.classList || !elt.classList.contains("defer-toast--outcome")) { return; }
+    if (!isOutcome(elt)) { return; }
     initOutcome(elt);
-    // The Undo button that had the focus is gone: keep the focus in the same place.
-    var active = document.activeElement;
-    if (!active || active === document.body || !active.isConnected) {
-      var close = elt.querySelector("[data-defer-dismiss]");
-      if (close) { close.focus({ preventScroll: true }); }
-    }
+    keepFocus(elt);
   }
 
   /* ---- refreshing from the server ---- */
@@ -645,6 +664,7 @@
   document.addEventListener("htmx:afterRequest", onAfterRequest);
   document.addEventListener("htmx:responseError", onResponseError);
   document.addEventListener("htmx:sendError", onSendError);
+  document.addEventListener("htmx:afterSwap", onAfterSwap);
   document.addEventListener("htmx:load", onLoad);
   document.addEventListener("visibilitychange", function () {
     if (document.visibilityState === "visible") { refresh(); schedulePoll(); }

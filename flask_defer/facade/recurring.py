@@ -1,0 +1,128 @@
+"""``Defer``'s recurring-schedule methods: declare, list, pause, resume, run one now.
+
+The ticker that writes each tick's job (exactly one per tick across workers) is
+:mod:`flask_defer.helpers.recurring`; these methods declare schedules in code and
+drive the current app's ticker.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from .. import signals
+from ..errors import UnknownJob
+from ..helpers import recurring as _recurring
+from ..jobs import Job
+from ..recurrence import CatchUp, RecurringSpec, make_rule, make_spec
+from ..schema import define_schedules_table
+from ..state import DeferState
+from ..store import versioning
+from ..store.schedules import ScheduleRow, ScheduleStore
+from ..timeutil import Duration, as_utc, utcnow
+from ..validation import checked_payload
+from .base import FacadeBase
+
+
+class RecurringMethods(FacadeBase):
+    """``defer.recurring(...)`` and the run-time controls of declared schedules."""
+
+    def _ticker_for(self, state: DeferState) -> _recurring.Ticker:
+        """The recurring schedules of *state*'s app, over a table beside the jobs table."""
+        # In the app's metadata, beside the jobs table, so db.create_all() and Alembic
+        # autogenerate see it also when the db was passed to init_app only.
+        metadata = state.db.metadata if state.db is not None else state.store.table.metadata
+        table = define_schedules_table(metadata, self.schedules_table_name)
+        ticker = _recurring.Ticker(
+            ScheduleStore(state.store.engine, table, state.store),
+            self.schedules,
+            self.registry,
+            default_max_attempts=state.config.max_attempts,
+            max_catch_up=state.config.recurring_max_catch_up,
+            on_written=lambda job: state.send(signals.job_scheduled, job=job),
+        )
+        if state.db is None and self._schema_at_head(state):
+            # A jobs table created just now (by build_state) was recorded at the newest
+            # revision, which includes this table. On an older recorded schema the table
+            # comes from `flask defer db upgrade` (revision flask_defer_0002): creating it
+            # here would make that revision fail on an existing table.
+            ticker.store.create_table()
+        return ticker
+
+    def _schema_at_head(self, state: DeferState) -> bool:
+        # At init_app, where Flask-Migrate may not be set up yet: as if it were not.
+        return versioning.check(state.store.engine, self._tables(state)).ok
+
+    def recurring(
+        self,
+        id: str,
+        job_name: str,
+        cron: str | None = None,
+        *,
+        every: Duration | None = None,
+        tz: str = "UTC",
+        payload: Any = None,
+        catch_up: CatchUp = "latest",
+    ) -> RecurringSpec:
+        """Declare the recurring schedule *id*: run *job_name* on a cron rule or interval.
+
+        ``cron`` is a 5-field expression evaluated in the IANA zone ``tz`` (wall-clock
+        intent across DST: a time skipped by spring-forward runs once at the next valid
+        instant, a time repeated by fall-back runs once); ``every`` is a fixed interval
+        (a timedelta or seconds, at least one second) ticking at whole multiples since
+        the Unix epoch. Pass exactly one. ``catch_up`` says what happens to ticks missed
+        during downtime: ``"latest"`` runs the most recent one once, ``"skip"`` none,
+        ``"all"`` every one (at most ``DEFER_RECURRING_MAX_CATCH_UP``).
+
+        Declare it in code next to the handler, after ``@defer.job(job_name)``: an
+        unregistered *job_name* raises :class:`UnknownJob` here, at the declaration. The
+        declaration is the source of truth; the database (synced when a worker or
+        ``run_due`` starts) keeps each schedule's next and last tick and paused flag.
+        """
+        rule = make_rule(cron, every, tz)
+        spec = make_spec(id, job_name, rule, checked_payload(payload), catch_up)
+        if spec.job_name not in self.registry:
+            raise UnknownJob(spec.job_name)
+        self.schedules.add(spec)
+        return spec
+
+    def list_recurring(self) -> list[ScheduleRow]:
+        """Every schedule with its next and last tick, paused and orphaned flags, by id.
+
+        Orphaned schedules (declared once, no longer in code) are listed too: they are
+        kept and never tick until declared again.
+        """
+        return self._ticker().list(utcnow())
+
+    def pause_recurring(self, id: str) -> bool:
+        """Stop the schedule *id* from ticking: True if this call paused it.
+
+        Already paused → False. Unknown id → :class:`ScheduleNotFound`. Ticks already
+        written stay ordinary pending jobs (cancel them like any job).
+        """
+        return self._ticker("pause_recurring").pause(id, utcnow())
+
+    def resume_recurring(self, id: str, *, now: datetime | None = None) -> bool:
+        """Let the paused schedule *id* tick again, from its next tick after *now*.
+
+        Ticks that fell in the pause are not written (no burst). Not paused → False;
+        unknown id → :class:`ScheduleNotFound`.
+        """
+        at = as_utc(now, "now") if now is not None else utcnow()
+        return self._ticker("resume_recurring").resume(id, at)
+
+    def run_recurring_now(self, id: str) -> Job:
+        """Write one extra job of schedule *id*, due now (the dashboard's "Run now").
+
+        The schedule's own ticks are unchanged; the job's key is
+        ``recurring:<id>:<now>:now``.
+        """
+        return self._ticker("run_recurring_now").run_now(id, utcnow())
+
+    def _ticker(self, writes: str | None = None) -> _recurring.Ticker:
+        """The app's ticker; *writes* names a call that writes in its own transaction."""
+        state = self._state()
+        if writes is not None:
+            state.transactions.refuse_uncommitted(writes)
+        assert state.recurring is not None
+        return state.recurring

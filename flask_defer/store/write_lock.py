@@ -1,0 +1,204 @@
+"""SQLite's write lock, taken in turn rather than by lottery.
+
+SQLite lets one writer in at a time, and a writer that finds the lock taken waits in
+its busy handler: it sleeps 1, 2, 5, 10 ... and then 100 ms between looks. A writer
+that has waited a while therefore looks ten times a second, while one that just
+committed and comes straight back (a busy batch key's producers, the worker's next
+claim) takes the lock again between those looks. Under a steady stream of short
+writes the unlucky writer waited for seconds, although no transaction held the lock
+for longer than a few tens of milliseconds (measured: batch appends waiting 2.1-3.1 s
+beside a worker whose longest write transaction took 26-51 ms), and the worker's own
+claim waited as long, so due batches started seconds late.
+
+:class:`WriteLock` takes the lock with ``BEGIN IMMEDIATE`` instead, for every write
+transaction on an engine flask_defer tunes (:func:`take_turns_to_write`: the app's
+own writes too) and for the store's ``begin_immediate`` (:func:`begin_write`), and
+
+- queues this process's writers first-come first-served: only the writer at the
+  head of the queue looks for SQLite's lock, the others wait their turn without
+  polling, and a writer that comes straight back joins the end of the queue;
+- lets the head look every :data:`POLL_INTERVAL` (with SQLite's own busy handler
+  switched off for those looks), so a lock freed by another process (the worker, a
+  web process) is taken within about a millisecond, not a hundred.
+
+A writer therefore waits for the transaction that holds the lock, the writers of its
+process queued before it, and what other processes' writers slip in between its
+looks; never longer than the connection's busy timeout, after which it fails with
+"database is locked" as before.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+from sqlalchemy import Connection, Engine, event
+from sqlalchemy.exc import DBAPIError
+
+#: Seconds between two looks for SQLite's write lock by the writer at the head.
+POLL_INTERVAL = 0.001
+
+_BEGIN = "BEGIN IMMEDIATE"
+
+
+class FairLock:
+    """A first-come first-served lock: released, it passes straight to the oldest waiter.
+
+    ``threading.Lock`` makes no promise of order, and a thread that releases it and
+    asks again at once usually wins; this one hands itself over instead.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._waiters: deque[threading.Lock] = deque()
+        self._held = False
+
+    def acquire(self, timeout: float) -> bool:
+        """Wait up to *timeout* seconds for this lock, in arrival order; True if taken."""
+        with self._mutex:
+            if not self._held:
+                self._held = True
+                return True
+            turn = threading.Lock()
+            turn.acquire()
+            self._waiters.append(turn)
+        if turn.acquire(timeout=max(timeout, 0.0)):
+            return True
+        with self._mutex:
+            try:
+                self._waiters.remove(turn)
+            except ValueError:
+                return True  # handed over just as the wait ran out: it is ours
+            return False
+
+    def release(self) -> None:
+        """Hand the lock to the oldest waiter, or free it if none waits."""
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().release()  # still held: now by that waiter
+            else:
+                self._held = False
+
+
+class WriteLock:
+    """Takes SQLite's write lock for one engine's connections, in turn (module docs)."""
+
+    def __init__(self) -> None:
+        self._turns = FairLock()
+
+    def begin(self, dbapi: sqlite3.Connection, busy_ms: int | None = None) -> None:
+        """``BEGIN IMMEDIATE`` on *dbapi*, waiting in turn for the lock.
+
+        Waits at most *busy_ms* (default: the connection's ``PRAGMA busy_timeout``),
+        then raises :class:`sqlite3.OperationalError` ("database is locked") as SQLite
+        would. Any other error (a stale read snapshot, which no wait can cure) is
+        raised at once.
+        """
+        if busy_ms is None:
+            (busy_ms,) = dbapi.execute("PRAGMA busy_timeout").fetchone()
+        deadline = time.monotonic() + busy_ms / 1000
+        # SQLite's busy handler is off while this connection looks for the lock: the
+        # looks are timed here, against the same busy timeout.
+        dbapi.execute("PRAGMA busy_timeout = 0")
+        try:
+            if self._turns.acquire(deadline - time.monotonic()):
+                try:
+                    while True:
+                        if _try_begin(dbapi):
+                            return
+                        if time.monotonic() >= deadline:
+                            break
+                        time.sleep(POLL_INTERVAL)
+                finally:
+                    self._turns.release()
+            # Out of time: one last look, which raises "database is locked".
+            dbapi.execute(_BEGIN)
+        finally:
+            dbapi.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
+
+
+_locks: weakref.WeakKeyDictionary[Engine, WriteLock] = weakref.WeakKeyDictionary()
+_locks_mutex = threading.Lock()
+
+
+def write_lock_of(engine: Engine) -> WriteLock:
+    """The one :class:`WriteLock` of *engine* in this process."""
+    with _locks_mutex:
+        lock = _locks.get(engine)
+        if lock is None:
+            lock = _locks[engine] = WriteLock()
+        return lock
+
+
+def begin_write(conn: Connection) -> None:
+    """Start *conn*'s transaction by taking SQLite's write lock in turn (``BEGIN IMMEDIATE``).
+
+    For transactions that may read before they write (the store's
+    ``begin_immediate``). Nothing when the database connection is already in a
+    transaction. Raises SQLAlchemy's ``OperationalError`` ("database is locked")
+    after the busy timeout, like any statement.
+    """
+    dbapi = conn.connection.dbapi_connection
+    if not isinstance(dbapi, sqlite3.Connection) or dbapi.in_transaction:
+        return
+    if conn.get_transaction() is None:
+        conn.begin()  # SQLAlchemy's side of it; pysqlite sends no BEGIN of its own
+    try:
+        write_lock_of(conn.engine).begin(dbapi)
+    except sqlite3.Error as error:
+        raise DBAPIError.instance(_BEGIN, None, error, sqlite3.Error) from error
+
+
+def take_turns_to_write(engine: Engine, busy_timeout_ms: int) -> None:
+    """Make every write transaction on *engine* take the write lock in turn.
+
+    pysqlite opens a (deferred) transaction just before the first INSERT, UPDATE,
+    DELETE or REPLACE on a connection that is not in one; that statement then waits
+    for the write lock in SQLite's busy handler. This listener opens it a moment
+    earlier as ``BEGIN IMMEDIATE`` through :class:`WriteLock`, the same transaction
+    with a fair wait. So the app's own writes (a ``db.session.flush()`` before
+    ``defer.batch``), the batch append and the worker's writes all queue alike.
+    Connections in autocommit (``isolation_level=None``) are left alone.
+    """
+    lock = write_lock_of(engine)
+
+    def before_execute(
+        conn: Connection, _cursor: Any, statement: str, parameters: Any, *_args: Any
+    ) -> None:
+        dbapi = conn.connection.dbapi_connection
+        if (
+            not isinstance(dbapi, sqlite3.Connection)
+            or dbapi.in_transaction
+            or dbapi.isolation_level is None
+            or not _is_dml(statement)
+        ):
+            return
+        try:
+            lock.begin(dbapi, busy_timeout_ms)
+        except sqlite3.Error as error:
+            raise DBAPIError.instance(statement, parameters, error, sqlite3.Error) from error
+
+    event.listen(engine, "before_cursor_execute", before_execute)
+
+
+def _is_dml(statement: str) -> bool:
+    """The statements before which pysqlite opens a transaction by itself."""
+    return statement.lstrip()[:7].upper().startswith(_DML)
+
+
+_DML = ("INSERT", "UPDATE", "DELETE", "REPLACE")
+
+
+def _try_begin(dbapi: Any) -> bool:
+    """One look: True if ``BEGIN IMMEDIATE`` took the lock, False if it is taken."""
+    try:
+        dbapi.execute(_BEGIN)
+    except sqlite3.OperationalError as error:
+        if getattr(error, "sqlite_errorcode", sqlite3.SQLITE_BUSY) != sqlite3.SQLITE_BUSY:
+            raise
+        return False
+    return True
