@@ -6,7 +6,7 @@ lapsed can never overwrite the outcome of the worker that took the job over.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -184,34 +184,6 @@ class ClaimStatements(HistoryStatements):
         owns it (its lease lapsed while it waited): then it must not run here. Its
         ``started`` event, by *actor*, is written in the same transaction.
         """
-        return self.start_claimed_many([job], now=now, actor=actor)[job.id]
-
-    def start_claimed_many(
-        self, jobs: Sequence[Job], *, now: datetime, actor: str = "app"
-    ) -> dict[int, Job | None]:
-        """:meth:`start_claimed` for several jobs in one transaction (one commit).
-
-        Threads that start queued jobs at the same moment share this commit (the
-        worker's group start), so a backlog of short jobs costs one fsync per group
-        rather than one per job. Each row keeps its own compare-and-set on the token.
-        """
-        stmt = self._start_statement()
-        started: dict[int, Job | None] = {}
-        events: list[HistoryEvent] = []
-        with self.begin() as conn:
-            for job in jobs:
-                params = {"job_id": job.id, "token": job.claim_token, "now": now}
-                attempts = conn.execute(stmt, params).scalar()
-                if attempts is None:
-                    started[job.id] = None
-                    continue
-                started[job.id] = replace(job, attempts=int(attempts))
-                events.append(HistoryEvent(job.id, "started", now, actor, int(attempts)))
-            self.record_events(conn, events)
-        return started
-
-    def _start_statement(self) -> Any:
-        """The prebuilt UPDATE that counts a queued job's attempt as it starts."""
         stmt = self._control_sql.get("start")
         if stmt is None:
             t = self.table
@@ -226,7 +198,13 @@ class ClaimStatements(HistoryStatements):
                 .values(attempts=t.c.attempts + 1, updated_at=bindparam("now", type_=UTCDateTime()))
                 .returning(t.c.attempts)
             )
-        return stmt
+        params = {"job_id": job.id, "token": job.claim_token, "now": now}
+        with self.begin() as conn:
+            attempts = conn.execute(stmt, params).scalar()
+            if attempts is not None:
+                started = HistoryEvent(job.id, "started", now, actor, int(attempts))
+                self.record_events(conn, [started])
+        return None if attempts is None else replace(job, attempts=int(attempts))
 
     def ack_done(
         self,
