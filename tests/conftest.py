@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -23,7 +24,6 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import Engine, MetaData, create_engine
 from sqlalchemy.orm import DeclarativeBase
 from werkzeug.serving import WSGIRequestHandler, make_server
-from werkzeug.wsgi import ClosingIterator
 
 from flask_defer import Defer
 from flask_defer.schema import define_jobs_table
@@ -248,7 +248,10 @@ class LiveServers:
     def __init__(self) -> None:
         self._running: list[tuple[Any, threading.Thread]] = []
         self._idle = threading.Condition()
-        self._in_flight = 0
+        # The threads inside the app now (a request whose body was never closed, its
+        # thread gone, is not in flight any more: only a live thread can hold a pool
+        # connection).
+        self._serving: dict[threading.Thread, int] = {}
 
     def __call__(self, app: Any) -> str:
         server = make_server(
@@ -267,27 +270,61 @@ class LiveServers:
             server.server_close()
             thread.join(timeout=10)
         with self._idle:
-            assert self._idle.wait_for(lambda: self._in_flight == 0, timeout), (
-                f"{self._in_flight} request(s) still running {timeout} s after the stop"
+            deadline = time.monotonic() + timeout
+            while self._in_flight() and time.monotonic() < deadline:
+                self._idle.wait(0.1)
+            assert not self._in_flight(), (
+                f"{self._in_flight()} request(s) still running {timeout} s after the stop"
             )
+
+    def _in_flight(self) -> int:
+        return sum(n for thread, n in self._serving.items() if thread.is_alive())
 
     def _counted(self, app: Any) -> Any:
         def counted(environ: Any, start_response: Any) -> Any:
+            me = threading.current_thread()
             with self._idle:
-                self._in_flight += 1
+                self._serving[me] = self._serving.get(me, 0) + 1
             try:
                 body = app(environ, start_response)
             except BaseException:
-                self._finished()
+                self._finished(me)
                 raise
-            return ClosingIterator(body, [self._finished])
+            return _Finally(body, lambda: self._finished(me))
 
         return counted
 
-    def _finished(self) -> None:
+    def _finished(self, thread: threading.Thread) -> None:
         with self._idle:
-            self._in_flight -= 1
+            left = self._serving.get(thread, 1) - 1
+            if left > 0:
+                self._serving[thread] = left
+            else:
+                self._serving.pop(thread, None)
             self._idle.notify_all()
+
+
+class _Finally:
+    """A response body whose ``close`` runs *done* even when the app's own close raises.
+
+    (werkzeug's ``ClosingIterator`` skips its callbacks then, which left a request
+    counted as in flight for ever.)
+    """
+
+    def __init__(self, body: Any, done: Callable[[], None]) -> None:
+        self._body = body
+        self._done = done
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._done()
 
 
 @pytest.fixture
