@@ -182,7 +182,7 @@ def test_schedules_page_pauses_and_resumes_a_schedule_in_place(
     page.get_by_role("link", name="Schedules").click()
     row = page.locator("#defer-schedule-nightly-invoices")
     expect(row).to_have_attribute("data-defer-state", "active")
-    expect(row).to_contain_text("0 3 * * * (Europe/Berlin)")
+    expect(row).to_contain_text("0 3 1 1 * (Europe/Berlin)")
     row.get_by_role("button", name="Pause").click()
     expect(page.locator("#defer-outcome")).to_contain_text("Schedule nightly-invoices paused.")
     expect(row).to_have_attribute("data-defer-state", "paused")  # the table refreshed

@@ -526,7 +526,9 @@ def test_the_job_page_of_a_pending_job_offers_its_actions_and_refreshes(
     html = client.get(f"/defer/jobs/{job_id}").get_data(as_text=True)
     for action in ("run-now", "cancel", "reschedule"):
         assert f'action="/defer/jobs/{job_id}/{action}"' in html
-    assert 'hx-trigger="every 5s, defer-jobs-changed from:body"' in html
+    # Timed refresh, paused while a traceback is open or a field has focus; and after actions.
+    assert re.search(r'hx-trigger="every 5s \[!this\.querySelector\(\'details\[open\]\'\)', html)
+    assert 'defer-jobs-changed from:body"' in html
     fragment = client.get(f"/defer/jobs/{job_id}", headers=HTMX).get_data(as_text=True)
     assert fragment.lstrip().startswith('<article id="defer-job"') and "<html" not in fragment
     done = client.get(f"/defer/jobs/{jobs.done[0]}").get_data(as_text=True)

@@ -59,7 +59,7 @@ def test_the_page_lists_each_schedule_with_its_rule_state_and_next_run(ops: OpsA
     assert row, html
     text = row.group(0)
     assert 'data-defer-state="active"' in text
-    assert "0 3 * * * (Europe/Berlin)" in text and "sync_invoices" in text
+    assert "0 3 1 1 * (Europe/Berlin)" in text and "sync_invoices" in text
     assert "never" in text  # no last run yet
     assert "Pause" in text and "Run now" in text
 
