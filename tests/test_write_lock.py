@@ -8,9 +8,10 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 
 from flask_defer.store.tuning import tune_sqlite
@@ -137,3 +138,66 @@ def test_a_write_in_autocommit_is_left_to_sqlite(tuned: Engine) -> None:
         assert not auto.connection.dbapi_connection.in_transaction
     with tuned.connect() as conn:
         assert conn.execute(text("SELECT who FROM events")).scalars().all() == ["auto"]
+
+
+def trace_looks(engine: Engine) -> list[tuple[int, str]]:
+    """Every statement SQLite starts on *engine*'s connections, by connection, as run."""
+    seen: list[tuple[int, str]] = []
+
+    @event.listens_for(engine, "connect")
+    def traced(dbapi: sqlite3.Connection, _record: Any) -> None:
+        key = id(dbapi)
+        dbapi.set_trace_callback(lambda sql: seen.append((key, sql)))
+
+    engine.dispose()  # connections opened from now on are traced
+    return seen
+
+
+def test_a_writer_of_the_same_process_takes_the_lock_at_the_commit_without_looking_twice(
+    tuned: Engine,
+) -> None:
+    """Within a process the turn is handed over at the commit: the queued writer's one
+    BEGIN IMMEDIATE succeeds (it used to look every millisecond while its neighbour
+    held SQLite's lock, 100 failed looks for a 100 ms transaction)."""
+    seen = trace_looks(tuned)
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with tuned.begin() as conn:
+            conn.execute(text("INSERT INTO events VALUES ('first')"))
+            holding.set()
+            time.sleep(0.1)
+
+    def second() -> None:
+        holding.wait(5)
+        with tuned.begin() as conn:
+            conn.execute(text("INSERT INTO events VALUES ('second')"))
+        done.set()
+
+    threads = [threading.Thread(target=hold), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert done.is_set()
+    begins = [key for key, sql in seen if sql == "BEGIN IMMEDIATE"]
+    assert len(begins) == 2 and len(set(begins)) == 2, seen
+    with tuned.connect() as conn:
+        rows = conn.execute(text("SELECT who FROM events")).scalars().all()
+    assert rows == ["first", "second"]
+
+
+def test_a_transaction_ended_behind_sqlalchemys_back_gives_up_its_turn(tuned: Engine) -> None:
+    """A raw COMMIT ends the transaction without the hand-over; the next writer of the
+    process still gets in at once, not after the busy timeout."""
+    with tuned.connect() as conn:
+        conn.execute(text("INSERT INTO events VALUES ('raw')"))
+        conn.connection.dbapi_connection.execute("COMMIT")  # the turn is never handed on
+        began = time.monotonic()
+        with tuned.begin() as other:
+            other.execute(text("INSERT INTO events VALUES ('next')"))
+        assert time.monotonic() - began < 0.5  # the busy timeout is 1 s
+        conn.rollback()
+    with tuned.connect() as conn:
+        rows = conn.execute(text("SELECT who FROM events")).scalars().all()
+    assert sorted(rows) == ["next", "raw"]

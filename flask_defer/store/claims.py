@@ -199,12 +199,47 @@ class ClaimStatements(HistoryStatements):
                 .returning(t.c.attempts)
             )
         params = {"job_id": job.id, "token": job.claim_token, "now": now}
+        if self.is_postgres:
+            # One autocommit statement (the event by a CTE beside the UPDATE): each
+            # prefetched job pays one round trip to start, not BEGIN/UPDATE/INSERT/COMMIT.
+            with self.autocommit() as conn:
+                attempts = conn.execute(self._start_statement_pg(), {**params, "actor": actor})
+                value = attempts.scalar()
+            return None if value is None else replace(job, attempts=int(value))
         with self.begin() as conn:
             attempts = conn.execute(stmt, params).scalar()
             if attempts is not None:
                 started = HistoryEvent(job.id, "started", now, actor, int(attempts))
                 self.record_events(conn, [started])
         return None if attempts is None else replace(job, attempts=int(attempts))
+
+    def _start_statement_pg(self) -> Any:
+        """PostgreSQL's start: the attempt counted and, with history, its event."""
+        stmt = self._control_sql.get("start_pg")
+        if stmt is None:
+            stmt = self._control_sql.get("start")
+            if stmt is None:
+                raise RuntimeError("the start statement is built first")
+            if self.history_table is not None:
+                h = self.history_table
+                started = stmt.returning(self.table.c.id).cte("started")
+                recorded = (
+                    insert(h)
+                    .from_select(
+                        ["job_id", "event", "at", "actor", "attempt"],
+                        select(
+                            started.c.id,
+                            literal_column("'started'"),
+                            bindparam("now", type_=UTCDateTime()),
+                            bindparam("actor", type_=String()),
+                            started.c.attempts,
+                        ),
+                    )
+                    .cte("recorded")
+                )
+                stmt = select(started.c.attempts).add_cte(recorded)
+            self._control_sql["start_pg"] = stmt
+        return stmt
 
     def ack_done(
         self,

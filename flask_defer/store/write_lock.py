@@ -21,6 +21,12 @@ own writes too) and for the store's ``begin_immediate`` (:func:`begin_write`), a
   switched off for those looks), so a lock freed by another process (the worker, a
   web process) is taken within about a millisecond, not a hundred.
 
+- keeps its turn until its transaction ends (commit or rollback, :func:`hand_over_at_end`),
+  so within one process the lock passes straight from a writer to the next: no look
+  is spent on a lock this process holds itself. Polling only ever waits for another
+  process (measured: a worker whose four threads each polled every 1 ms for the lock
+  their neighbour held drained 470 jobs/s, against 860 with SQLite's own handler).
+
 A writer therefore waits for the transaction that holds the lock, the writers of its
 process queued before it, and what other processes' writers slip in between its
 looks; never longer than the connection's busy timeout, after which it fails with
@@ -34,6 +40,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Connection, Engine, event
@@ -41,6 +48,10 @@ from sqlalchemy.exc import DBAPIError
 
 #: Seconds between two looks for SQLite's write lock by the writer at the head.
 POLL_INTERVAL = 0.001
+#: Seconds between two checks, by a queued writer, that the writer holding this
+#: process's turn is still in its transaction (one that ended without the hand-over,
+#: say by a raw ``COMMIT`` or a closed connection, gives the turn up then).
+STALE_CHECK = 0.01
 
 _BEGIN = "BEGIN IMMEDIATE"
 
@@ -57,8 +68,13 @@ class FairLock:
         self._waiters: deque[threading.Lock] = deque()
         self._held = False
 
-    def acquire(self, timeout: float) -> bool:
-        """Wait up to *timeout* seconds for this lock, in arrival order; True if taken."""
+    def acquire(self, timeout: float, stale: Callable[[], None] | None = None) -> bool:
+        """Wait up to *timeout* seconds for this lock, in arrival order; True if taken.
+
+        *stale*, if given, is called every :data:`STALE_CHECK` seconds of the wait, so
+        the holder can be found gone (and the lock released for it) without anybody
+        losing their place in the queue.
+        """
         with self._mutex:
             if not self._held:
                 self._held = True
@@ -66,8 +82,17 @@ class FairLock:
             turn = threading.Lock()
             turn.acquire()
             self._waiters.append(turn)
-        if turn.acquire(timeout=max(timeout, 0.0)):
-            return True
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            wait = deadline - time.monotonic()
+            if stale is not None:
+                wait = min(wait, STALE_CHECK)
+            if turn.acquire(timeout=max(wait, 0.0)):
+                return True
+            if time.monotonic() >= deadline:
+                break
+            if stale is not None:
+                stale()
         with self._mutex:
             try:
                 self._waiters.remove(turn)
@@ -89,6 +114,9 @@ class WriteLock:
 
     def __init__(self) -> None:
         self._turns = FairLock()
+        self._mutex = threading.Lock()
+        #: This process's connection whose write transaction holds the turn, if any.
+        self._holder: sqlite3.Connection | None = None
 
     def begin(self, dbapi: sqlite3.Connection, busy_ms: int | None = None) -> None:
         """``BEGIN IMMEDIATE`` on *dbapi*, waiting in turn for the lock.
@@ -96,29 +124,96 @@ class WriteLock:
         Waits at most *busy_ms* (default: the connection's ``PRAGMA busy_timeout``),
         then raises :class:`sqlite3.OperationalError` ("database is locked") as SQLite
         would. Any other error (a stale read snapshot, which no wait can cure) is
-        raised at once.
+        raised at once. On success the turn stays with *dbapi* until its transaction
+        ends (:meth:`ended`).
         """
         if busy_ms is None:
             (busy_ms,) = dbapi.execute("PRAGMA busy_timeout").fetchone()
         deadline = time.monotonic() + busy_ms / 1000
-        # SQLite's busy handler is off while this connection looks for the lock: the
-        # looks are timed here, against the same busy timeout.
+        if not self._turns.acquire(deadline - time.monotonic(), self._release_if_stale):
+            # Out of time in this process's queue: one look, which fails as SQLite does.
+            dbapi.execute(_BEGIN)
+            return
+        # Tried at once with SQLite's own busy handler off: the usual case, no other
+        # process holds the lock, costs this one statement and two PRAGMAs.
         dbapi.execute("PRAGMA busy_timeout = 0")
         try:
-            if self._turns.acquire(deadline - time.monotonic()):
-                try:
-                    while True:
-                        if _try_begin(dbapi):
-                            return
-                        if time.monotonic() >= deadline:
-                            break
-                        time.sleep(POLL_INTERVAL)
-                finally:
-                    self._turns.release()
-            # Out of time: one last look, which raises "database is locked".
-            dbapi.execute(_BEGIN)
+            while not _try_begin(dbapi):
+                if time.monotonic() >= deadline:
+                    dbapi.execute(_BEGIN)  # raises "database is locked"
+                    break
+                time.sleep(POLL_INTERVAL)  # another process writes: look again soon
+        except BaseException:
+            self._turns.release()
+            raise
         finally:
             dbapi.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
+        with self._mutex:
+            self._holder = dbapi
+        _holding[id(dbapi)] = self
+
+    def ended(self, dbapi: Any) -> None:
+        """*dbapi*'s transaction ended: pass the turn to the next writer, if it held it."""
+        with self._mutex:
+            if self._holder is not dbapi:
+                return
+            self._holder = None
+        _holding.pop(id(dbapi), None)
+        self._turns.release()
+
+    def _release_if_stale(self) -> None:
+        """Give up the turn of a holder whose transaction ended without :meth:`ended`."""
+        holder = self._holder
+        if holder is not None and not _in_transaction(holder):
+            self.ended(holder)
+
+
+#: Connections holding their engine's turn, by ``id()``: how a commit finds its lock.
+_holding: dict[int, WriteLock] = {}
+
+
+def transaction_ended(connection: Any) -> None:
+    """Hand the turn on after *connection*'s COMMIT or ROLLBACK (a no-op if it held none)."""
+    dbapi = getattr(connection, "dbapi_connection", connection)
+    lock = _holding.get(id(dbapi))
+    if lock is not None and not _in_transaction(dbapi):
+        lock.ended(dbapi)
+
+
+def hand_over_at_end(dialect: Any) -> None:
+    """Make *dialect*'s commit and rollback hand the write turn on once they are done.
+
+    SQLAlchemy's commit and rollback events fire before the driver's call, and a
+    writer let in then would find SQLite's lock still taken; so the dialect's own
+    ``do_commit`` and ``do_rollback`` (which the pool's reset-on-return uses too) are
+    wrapped, once per dialect.
+    """
+    if getattr(dialect, "_flask_defer_hands_over", False):
+        return
+    commit, rollback = dialect.do_commit, dialect.do_rollback
+
+    def do_commit(connection: Any) -> None:
+        try:
+            commit(connection)
+        finally:
+            transaction_ended(connection)
+
+    def do_rollback(connection: Any) -> None:
+        try:
+            rollback(connection)
+        finally:
+            transaction_ended(connection)
+
+    dialect.do_commit, dialect.do_rollback = do_commit, do_rollback
+    dialect._flask_defer_hands_over = True
+
+
+def _in_transaction(dbapi: Any) -> bool:
+    """Whether *dbapi* is in a transaction; a closed connection is not."""
+    try:
+        return bool(dbapi.in_transaction)
+    except sqlite3.ProgrammingError:
+        return False
 
 
 _locks: weakref.WeakKeyDictionary[Engine, WriteLock] = weakref.WeakKeyDictionary()
@@ -131,6 +226,7 @@ def write_lock_of(engine: Engine) -> WriteLock:
         lock = _locks.get(engine)
         if lock is None:
             lock = _locks[engine] = WriteLock()
+            hand_over_at_end(engine.dialect)
         return lock
 
 
