@@ -203,8 +203,8 @@ class ClaimStatements(HistoryStatements):
             # One autocommit statement (the event by a CTE beside the UPDATE): each
             # prefetched job pays one round trip to start, not BEGIN/UPDATE/INSERT/COMMIT.
             with self.autocommit() as conn:
-                attempts = conn.execute(self._start_statement_pg(), {**params, "actor": actor})
-                value = attempts.scalar()
+                result = conn.execute(self._start_statement_pg(), {**params, "actor": actor})
+                value = result.scalar()
             return None if value is None else replace(job, attempts=int(value))
         with self.begin() as conn:
             attempts = conn.execute(stmt, params).scalar()
