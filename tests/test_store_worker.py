@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -305,3 +306,48 @@ def test_a_batched_ack_writes_the_free_rows_and_waits_for_a_held_one_alone(
     flusher.join(10)
     assert answer == [set(ids)]
     assert _get(store, ids[1]).status is JobStatus.DONE
+
+
+def test_starting_queued_jobs_together_counts_each_attempt_and_skips_a_lost_claim(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    ids = [insert(store, new_job(max_attempts=3), now) for _ in range(3)]
+    lease = now + timedelta(minutes=1)
+    jobs = store.claim(now=now, limit=3, token="me", lease_until=lease, spend_attempt=False)
+    assert [job.attempts for job in jobs] == [0, 0, 0]
+    # One of them was taken over meanwhile: its start must not count or run here.
+    with store.begin() as conn:
+        taken_over = text("UPDATE defer_jobs SET claim_token = 'other' WHERE id = :id")
+        conn.execute(taken_over, {"id": ids[1]})
+    started = store.start_claimed_many(jobs, now=now, actor="worker:test")
+    assert set(started) == set(ids)
+    assert started[ids[1]] is None
+    assert [started[i].attempts for i in (ids[0], ids[2])] == [1, 1]  # type: ignore[union-attr]
+    assert [_get(store, i).attempts for i in ids] == [1, 0, 1]
+    assert _get(store, ids[1]).claim_token == "other"
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_group_start_starts_the_free_rows_at_once_and_waits_for_a_held_one_alone(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    # As the batched ack: waiting for a held row while holding the group's others could
+    # deadlock with the holder, so the free rows start at once and the held one alone.
+    ids = [insert(store, new_job(), now) for _ in range(2)]
+    lease = now + timedelta(minutes=1)
+    jobs = store.claim(now=now, limit=2, token="me", lease_until=lease, spend_attempt=False)
+    answer: list[dict[int, Any]] = []
+    with store.engine.connect() as holder, holder.begin():
+        holder.execute(text("SELECT id FROM defer_jobs WHERE id = :id FOR UPDATE"), {"id": ids[1]})
+        starter = threading.Thread(
+            target=lambda: answer.append(store.start_claimed_many(jobs, now=now, actor="w"))
+        )
+        starter.start()
+        deadline = time.monotonic() + 10
+        while _get(store, ids[0]).attempts != 1:
+            assert time.monotonic() < deadline, "the free row waited for the held one"
+            time.sleep(0.02)
+        assert _get(store, ids[1]).attempts == 0 and not answer
+    starter.join(10)
+    assert {job_id: job.attempts for job_id, job in answer[0].items()} == {ids[0]: 1, ids[1]: 1}
+    assert [_get(store, i).attempts for i in ids] == [1, 1]
