@@ -85,6 +85,8 @@ class StoreBase:
         self._history_insert: Any = (
             insert(self.history_table) if self.history_table is not None else None
         )
+        #: SQLite's compiled INSERTs for ``_executemany_tuples``, by column set.
+        self._tuple_inserts: dict[tuple[str, tuple[str, ...], str | None], Any] = {}
         self.is_postgres = engine.dialect.name == "postgresql"
         self.is_sqlite = engine.dialect.name == "sqlite"
         if not (self.is_postgres or self.is_sqlite):
@@ -181,36 +183,54 @@ class StoreBase:
         if self.history_table is None or not events:
             return
         rows = [event.row() for event in events]
-        if len(rows) == 1:
-            conn.execute(self._history_insert, rows[0])
-        elif self.is_sqlite:
+        if self.is_sqlite:
             self._executemany_tuples(conn, self.history_table, rows)
+        elif len(rows) == 1:
+            conn.execute(self._history_insert, rows[0])
         else:
             # Batched multi-row VALUES (SQLAlchemy's insertmanyvalues) on psycopg.
             conn.execute(self._history_insert, rows)
 
-    @staticmethod
     def _executemany_tuples(
-        conn: Connection, table: Table, rows: list[dict[str, Any]], *, as_is: str | None = None
+        self,
+        conn: Connection,
+        table: Table,
+        rows: list[dict[str, Any]],
+        *,
+        as_is: str | None = None,
     ) -> None:
-        """SQLite's many-row INSERT: SQLAlchemy's compiled statement, handed tuples.
+        """SQLite's INSERT of *rows*: SQLAlchemy's compiled statement, handed tuples.
 
-        On SQLite the insert itself is cheap, and SQLAlchemy's executemany spent most of
-        a bulk enqueue building and converting one parameter dict per row. This sends the
-        same compiled statement with the same per-column conversions (each column type's
-        bind processor, each distinct value converted once: a batch shares its
+        On SQLite the insert itself is cheap, and SQLAlchemy's execute spent most of an
+        enqueue building and converting parameter dicts (a one-row history INSERT cost
+        0.2 ms, profiled). This sends the same compiled statement (compiled once per
+        column set) with the same per-column conversions (each column type's bind
+        processor; in a batch each distinct value converted once, as a batch shares its
         timestamps), as positional tuples; a test checks the stored bytes match. The
         column *as_is* is sent unconverted (its values are already in stored form).
         """
-        names = list(rows[0])
-        compiled = insert(table).compile(dialect=conn.dialect, column_keys=names)
-        order = list(compiled.positiontup or ())
-        converters = [
-            None if name == as_is else _once_per_value(
-                table.c[name].type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
+        key = (table.name, tuple(rows[0]), as_is)
+        prepared = self._tuple_inserts.get(key)
+        if prepared is None:
+            compiled = insert(table).compile(dialect=conn.dialect, column_keys=list(rows[0]))
+            order = tuple(compiled.positiontup or ())
+            processors = tuple(
+                None
+                if name == as_is
+                else table.c[name].type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
+                for name in order
             )
-            for name in order
-        ]
+            prepared = self._tuple_inserts[key] = (compiled.string, order, processors)
+        sql, order, processors = prepared
+        if len(rows) == 1:
+            row = rows[0]
+            one = tuple(
+                row[name] if process is None else process(row[name])
+                for process, name in zip(processors, order, strict=True)
+            )
+            conn.exec_driver_sql(sql, one)
+            return
+        converters = [_once_per_value(process) for process in processors]
         params = [
             tuple(
                 value if convert is None else convert(value)
@@ -218,7 +238,7 @@ class StoreBase:
             )
             for row in rows
         ]
-        conn.exec_driver_sql(compiled.string, params)
+        conn.exec_driver_sql(sql, params)
 
     def notify(self, conn: Connection, queue: str) -> None:
         """Wake PostgreSQL workers when the caller's transaction commits (no-op on SQLite)."""
