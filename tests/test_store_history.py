@@ -97,6 +97,23 @@ def test_undo_by_its_owner_records_undone_by_that_owner(kit: AppKit) -> None:
     assert [(e.event, e.actor) for e in history] == [("scheduled", "app"), ("undone", "alice")]
 
 
+def test_a_hold_that_moves_the_job_records_rescheduled_by_its_owner(kit: AppKit) -> None:
+    @kit.defer.job("send")
+    def send(job: Job) -> None: ...
+
+    job = kit.defer.undoable("send", owner="alice", window=5)
+    kit.db.session.commit()
+    held = kit.defer.hold(job.id, seconds=20, owner="alice")
+    kit.defer.hold(job.id, seconds=1, owner="alice")  # not later: no move, no event
+
+    history = kit.defer.history(job.id)
+    assert [(e.event, e.actor) for e in history] == [
+        ("scheduled", "app"),
+        ("rescheduled", "alice"),
+    ]
+    assert history[-1].run_at == held.run_at
+
+
 def test_a_cancel_in_the_callers_transaction_records_its_event_only_if_committed(
     kit: AppKit,
 ) -> None:
