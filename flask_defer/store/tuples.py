@@ -9,6 +9,7 @@ conversions as positional tuples; a test checks the stored bytes match.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, Table, insert
@@ -45,29 +46,32 @@ def insert_tuples(
         )
         prepared = cache[key] = (compiled.string, order, processors)
     sql, order, processors = prepared
+    # One C call per row for the whole tuple (itemgetter of one name gives no tuple).
+    values_of = itemgetter(*order) if len(order) > 1 else lambda row: (row[order[0]],)
     if len(rows) == 1:
-        row = rows[0]
+        row = values_of(rows[0])
         one = tuple(
-            row[name] if process is None else process(row[name])
-            for process, name in zip(processors, order, strict=True)
+            value if process is None else process(value)
+            for process, value in zip(processors, row, strict=True)
         )
         conn.exec_driver_sql(sql, one)
         return
-    converters = [_once_per_value(process) for process in processors]
-    params = [
-        tuple(
-            value if convert is None else convert(value)
-            for convert, value in zip(converters, (row[name] for name in order), strict=True)
-        )
-        for row in rows
-    ]
+    # Only the columns that have a conversion are touched per row.
+    converted = [(i, _once_per_value(p)) for i, p in enumerate(processors) if p is not None]
+    params: list[Any] = []
+    for row in rows:
+        values = values_of(row)
+        if converted:
+            changed = list(values)
+            for i, convert in converted:
+                changed[i] = convert(changed[i])
+            values = tuple(changed)
+        params.append(values)
     conn.exec_driver_sql(sql, params)
 
 
-def _once_per_value(process: Callable[[Any], Any] | None) -> Callable[[Any], Any] | None:
+def _once_per_value(process: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """*process*, remembering its answer for each distinct (hashable) value it is given."""
-    if process is None:
-        return None
     seen: dict[Any, Any] = {}
 
     def convert(value: Any) -> Any:
