@@ -52,6 +52,11 @@ POLL_INTERVAL = 0.001
 #: process's turn is still in its transaction (one that ended without the hand-over,
 #: say by a raw ``COMMIT`` or a closed connection, gives the turn up then).
 STALE_CHECK = 0.01
+#: How long a holder must look finished before its turn is taken from it. SQLite
+#: reports a connection out of its transaction as soon as COMMIT begins, while the
+#: commit (its fsync) still holds the lock, so a single look is no proof: under load
+#: queued writers took the turn mid-commit and found the lock still taken.
+STALE_GRACE = 0.2
 
 _BEGIN = "BEGIN IMMEDIATE"
 
@@ -117,6 +122,8 @@ class WriteLock:
         self._mutex = threading.Lock()
         #: This process's connection whose write transaction holds the turn, if any.
         self._holder: sqlite3.Connection | None = None
+        #: When the holder was first seen out of its transaction (see STALE_GRACE).
+        self._finished_since: float | None = None
 
     def begin(self, dbapi: sqlite3.Connection, busy_ms: int | None = None) -> None:
         """``BEGIN IMMEDIATE`` on *dbapi*, waiting in turn for the lock.
@@ -156,6 +163,7 @@ class WriteLock:
             dbapi.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
         with self._mutex:
             self._holder = dbapi
+            self._finished_since = None
         _holding[id(dbapi)] = self
 
     def ended(self, dbapi: Any) -> None:
@@ -168,9 +176,21 @@ class WriteLock:
         self._turns.release()
 
     def _release_if_stale(self) -> None:
-        """Give up the turn of a holder whose transaction ended without :meth:`ended`."""
+        """Give up the turn of a holder whose transaction ended without :meth:`ended`.
+
+        Only once it has looked finished for :data:`STALE_GRACE`: a commit in progress
+        looks finished too, and ends with :meth:`ended` by itself.
+        """
         holder = self._holder
-        if holder is not None and not _in_transaction(holder):
+        if holder is None:
+            return
+        if _in_transaction(holder):
+            self._finished_since = None
+            return
+        now = time.monotonic()
+        if self._finished_since is None:
+            self._finished_since = now
+        elif now - self._finished_since >= STALE_GRACE:
             self.ended(holder)
 
 
