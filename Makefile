@@ -2,6 +2,11 @@
 # fresh checkout on Debian only needs `make test`.
 
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist). Most of the suite waits on workers, sleeps, subprocesses
+# and Chromium rather than on the CPU, so two processes halve the wall time even on two
+# cores. Each process starts its own PostgreSQL server and Chromium (tests/conftest.py).
+# `make test PYTEST_WORKERS=0` runs everything in this process (e.g. to use -s or pdb).
+PYTEST_WORKERS ?= 2
 
 .PHONY: venv test lint demo bench translations
 
@@ -13,7 +18,7 @@ venv:
 test:
 	scripts/ensure-system-deps
 	scripts/ensure-venv
-	.venv/bin/python -m pytest $(PYTEST_ARGS)
+	.venv/bin/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: venv
 	.venv/bin/ruff check flask_defer tests demo_app
