@@ -211,6 +211,28 @@ CHROMIUM_ARGS = [
 ]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(report: Any) -> Any:
+    """A test report's text with every lone surrogate escaped (``\\udc80``).
+
+    pytest-xdist sends each report from the worker process as UTF-8, which cannot hold a
+    lone surrogate: a test whose captured log shows one (the job error of
+    ``test_execution.py``'s NUL test) crashed its worker with an internal error.
+    """
+    data = yield
+    return _without_surrogates(data)
+
+
+def _without_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {key: _without_surrogates(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_without_surrogates(item) for item in value)
+    return value
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Empty pytest-playwright's output folder once per run, before any test starts.
 
