@@ -69,10 +69,12 @@ def build_new_jobs(
         try:
             if isinstance(item, JobSpec):
                 timed = item.run_at is not None or item.delay is not None
+                payload, text = _validated_payload(item.payload, max_payload_bytes)
                 jobs.append(
                     NewJob(
                         name=name,
-                        payload=_validated_payload(item.payload, max_payload_bytes),
+                        payload=payload,
+                        payload_json=text,
                         run_at=(
                             resolve_run_at(item.run_at, item.delay, now, strict=strict_local_times)
                             if timed
@@ -85,10 +87,12 @@ def build_new_jobs(
                     )
                 )
             else:
+                payload, text = _validated_payload(item, max_payload_bytes)
                 jobs.append(
                     NewJob(
                         name=name,
-                        payload=_validated_payload(item, max_payload_bytes),
+                        payload=payload,
+                        payload_json=text,
                         run_at=default_run_at,
                         max_attempts=max_attempts,
                         queue=queue,
@@ -102,17 +106,17 @@ def build_new_jobs(
     return jobs
 
 
-def _validated_payload(payload: Any, max_bytes: int | None) -> Any:
-    """The stored form of *payload* if JSON can carry it (the rule of ``schedule()``).
+def _validated_payload(payload: Any, max_bytes: int | None) -> tuple[Any, str]:
+    """*payload* (``{}`` for None) and its stored JSON text, if JSON can carry it.
 
-    ``schedule()`` returns the Job, so it round-trips the payload through JSON to show
-    what the handler will get; nothing is returned here, so checking that it serialises
-    (same check, same stored text) is enough, and saves a ``json.loads`` per job.
+    The rule of ``schedule()``, which round-trips the payload through JSON to return
+    the Job the handler will get; nothing is returned here, so encoding it (the same
+    check, the same stored text) is enough. The text is handed on to the insert, so
+    a bulk enqueue encodes each payload once.
     """
     if payload is None:
-        return {}
-    payload_text(payload, "payload", max_bytes=max_bytes)
-    return payload
+        payload = {}
+    return payload, payload_text(payload, "payload", max_bytes=max_bytes)
 
 
 def _problem(error: InvalidArgument) -> str:

@@ -29,6 +29,8 @@ from .worker import Worker
 
 logger = logging.getLogger("flask_defer.worker")
 
+#: Seconds between two looks at the schema while the embedded worker waits for it.
+SCHEMA_RECHECK = 1.0
 #: An embedded worker waits at most this long for handlers when the server exits,
 #: so Ctrl-C in development is not held up by the production grace period.
 EMBEDDED_SHUTDOWN_GRACE = timedelta(seconds=5)
@@ -37,8 +39,19 @@ EMBEDDED_SHUTDOWN_GRACE = timedelta(seconds=5)
 class EmbeddedWorker:
     """Owns the one worker thread of a web process; starting it twice does nothing."""
 
-    def __init__(self, make_worker: Callable[[], Worker]) -> None:
+    def __init__(
+        self,
+        make_worker: Callable[[], Worker],
+        check: Callable[[], None] | None = None,
+        *,
+        recheck: float = SCHEMA_RECHECK,
+    ) -> None:
+        """*check* raises while the worker must not run yet (the schema does not match
+        the code); the thread then says why once and looks again every *recheck* s."""
         self._make_worker = make_worker
+        self._check = check
+        self._recheck = recheck
+        self._stopping = threading.Event()
         self._lock = threading.Lock()
         self.worker: Worker | None = None
         self.thread: threading.Thread | None = None
@@ -66,6 +79,7 @@ class EmbeddedWorker:
     def stop(self, timeout: float | None = None) -> None:
         """Stop the worker gracefully and wait for its thread (at most *timeout* s)."""
         atexit.unregister(self.stop)
+        self._stopping.set()
         worker, thread = self.worker, self.thread
         if worker is None or thread is None:
             return
@@ -76,10 +90,38 @@ class EmbeddedWorker:
 
     def _run(self) -> None:
         assert self.worker is not None
+        if not self._wait_for_schema():
+            return
         try:
             self.worker.run(install_signal_handlers=False)
         except Exception:  # noqa: BLE001 - a dying thread must say why
             logger.exception("the embedded worker stopped with an error")
+
+
+    def _wait_for_schema(self) -> bool:
+        """Until *check* passes (True) or a stop is asked for (False).
+
+        ``flask defer worker`` refuses to start on a schema behind or ahead of the
+        code; the embedded one cannot refuse the web, so it waits, says why once, and
+        starts by itself once ``flask defer db upgrade`` (or ``db.create_all()`` in a
+        factory that runs after ``init_app``) has made the schema current.
+        """
+        if self._check is None:
+            return True
+        said = False
+        while not self._stopping.is_set():
+            try:
+                self._check()
+            except Exception as error:  # noqa: BLE001 - said, then looked at again
+                if not said:
+                    logger.error("the embedded worker waits to start: %s", error)
+                    said = True
+                self._stopping.wait(self._recheck)
+                continue
+            if said:
+                logger.info("the schema is current now; the embedded worker starts")
+            return True
+        return False
 
 
 def is_serving_process() -> bool:
@@ -103,9 +145,14 @@ def is_serving_process() -> bool:
     return not reload
 
 
-def install(app: Flask, make_worker: Callable[[], Worker]) -> EmbeddedWorker:
-    """Arrange for *app*'s embedded worker to start once, in the serving process."""
-    embedded = EmbeddedWorker(make_worker)
+def install(
+    app: Flask, make_worker: Callable[[], Worker], check: Callable[[], None] | None = None
+) -> EmbeddedWorker:
+    """Arrange for *app*'s embedded worker to start once, in the serving process.
+
+    *check* raises while the schema does not match the code (see ``EmbeddedWorker``).
+    """
+    embedded = EmbeddedWorker(make_worker, check)
     app.extensions["defer.embedded_worker"] = embedded
     if is_serving_process():
         embedded.start()

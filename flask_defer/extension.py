@@ -15,6 +15,7 @@ of public methods are inherited from :mod:`flask_defer.facade`, one module a con
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
@@ -140,7 +141,12 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
             from .embedded import EMBEDDED_SHUTDOWN_GRACE, install
 
             grace = min(config.shutdown_grace, EMBEDDED_SHUTDOWN_GRACE)
-            install(app, lambda: state.worker(shutdown_grace=grace))
+            def check() -> None:  # as flask defer worker's, asked from the thread
+                migrate = "migrate" in app.extensions
+                names = replace(self._tables(state), app_migrations=migrate)
+                versioning.require_current(state.store.engine, names)
+
+            install(app, lambda: state.worker(shutdown_grace=grace), check)
 
         # cli and web sit above the facade; imported here only to register them.
         from .cli import defer_cli

@@ -154,6 +154,7 @@ def hold(state: DeferState, job_id: Any, seconds: Duration, owner: str | None) -
             margin=config.undo_margin,
             max_hold=config.undo_max_hold,
             now=now,
+            actor=checked_owner or "app",
         )
         if moved is not None:
             return moved

@@ -26,6 +26,54 @@ logger = logging.getLogger("flask_defer.worker")
 _thread_numbers = itertools.count(1)
 
 
+class GroupStart:
+    """Starts queued jobs for many threads with one statement: a group commit.
+
+    Each job's attempt must be committed before its handler runs (a worker killed
+    after that keeps the attempt spent; before, it spends none). Done one job at a
+    time, that is one commit, one fsync, per queued job. Here a thread that wants to
+    start a job joins the group waiting for the next statement; the first in the group
+    runs it for all, the rest wait for their answer. While one statement is in flight
+    the other threads finish their jobs and gather, so under a backlog of short jobs a
+    statement starts about as many jobs as there are threads, and an idle pool pays
+    nothing extra (a lone thread's group is itself).
+    """
+
+    def __init__(self, start_many: Callable[[list[Job]], dict[int, Job | None]]) -> None:
+        self._start_many = start_many
+        self._lock = threading.Condition()
+        self._waiting: list[Job] = []
+        self._answers: dict[int, Job | BaseException | None] = {}
+        self._running = False
+
+    def start(self, job: Job) -> Job | None:
+        """Count *job*'s attempt (with whoever starts at the same time); None if lost."""
+        with self._lock:
+            self._waiting.append(job)
+            while job.id not in self._answers:
+                if self._running:
+                    self._lock.wait()
+                    continue
+                group, self._waiting = self._waiting, []
+                self._running = True
+                self._lock.release()
+                # A job the statement did not answer for counts as lost, never as a hang.
+                answers: dict[int, Job | BaseException | None] = dict.fromkeys(j.id for j in group)
+                try:
+                    answers.update(self._start_many(group))
+                except BaseException as error:  # noqa: BLE001 - each thread re-raises it
+                    answers = dict.fromkeys((j.id for j in group), error)
+                finally:
+                    self._lock.acquire()
+                    self._running = False
+                self._answers.update(answers)
+                self._lock.notify_all()
+            answer = self._answers.pop(job.id)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
 @dataclass(eq=False)
 class Task:
     """One claimed job handed to the pool."""

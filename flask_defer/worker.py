@@ -42,7 +42,7 @@ from .execution import Clock, Executor, JobLog, Outcome, PendingAck, RunSummary
 from .leases import LeaseHeartbeat
 from .leases import brief as _brief
 from .maintenance import Maintenance
-from .pool import HandlerPool, warn_if_connections_short
+from .pool import GroupStart, HandlerPool, warn_if_connections_short
 from .runner import Runner
 from .stopping import release, wait_for_handlers
 from .store import JobStore
@@ -102,7 +102,9 @@ class Worker:
             lambda job: self.runner.execute(job, self.clock, batch=True),
             self._finished,
             prefetch=options.claim_batch,
-            start=lambda job: store.start_claimed(job, now=self.clock(), actor=self.actor),
+            start=GroupStart(
+                lambda jobs: store.start_claimed_many(jobs, now=self.clock(), actor=self.actor)
+            ).start,
         )
         # Handlers' outcomes waiting for the loop to write them in one batch.
         self._acks = AckBuffer(options.ack_flush.total_seconds())

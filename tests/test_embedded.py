@@ -6,6 +6,7 @@ The end-to-end check under the real Werkzeug reloader is in
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 import click
@@ -95,3 +96,40 @@ def test_off_by_default(make_app: Callable[..., AppKit]) -> None:
     kit = make_app()
     kit.app.test_client().get("/")
     assert "defer.embedded_worker" not in kit.app.extensions
+
+
+def test_on_a_schema_that_does_not_match_it_waits_says_why_and_starts_once_current(
+    make_app: Callable[..., AppKit],
+    stop_embedded: Callable[[AppKit], EmbeddedWorker],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # flask defer worker refuses such a schema; the embedded one cannot refuse the
+    # web, so it waits and starts by itself after the upgrade (here: create_all).
+    kit = make_app(**EMBEDDED)
+    embedded = stop_embedded(kit)
+    ran: list[int] = []
+    kit.defer.job("hello")(lambda job: ran.append(job.id))
+    caplog.set_level(logging.INFO, logger="flask_defer.worker")
+    kit.app.test_client().get("/")  # starts the thread; no tables yet
+    assert embedded.started
+    wait_until(lambda: "the embedded worker waits to start" in caplog.text)
+    assert embedded.thread is not None and embedded.thread.is_alive()
+    with kit.app.app_context():
+        kit.db.create_all()
+        job = kit.defer.schedule("hello")
+        kit.db.session.commit()
+        wait_until(lambda: (j := kit.defer.get(job.id)) and j.status is JobStatus.DONE)
+    assert ran == [job.id]
+    assert caplog.text.count("the embedded worker waits to start") == 1
+    assert "the schema is current now" in caplog.text
+
+
+def test_a_stop_while_it_waits_for_the_schema_ends_the_thread(
+    make_app: Callable[..., AppKit], stop_embedded: Callable[[AppKit], EmbeddedWorker]
+) -> None:
+    kit = make_app(**EMBEDDED)
+    embedded = stop_embedded(kit)
+    kit.app.test_client().get("/")
+    assert embedded.thread is not None
+    embedded.stop(timeout=5)
+    assert not embedded.thread.is_alive()

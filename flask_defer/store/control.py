@@ -158,6 +158,7 @@ class ControlStatements(HistoryStatements):
         margin: timedelta,
         max_hold: timedelta,
         now: datetime,
+        actor: str = "app",
     ) -> Job | None:
         """Push an open Undo window to *undo_until* (``run_at`` a *margin* after it).
 
@@ -168,18 +169,26 @@ class ControlStatements(HistoryStatements):
         cap. Each write is one guarded statement; the cap is compared as ``due_at >=
         run_at - max_hold`` so no date arithmetic happens in SQL (SQLite stores text).
         The read between the two attempts only finds the cap; the guard decides.
+        A move is in the history as ``rescheduled`` by *actor*, with the new ``run_at``.
         """
         moved = self._guarded_hold(conn, job_id, owner, undo_until, margin, max_hold, now)
+        if moved is None:
+            t = self.table
+            current = conn.execute(
+                select(t.c.due_at, t.c.undo_until).where(t.c.id == job_id)
+            ).first()
+            if current is None or current.undo_until is None:
+                return None
+            cap = current.due_at + max_hold - margin
+            if not current.undo_until < cap < undo_until:
+                return None
+            moved = self._guarded_hold(conn, job_id, owner, cap, margin, max_hold, now)
         if moved is not None:
-            return moved
-        t = self.table
-        current = conn.execute(select(t.c.due_at, t.c.undo_until).where(t.c.id == job_id)).first()
-        if current is None or current.undo_until is None:
-            return None
-        cap = current.due_at + max_hold - margin
-        if current.undo_until < cap < undo_until:
-            return self._guarded_hold(conn, job_id, owner, cap, margin, max_hold, now)
-        return None
+            event = HistoryEvent(
+                moved.id, "rescheduled", now, actor, moved.attempts, run_at=moved.run_at
+            )
+            self.record_events(conn, [event])
+        return moved
 
     def _guarded_hold(
         self,

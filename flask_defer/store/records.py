@@ -46,6 +46,9 @@ class NewJob:
     done_label: str | None = None
     failed_label: str | None = None
     undone_label: str | None = None
+    #: ``payload`` already encoded as the JSON text it is stored as (the bulk path
+    #: validates by encoding it), so the insert does not encode it a second time.
+    payload_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

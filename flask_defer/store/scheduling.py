@@ -195,14 +195,14 @@ class SchedulingStatements(HistoryStatements):
             return 0
         rows = [self._row_values(job, now) for job in jobs]
         if self.is_postgres:
-            self._pg_insert_many(conn, rows, now=now, actor=actor)
+            self._pg_insert_many(conn, rows, jobs, now=now, actor=actor)
         elif self.history_table is not None:
             # SQLAlchemy's RETURNING for many rows on SQLite is one INSERT per row (60%
             # of a bulk enqueue, profiled). Instead: the fast executemany, then the ids
             # from last_insert_rowid(). A table without AUTOINCREMENT gives each new row
             # max(rowid) + 1, and this transaction holds SQLite's write lock from its
             # first row on, so the batch's ids are consecutive and end there.
-            self._sqlite_executemany(conn, rows)
+            self._sqlite_executemany(conn, rows, jobs)
             last = int(conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one())
             self.record_events(
                 conn,
@@ -212,13 +212,19 @@ class SchedulingStatements(HistoryStatements):
                 ],
             )
         else:
-            self._sqlite_executemany(conn, rows)
+            self._sqlite_executemany(conn, rows, jobs)
         for queue in {job.queue for job in jobs if self.wants_notify(job.run_at, now)}:
             self.notify(conn, queue)
         return len(jobs)
 
     def _pg_insert_many(
-        self, conn: Connection, rows: list[dict[str, Any]], *, now: datetime, actor: str
+        self,
+        conn: Connection,
+        rows: list[dict[str, Any]],
+        jobs: Sequence[NewJob],
+        *,
+        now: datetime,
+        actor: str,
     ) -> None:
         """PostgreSQL's bulk insert: one prebuilt statement, each column as one array.
 
@@ -239,7 +245,7 @@ class SchedulingStatements(HistoryStatements):
             "keys": [r["key"] for r in rows],
             # JSON text cast to jsonb by the server: the same jsonb as the column's own
             # conversion writes (a test compares them).
-            "payloads": [json.dumps(r["payload"], allow_nan=False) for r in rows],
+            "payloads": [_payload_json(job) for job in jobs],
             "run_ats": [r["run_at"] for r in rows],
             "max_attempts": [r["max_attempts"] for r in rows],
             "owners": [r["owner"] for r in rows],
@@ -269,29 +275,21 @@ class SchedulingStatements(HistoryStatements):
             " SELECT id, 'scheduled', %(now)s, %(actor)s, 0, run_at FROM inserted"
         )
 
-    def _sqlite_executemany(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        """SQLite's bulk insert: SQLAlchemy's own compiled INSERT, handed tuples.
+    def _sqlite_executemany(
+        self, conn: Connection, rows: list[dict[str, Any]], jobs: Sequence[NewJob]
+    ) -> None:
+        """SQLite's bulk insert of *rows* (see ``_executemany_tuples``).
 
-        On SQLite the insert itself is cheap, and SQLAlchemy's executemany spent most of
-        a bulk enqueue building and converting one parameter dict per row. This sends the
-        same compiled statement with the same per-column conversions (each column type's
-        bind processor), as positional tuples; a test checks the stored bytes match.
+        The payload column's processor writes ``json.dumps(payload)``: the text the
+        bulk path already made while validating each payload, which is sent as it is.
         """
-        names = list(rows[0])
-        compiled = insert(self.table).compile(dialect=conn.dialect, column_keys=names)
-        order = list(compiled.positiontup or ())
-        processors = [
-            self.table.c[name].type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
-            for name in order
-        ]
-        params = [
-            tuple(
-                value if process is None else process(value)
-                for process, value in zip(processors, (row[name] for name in order), strict=True)
-            )
-            for row in rows
-        ]
-        conn.exec_driver_sql(compiled.string, params)
+        encode = self.table.c.payload.type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
+        for row, job in zip(rows, jobs, strict=True):  # the caller's fresh rows
+            if job.payload_json is not None:
+                row["payload"] = job.payload_json
+            elif encode is not None:
+                row["payload"] = encode(row["payload"])
+        self._executemany_tuples(conn, self.table, rows, as_is="payload")
 
     @staticmethod
     def _row_values(new: NewJob, now: datetime) -> dict[str, Any]:
@@ -315,3 +313,10 @@ class SchedulingStatements(HistoryStatements):
             "created_at": now,
             "updated_at": now,
         }
+
+
+def _payload_json(job: NewJob) -> str:
+    """*job*'s payload as the JSON text it is stored as (encoded once, if not yet)."""
+    if job.payload_json is not None:
+        return job.payload_json
+    return json.dumps(job.payload, allow_nan=False)

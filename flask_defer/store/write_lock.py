@@ -131,8 +131,14 @@ class WriteLock:
             (busy_ms,) = dbapi.execute("PRAGMA busy_timeout").fetchone()
         deadline = time.monotonic() + busy_ms / 1000
         if not self._turns.acquire(deadline - time.monotonic(), self._release_if_stale):
-            # Out of time in this process's queue: one look, which fails as SQLite does.
-            dbapi.execute(_BEGIN)
+            # Out of time in this process's queue: one look without waiting, which fails
+            # as SQLite does (the lock is held in this process, often by the same thread
+            # on another connection) or, if it was just let go, takes it.
+            dbapi.execute("PRAGMA busy_timeout = 0")
+            try:
+                dbapi.execute(_BEGIN)
+            finally:
+                dbapi.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
             return
         # Tried at once with SQLite's own busy handler off: the usual case, no other
         # process holds the lock, costs this one statement and two PRAGMAs.
