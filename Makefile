@@ -3,10 +3,11 @@
 
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist). Most of the suite waits on worker processes, sleeps and
-# Chromium rather than on the CPU: on two cores 4 processes took the full run from 993 s
-# (one process) to 529 s. Each process starts its own PostgreSQL server and Chromium
-# (tests/conftest.py). `make test PYTEST_WORKERS=0` runs in one process (-s, --pdb).
-PYTEST_WORKERS ?= 4
+# Chromium rather than on the CPU: on two busy cores the full run took 993 s in one
+# process, 412-529 s in four. Three leave the timing-sensitive tests (browser countdowns,
+# write-lock hand-offs) more headroom. Each process starts its own PostgreSQL server and
+# Chromium (tests/conftest.py). `make test PYTEST_WORKERS=0` runs in one process (-s, --pdb).
+PYTEST_WORKERS ?= 3
 
 .PHONY: venv test lint demo bench translations
 
