@@ -30,6 +30,7 @@ from .records import (
     StatusCounts,
 )
 from .scheduling import SchedulingStatements
+from .starts import StartStatements
 from .upkeep import UpkeepStatements
 
 __all__ = [
@@ -53,6 +54,7 @@ class JobStore(
     BatchStatements,
     ReadStatements,
     ClaimStatements,
+    StartStatements,
     AckStatements,
     UpkeepStatements,
 ):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,6 +35,7 @@ from .records import (
     HistoryEvent,
     JobFilter,
 )
+from .tuples import Prepared, insert_tuples
 from .versioning import record_on_create
 from .write_lock import begin_write
 
@@ -85,8 +86,8 @@ class StoreBase:
         self._history_insert: Any = (
             insert(self.history_table) if self.history_table is not None else None
         )
-        #: SQLite's compiled INSERTs for ``_executemany_tuples``, by column set.
-        self._tuple_inserts: dict[tuple[str, tuple[str, ...], str | None], Any] = {}
+        #: SQLite's compiled INSERTs for :func:`~.tuples.insert_tuples`, by column set.
+        self._tuple_inserts: Prepared = {}
         self.is_postgres = engine.dialect.name == "postgresql"
         self.is_sqlite = engine.dialect.name == "sqlite"
         if not (self.is_postgres or self.is_sqlite):
@@ -184,61 +185,12 @@ class StoreBase:
             return
         rows = [event.row() for event in events]
         if self.is_sqlite:
-            self._executemany_tuples(conn, self.history_table, rows)
+            insert_tuples(conn, self.history_table, rows, self._tuple_inserts)
         elif len(rows) == 1:
             conn.execute(self._history_insert, rows[0])
         else:
             # Batched multi-row VALUES (SQLAlchemy's insertmanyvalues) on psycopg.
             conn.execute(self._history_insert, rows)
-
-    def _executemany_tuples(
-        self,
-        conn: Connection,
-        table: Table,
-        rows: list[dict[str, Any]],
-        *,
-        as_is: str | None = None,
-    ) -> None:
-        """SQLite's INSERT of *rows*: SQLAlchemy's compiled statement, handed tuples.
-
-        On SQLite the insert itself is cheap, and SQLAlchemy's execute spent most of an
-        enqueue building and converting parameter dicts (a one-row history INSERT cost
-        0.2 ms, profiled). This sends the same compiled statement (compiled once per
-        column set) with the same per-column conversions (each column type's bind
-        processor; in a batch each distinct value converted once, as a batch shares its
-        timestamps), as positional tuples; a test checks the stored bytes match. The
-        column *as_is* is sent unconverted (its values are already in stored form).
-        """
-        key = (table.name, tuple(rows[0]), as_is)
-        prepared = self._tuple_inserts.get(key)
-        if prepared is None:
-            compiled = insert(table).compile(dialect=conn.dialect, column_keys=list(rows[0]))
-            order = tuple(compiled.positiontup or ())
-            processors = tuple(
-                None
-                if name == as_is
-                else table.c[name].type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
-                for name in order
-            )
-            prepared = self._tuple_inserts[key] = (compiled.string, order, processors)
-        sql, order, processors = prepared
-        if len(rows) == 1:
-            row = rows[0]
-            one = tuple(
-                row[name] if process is None else process(row[name])
-                for process, name in zip(processors, order, strict=True)
-            )
-            conn.exec_driver_sql(sql, one)
-            return
-        converters = [_once_per_value(process) for process in processors]
-        params = [
-            tuple(
-                value if convert is None else convert(value)
-                for convert, value in zip(converters, (row[name] for name in order), strict=True)
-            )
-            for row in rows
-        ]
-        conn.exec_driver_sql(sql, params)
 
     def notify(self, conn: Connection, queue: str) -> None:
         """Wake PostgreSQL workers when the caller's transaction commits (no-op on SQLite)."""
@@ -440,22 +392,3 @@ class StoreBase:
             # SQLite's LIKE ignores ASCII case; the exact substr comparison restores it.
             return like & (func.substr(t.c.key, 1, len(prefix)) == prefix)
         return like
-
-
-def _once_per_value(process: Callable[[Any], Any] | None) -> Callable[[Any], Any] | None:
-    """*process*, remembering its answer for each distinct (hashable) value it is given."""
-    if process is None:
-        return None
-    seen: dict[Any, Any] = {}
-
-    def convert(value: Any) -> Any:
-        key = (type(value), value)  # True and 1 are equal keys, but not the same value
-        try:
-            return seen[key]
-        except KeyError:
-            converted = seen[key] = process(value)
-            return converted
-        except TypeError:  # unhashable (a JSON payload): converted every time
-            return process(value)
-
-    return convert

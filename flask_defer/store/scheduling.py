@@ -29,6 +29,7 @@ from .records import (
     HistoryEvent,
     NewJob,
 )
+from .tuples import insert_tuples
 
 #: A stand-in job, only to learn the column names an insert binds.
 _PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)
@@ -278,7 +279,7 @@ class SchedulingStatements(HistoryStatements):
     def _sqlite_executemany(
         self, conn: Connection, rows: list[dict[str, Any]], jobs: Sequence[NewJob]
     ) -> None:
-        """SQLite's bulk insert of *rows* (see ``_executemany_tuples``).
+        """SQLite's bulk insert of *rows* (see :func:`~.tuples.insert_tuples`).
 
         The payload column's processor writes ``json.dumps(payload)``: the text the
         bulk path already made while validating each payload, which is sent as it is.
@@ -289,7 +290,7 @@ class SchedulingStatements(HistoryStatements):
                 row["payload"] = job.payload_json
             elif encode is not None:
                 row["payload"] = encode(row["payload"])
-        self._executemany_tuples(conn, self.table, rows, as_is="payload")
+        insert_tuples(conn, self.table, rows, self._tuple_inserts, as_is="payload")
 
     @staticmethod
     def _row_values(new: NewJob, now: datetime) -> dict[str, Any]:
