@@ -9,6 +9,7 @@ tests never see each other's rows.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -210,6 +211,52 @@ CHROMIUM_ARGS = [
 ]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(report: Any) -> Any:
+    """A test report's text with every lone surrogate escaped (``\\udc80``).
+
+    pytest-xdist sends each report from the worker process as UTF-8, which cannot hold a
+    lone surrogate: a test whose captured log shows one (the job error of
+    ``test_execution.py``'s NUL test) crashed its worker with an internal error.
+    """
+    data = yield
+    return _without_surrogates(data)
+
+
+def _without_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {key: _without_surrogates(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_without_surrogates(item) for item in value)
+    return value
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Empty pytest-playwright's output folder once per run, before any test starts.
+
+    Under pytest-xdist this runs in the controlling process only (a worker has
+    ``workerinput``), before the workers start; see ``delete_output_dir``.
+    """
+    if hasattr(session.config, "workerinput"):
+        return
+    output = Path(session.config.getoption("--output"))
+    if output.is_dir():
+        shutil.rmtree(output, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def delete_output_dir() -> None:
+    """Replaces pytest-playwright's fixture of that name, which empties ``test-results/``.
+
+    The plugin's fixture runs at the first test of every session, and under pytest-xdist
+    every worker process is a session: a worker starting its first test late would delete
+    the screenshots another worker had just saved there (``artifacts``). The folder is
+    emptied once per run in ``pytest_sessionstart`` instead.
+    """
+
+
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
     """pytest-playwright's launch arguments, pointed at the system's Chromium.
@@ -217,8 +264,6 @@ def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[s
     The test command installs Chromium from the distribution (``DEFER_TEST_CHROMIUM``
     names another binary); Playwright's own browser download is never needed.
     """
-    import shutil
-
     executable = (
         os.environ.get("DEFER_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
     )

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import BrowserContext, Page, expect
+from playwright.sync_api import BrowserContext, Locator, Page, expect
+from playwright.sync_api import Error as PlaywrightError
 
 from flask_defer import JobStatus
 
@@ -197,6 +198,22 @@ def test_schedules_page_pauses_and_resumes_a_schedule_in_place(
 
 # -- the job's history timeline ------------------------------------------------------------
 
+def screenshot_of_a_refreshing(element: Locator, path: Path, attempts: int = 5) -> None:
+    """Screenshot *element* of a page that swaps it for a fresh copy every second.
+
+    Playwright waits for the element to be stable before it shoots; on a loaded machine
+    that wait can outlast the next refresh, which detaches the element it waited for
+    ("Element is not attached to the DOM"). The refreshed copy is shot instead.
+    """
+    for attempt in range(attempts):
+        try:
+            element.screenshot(path=str(path))
+            return
+        except PlaywrightError as error:
+            if "not attached to the DOM" not in str(error) or attempt == attempts - 1:
+                raise
+
+
 #: Where the committed screenshots of the job history live.
 DOCS_SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 
@@ -269,7 +286,7 @@ def test_the_job_history_timeline(
         "-375" if width == 375 else ""
     )
     shot = artifacts / f"{name}.png"
-    timeline.screenshot(path=str(shot))
+    screenshot_of_a_refreshing(timeline, shot)
     assert shot.stat().st_size > 20_000
     if width == 1280:
         # The committed screenshot (docs/screenshots) is the desktop timeline.
