@@ -7,6 +7,7 @@ which is the worker's own claim → execute → acknowledge code.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -229,3 +230,23 @@ def test_an_atomic_handler_holding_the_sqlite_lock_past_the_busy_timeout_warns(
     assert len(warned) == (1 if backend == "sqlite" else 0)
     if warned:
         assert "DEFER_SQLITE_BUSY_TIMEOUT" in warned[0].getMessage()
+
+
+@pytest.mark.parametrize("atomic", [False, True])
+def test_a_job_logs_one_info_line_at_its_outcome_with_attempt_and_run_time(
+    kit: AppKit, caplog: pytest.LogCaptureFixture, atomic: bool
+) -> None:
+    @kit.defer.job("brief", atomic=atomic, max_attempts=4)
+    def brief(job: Job) -> None:
+        time.sleep(0.02)
+
+    job = kit.defer.schedule("brief")
+    kit.db.session.commit()
+    with caplog.at_level(logging.DEBUG, logger="flask_defer"):
+        kit.defer.run_due(now=later())
+    mine = [r for r in caplog.records if r.getMessage().startswith(f"job {job.id} ")]
+    lines = [(r.levelno, r.getMessage()) for r in mine]
+    assert [level for level, _ in lines] == [logging.DEBUG, logging.INFO]
+    assert lines[0][1] == f"job {job.id} brief: started (attempt 1 of 4)"
+    done = re.fullmatch(rf"job {job.id} brief: done in (\d+) ms \(attempt 1 of 4\)", lines[1][1])
+    assert done is not None and 20 <= int(done.group(1)) < 5000
