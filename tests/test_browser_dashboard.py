@@ -281,7 +281,8 @@ def test_the_job_history_timeline(
     assert overflow <= 0, f"{overflow}px of horizontal scroll at {width}px: {wide}"
     assert axe_violations(page) == []
 
-    timeline.scroll_into_view_if_needed()
+    # The screenshot scrolls the timeline into view itself, retrying when a refresh
+    # swapped it meanwhile (a separate scroll first raced that swap and failed).
     name = "job-history" + ("-dark" if scheme == "dark" else "") + (
         "-375" if width == 375 else ""
     )
