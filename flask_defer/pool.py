@@ -31,7 +31,7 @@ class GroupStart:
 
     Each job's attempt must be committed before its handler runs (a worker killed
     after that keeps the attempt spent; before, it spends none). Done one job at a
-    time, that is one commit, one fsync, per queued job. Here a thread that wants to
+    time, that is one statement and one commit per queued job. Here a thread that wants to
     start a job joins the group waiting for the next statement; the first in the group
     runs it for all, the rest wait for their answer. While one statement is in flight
     the other threads finish their jobs and gather, so under a backlog of short jobs a
