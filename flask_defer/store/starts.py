@@ -91,14 +91,7 @@ class StartStatements(HistoryStatements):
         if self.is_postgres and len(jobs) > 1:
             return self._start_many_pg(jobs, now, actor)
         if self.is_postgres:
-            # A group of one: the UPDATE by primary key (its event by a CTE) costs the
-            # server less than the group's unnest join, and it may wait for the row's
-            # lock, since it holds no other.
-            job = jobs[0]
-            params = {"job_id": job.id, "token": job.claim_token, "now": now, "actor": actor}
-            with self.autocommit() as conn:
-                value = conn.execute(self._start_one_pg(), params).scalar()
-            return {job.id: None if value is None else replace(job, attempts=int(value))}
+            return {jobs[0].id: self._start_alone_pg(jobs[0], now, actor)}
         stmt = self._start_statement()
         started: dict[int, Job | None] = {}
         events: list[HistoryEvent] = []
@@ -106,7 +99,7 @@ class StartStatements(HistoryStatements):
             for job in jobs:
                 params = {"job_id": job.id, "token": job.claim_token, "now": now}
                 attempts = conn.execute(stmt, params).scalar()
-                started[job.id] = None if attempts is None else replace(job, attempts=int(attempts))
+                started[job.id] = _with_attempts(job, attempts)
                 if attempts is not None:
                     events.append(HistoryEvent(job.id, "started", now, actor, int(attempts)))
             self.record_events(conn, events)
@@ -127,17 +120,21 @@ class StartStatements(HistoryStatements):
         for job in jobs:
             if job.id not in answer:
                 started[job.id] = None  # this claim no longer owns it
-                continue
-            attempts = answer[job.id]
-            if attempts is None:  # held by another transaction: wait for it alone
-                single = {"job_id": job.id, "token": job.claim_token, "now": now}
-                with self.begin() as conn:
-                    attempts = conn.execute(self._start_statement(), single).scalar()
-                    if attempts is not None:
-                        event = HistoryEvent(job.id, "started", now, actor, int(attempts))
-                        self.record_events(conn, [event])
-            started[job.id] = None if attempts is None else replace(job, attempts=int(attempts))
+            elif answer[job.id] is None:  # held by another transaction: wait for it alone
+                started[job.id] = self._start_alone_pg(job, now, actor)
+            else:
+                started[job.id] = _with_attempts(job, answer[job.id])
         return started
+
+    def _start_alone_pg(self, job: Job, now: datetime, actor: str) -> Job | None:
+        """One job's start on PostgreSQL: the UPDATE by primary key, its event by a CTE.
+
+        It costs the server less than the group's unnest join, and it may wait for the
+        row's lock, since it holds no other.
+        """
+        params = {"job_id": job.id, "token": job.claim_token, "now": now, "actor": actor}
+        with self.autocommit() as conn:
+            return _with_attempts(job, conn.execute(self._start_one_pg(), params).scalar())
 
     def _start_many_sql(self) -> str:
         """PostgreSQL's group start; answers (id, attempts), attempts NULL for a busy row."""
@@ -214,3 +211,8 @@ class StartStatements(HistoryStatements):
                 .returning(t.c.attempts)
             )
         return stmt
+
+
+def _with_attempts(job: Job, attempts: Any) -> Job | None:
+    """*job* with the attempts its start counted, or None if its claim was lost."""
+    return None if attempts is None else replace(job, attempts=int(attempts))
