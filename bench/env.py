@@ -103,6 +103,7 @@ def versions() -> dict[str, str]:
         "deferjob",
         "procrastinate",
         "pgqueuer",
+        "asyncpg",
         "huey",
         "waitress",
     ):

@@ -72,11 +72,10 @@ def _one(rows: Sequence[Row], backend: str, tag: str) -> Row | None:
 #: What a peer does differently, where that explains its figure (read in its source).
 PEER_NOTES = {
     "pgqueuer": (
-        "pgqueuer runs the jobs of a batch as concurrent asyncio tasks and records their "
-        "completion through a buffer flushed every 10 jobs or 0.1 s — one statement "
-        "acknowledges a whole batch (`JobStatusLogBuffer`, `build_log_job_query`); the "
-        "“batch ack” raw row shows what batching is worth. flask_defer commits each "
-        "job's outcome on its own, so a crash never re-runs a job that finished."
+        "pgqueuer (on asyncpg, its fastest driver) runs the jobs of a batch as concurrent "
+        "asyncio tasks and records their completion through a buffer flushed every 10 "
+        "jobs or 0.1 s — one statement acknowledges a whole batch; flask_defer's worker "
+        "batches its acknowledgements the same way, every `DEFER_ACK_FLUSH` (5 ms)."
     ),
     "huey": (
         "huey deletes a task from its queue when it dequeues it, before running it, so "

@@ -1,58 +1,152 @@
-"""The worker's batch of acknowledgements: handlers' outcomes waiting to be written.
+"""The worker's batched acknowledgements, written on a thread of their own.
 
-Handler threads hand their outcomes in here instead of each writing its own; the
-worker's loop writes the whole batch in one statement (compare-and-set per row on the
-claim token) once the first of them has waited ``DEFER_ACK_FLUSH``. A worker killed
-before the flush re-runs those jobs after their leases (at least once, as documented).
+Handler threads hand their outcomes in here instead of each writing its own. The
+flusher writes everything handed in once the first of it has waited
+``DEFER_ACK_FLUSH``: one statement for the batch, compare-and-set per row on the claim
+token. It has its own thread so that a flush's commit (which waits for the disk) never
+holds up the claim loop: claims and flushes overlap, and a busy worker pays one
+durable commit per batch of outcomes, not per job. A worker killed before the flush
+re-runs those jobs after their leases (at least once, as documented).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 
-from .execution import PendingAck
+from sqlalchemy.exc import SQLAlchemyError
+
+from .execution import Outcome, PendingAck
+from .leases import brief
+
+logger = logging.getLogger("flask_defer.worker")
+
+#: Longest pause between attempts to write a batch while the database is down.
+MAX_RETRY_DELAY = 5.0
 
 #: One handed-in outcome, and whether it counts in the summary (False: abandoned at
 #: its timeout, already counted as a timeout).
 Entry = tuple[PendingAck, bool]
 
 
-class AckBuffer:
-    """Outcomes handed in by handler threads, taken out by the loop in one batch."""
+class AckFlusher:
+    """Outcomes handed in by handler threads, written in batches by one thread.
 
-    def __init__(self, flush_after: float) -> None:
+    *write* writes a batch and returns its outcomes in order (``Runner.flush``);
+    *settled* is called with each counted outcome once written.
+    """
+
+    def __init__(
+        self,
+        write: Callable[[Sequence[PendingAck]], list[Outcome]],
+        settled: Callable[[Outcome], None],
+        flush_after: float,
+    ) -> None:
         self.flush_after = flush_after
+        self._write = write
+        self._settled = settled
         self._entries: list[Entry] = []
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._deadline: float | None = None
-
-    @property
-    def deadline(self) -> float | None:
-        """When (``time.monotonic()``) the batch must be written; None when empty."""
-        return self._deadline
+        self._writing = 0  # entries taken out and not yet written
+        self._stopping = False
+        self._failures = 0
+        self._thread = threading.Thread(target=self._run, name="flask-defer-acks", daemon=True)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._entries) + self._writing
 
-    def add(self, pending: PendingAck, counted: bool) -> bool:
-        """Hand in one outcome; True when it starts a batch (the loop must learn when)."""
-        with self._lock:
+    def start(self) -> None:
+        self._thread.start()
+
+    def add(self, pending: PendingAck, counted: bool) -> None:
+        """Hand in one outcome (from any thread); the first of a batch sets its deadline."""
+        with self._cond:
             self._entries.append((pending, counted))
-            if self._deadline is not None:
-                return False
-            self._deadline = time.monotonic() + self.flush_after
-            return True
+            if self._deadline is None:
+                self._deadline = time.monotonic() + self.flush_after
+                self._cond.notify()
 
-    def take(self) -> list[Entry]:
-        """Everything handed in so far, in order, leaving the buffer empty."""
-        with self._lock:
+    def idle(self) -> bool:
+        """True when every handed-in outcome is written (or given up at shutdown)."""
+        with self._cond:
+            return not self._entries and not self._writing
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """Write what is left now and end the thread; how many outcomes stayed unwritten."""
+        with self._cond:
+            self._stopping = True
+            self._deadline = time.monotonic()
+            self._cond.notify()
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+        else:
+            self._flush_once()  # never started (a worker that failed to start)
+        return len(self)
+
+    # -- the flushing thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._entries and self._deadline is not None:
+                        wait = self._deadline - time.monotonic()
+                        if wait <= 0:
+                            break
+                    elif self._stopping:
+                        return
+                    else:
+                        wait = None
+                    self._cond.wait(wait)
+            if not self._flush_once() and self._stopping:
+                return  # the database is down at shutdown: those jobs run again
+
+    def _flush_once(self) -> bool:
+        """Write the batch handed in so far; False when the database refused it."""
+        with self._cond:
             batch, self._entries = self._entries, []
             self._deadline = None
-        return batch
-
-    def put_back(self, batch: list[Entry]) -> None:
-        """Return a batch that could not be written, ahead of newer ones, due at once."""
-        with self._lock:
-            self._entries[:0] = batch
-            self._deadline = time.monotonic()
+            self._writing = len(batch)
+        if not batch:
+            return True
+        try:
+            outcomes = self._write([pending for pending, _ in batch])
+        except SQLAlchemyError as error:
+            self._failures += 1
+            delay = min(0.1 * 2.0 ** min(self._failures - 1, 10), MAX_RETRY_DELAY)
+            with self._cond:
+                self._entries[:0] = batch  # ahead of newer ones
+                self._writing = 0
+                self._deadline = time.monotonic() + (0.0 if self._stopping else delay)
+            level = logging.ERROR if self._stopping else logging.WARNING
+            logger.log(
+                level,
+                "could not write %d outcome(s) (%s); %s",
+                len(batch),
+                brief(error),
+                "those jobs run again when their leases lapse"
+                if self._stopping
+                else f"retrying in {delay:.1f} s",
+            )
+            return False
+        except Exception:  # noqa: BLE001 - the flusher must outlive a bad batch
+            # Not the database: retrying would fail the same way. The rows stay running
+            # and their jobs run again once their leases lapse.
+            logger.exception("could not write %d outcome(s); dropped", len(batch))
+            with self._cond:
+                self._writing = 0
+            return True
+        if self._failures:
+            logger.info("outcomes written again after %d failed attempt(s)", self._failures)
+            self._failures = 0
+        try:
+            for outcome, (_, counted) in zip(outcomes, batch, strict=True):
+                if counted:
+                    self._settled(outcome)
+        finally:
+            with self._cond:
+                self._writing = 0
+        return True

@@ -73,8 +73,9 @@ DEFAULTS: dict[str, Any] = {
     # downtime (the newest); older ones are dropped with a warning.
     "DEFER_RECURRING_MAX_CATCH_UP": 100,
     # -- the worker (``flask defer worker``) ---------------------------------------
-    # Handler threads per worker process (``--concurrency`` overrides it).
-    "DEFER_WORKER_CONCURRENCY": 4,
+    # Handler threads per worker process (``--concurrency`` overrides it). A claim takes
+    # at most this many jobs (one per idle thread), so it is also the claim's batch.
+    "DEFER_WORKER_CONCURRENCY": 10,
     # How long a handler may run when its ``@defer.job(timeout=...)`` says nothing;
     # past it the attempt counts as failed and the worker stops waiting for it.
     "DEFER_JOB_TIMEOUT": timedelta(minutes=10),

@@ -1,5 +1,10 @@
 """The worker's handler threads: a fixed-size pool that a stuck handler cannot shrink.
 
+The worker claims only as many jobs as the pool has idle threads, so a claimed job
+waits for nothing but a thread's wake-up: its attempt is counted by the claim itself,
+and a worker killed at any moment has spent exactly the attempts of the jobs it
+handed to a thread. The hand-off is a plain queue.
+
 Python cannot kill a thread, so a handler past its timeout keeps its thread. The pool
 *abandons* it instead: the job stops counting as in flight (no more heartbeats; the
 worker records the timeout as a failed attempt), the thread is told to exit once the
@@ -26,63 +31,12 @@ logger = logging.getLogger("flask_defer.worker")
 _thread_numbers = itertools.count(1)
 
 
-class GroupStart:
-    """Starts queued jobs for many threads with one statement: a group commit.
-
-    Each job's attempt must be committed before its handler runs (a worker killed
-    after that keeps the attempt spent; before, it spends none). Done one job at a
-    time, that is one statement and one commit per queued job. Here a thread that wants to
-    start a job joins the group waiting for the next statement; the first in the group
-    runs it for all, the rest wait for their answer. While one statement is in flight
-    the other threads finish their jobs and gather, so under a backlog of short jobs a
-    statement starts about as many jobs as there are threads, and an idle pool pays
-    nothing extra (a lone thread's group is itself).
-    """
-
-    def __init__(self, start_many: Callable[[list[Job]], dict[int, Job | None]]) -> None:
-        self._start_many = start_many
-        self._lock = threading.Condition()
-        self._waiting: list[Job] = []
-        self._answers: dict[int, Job | BaseException | None] = {}
-        self._running = False
-
-    def start(self, job: Job) -> Job | None:
-        """Count *job*'s attempt (with whoever starts at the same time); None if lost."""
-        with self._lock:
-            self._waiting.append(job)
-            while job.id not in self._answers:
-                if self._running:
-                    self._lock.wait()
-                    continue
-                group, self._waiting = self._waiting, []
-                self._running = True
-                self._lock.release()
-                # A job the statement did not answer for counts as lost, never as a hang.
-                answers: dict[int, Job | BaseException | None] = dict.fromkeys(j.id for j in group)
-                try:
-                    answers.update(self._start_many(group))
-                except BaseException as error:  # noqa: BLE001 - each thread re-raises it
-                    answers = dict.fromkeys((j.id for j in group), error)
-                finally:
-                    self._lock.acquire()
-                    self._running = False
-                self._answers.update(answers)
-                self._lock.notify_all()
-            answer = self._answers.pop(job.id)
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-
 @dataclass(eq=False)
 class Task:
     """One claimed job handed to the pool."""
 
     job: Job
     timeout: float | None
-    # False: claimed without counting an attempt (prefetched); the pool counts it
-    # when a thread starts the job, so a worker killed first spends no attempt.
-    spent: bool = True
     started_at: float = 0.0  # time.monotonic() when a thread began the handler
     state: str = "queued"  # queued → running → finished | abandoned; or queued → withdrawn
     thread: _PoolThread | None = field(default=None, repr=False)
@@ -101,11 +55,13 @@ class _PoolThread(threading.Thread):
         self.abandoned = False
 
     def run(self) -> None:
+        get = self.pool._queue.get
+        run = self.pool._run
         while not self.abandoned:
-            task = self.pool._queue.get()
+            task = get()
             if task is None:
                 return
-            self.pool._run(task, self)
+            run(task, self)
 
 
 class HandlerPool:
@@ -115,9 +71,8 @@ class HandlerPool:
     acknowledgement still to be written in a batch; *on_done* is called after every
     job with that and whether the job was still the pool's (False once abandoned at
     its timeout, whose failed attempt the worker already counted), so the worker can
-    batch the acknowledgement and claim another. Up to
-    *prefetch* claimed jobs may wait in the queue beside the running ones, so a thread
-    that finishes starts the next job without waiting for a claim's round trip.
+    batch the acknowledgement; *on_free* after the job has left the pool, so the
+    worker can claim another for the thread.
     """
 
     def __init__(
@@ -125,19 +80,14 @@ class HandlerPool:
         size: int,
         run: Callable[[Job], Outcome | PendingAck],
         on_done: Callable[[Outcome | PendingAck, bool], None],
-        *,
-        prefetch: int = 0,
-        start: Callable[[Job], Job | None] | None = None,
+        on_free: Callable[[], None] = lambda: None,
     ) -> None:
         if size < 1:
             raise ValueError("a handler pool needs at least one thread")
-        if prefetch < 0:
-            raise ValueError("prefetch cannot be negative")
         self.size = size
-        self.prefetch = prefetch
         self._execute = run
-        self._start = start
         self._on_done = on_done
+        self._on_free = on_free
         self._queue: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -153,32 +103,21 @@ class HandlerPool:
     # -- what the worker asks -------------------------------------------------------
 
     def free(self) -> int:
-        """How many more claimed jobs the pool takes now (threads plus prefetch slots)."""
-        with self._lock:
-            return self.size + self.prefetch - len(self._tasks)
+        """How many more claimed jobs the pool takes now: its threads without a job."""
+        return self.size - len(self._tasks)
 
     def busy(self) -> bool:
         """True while any job is queued or running (abandoned ones do not count)."""
-        with self._lock:
-            return bool(self._tasks)
+        return bool(self._tasks)
 
     def in_flight(self) -> list[Job]:
         """Claimed jobs whose outcome is not recorded yet: what the heartbeat renews."""
         with self._lock:
             return [task.job for task in self._tasks]
 
-    def idle(self) -> int:
-        """Threads with nothing to do: jobs submitted now start at once, not queued."""
-        with self._lock:
-            return max(self.size - len(self._tasks), 0)
-
-    def submit(self, job: Job, timeout: float | None, *, spent: bool = True) -> None:
-        """Queue *job*; the caller claimed at most :meth:`free` jobs.
-
-        ``spent=False``: its claim counted no attempt; the pool's *start* callback
-        counts it before the handler runs (and the job is skipped if that fails).
-        """
-        task = Task(job, timeout, spent=spent)
+    def submit(self, job: Job, timeout: float | None) -> None:
+        """Hand *job* to a thread; the caller claimed at most :meth:`free` jobs."""
+        task = Task(job, timeout)
         with self._lock:
             self._tasks.add(task)
         self._queue.put(task)
@@ -219,7 +158,7 @@ class HandlerPool:
         return expired
 
     def withdraw_queued(self) -> list[Task]:
-        """Take back the prefetched jobs no thread has started (a stopping worker's).
+        """Take back the handed-over jobs no thread has started yet (a stopping worker's).
 
         A withdrawn task is never run: a thread that dequeues it later skips it.
         """
@@ -258,14 +197,6 @@ class HandlerPool:
             task.thread = thread
         outcome: Outcome | PendingAck = Outcome.LOST
         try:
-            if not task.spent and self._start is not None:
-                started = self._start(task.job)
-                if started is None:
-                    JobLog(logger, {"job": task.job}).warning(
-                        "its claim lapsed while it waited in the queue; not run here"
-                    )
-                    return
-                task.job = started
             outcome = self._execute(task.job)
         except BaseException:  # noqa: BLE001 - the worker must outlive any one job
             # Typically the database went away while acknowledging. The row stays
@@ -297,6 +228,7 @@ class HandlerPool:
                 self._tasks.discard(task)
                 if not self._tasks:
                     self._idle.notify_all()
+            self._on_free()
 
 
 def warn_if_connections_short(engine: Any, needed: int) -> None:

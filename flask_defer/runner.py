@@ -39,12 +39,10 @@ def claim_due(
     lease: timedelta,
     queues: Collection[str] | None = None,
     actor: str = "app",
-    spend_attempt: bool = True,
 ) -> list[Job]:
     """Claim up to *limit* jobs due at *now* under a fresh token, leased for *lease*.
 
-    ``spend_attempt=False``: the attempt is counted when the job starts
-    (:meth:`JobStore.start_claimed`), for jobs queued behind busy threads.
+    The claim counts each job's attempt: claim only jobs that start now.
     """
     return store.claim(
         now=now,
@@ -53,7 +51,6 @@ def claim_due(
         lease_until=now + lease,
         queues=queues,
         actor=actor,
-        spend_attempt=spend_attempt,
     )
 
 
@@ -85,7 +82,6 @@ class Runner:
         limit: int,
         *,
         queues: Collection[str] | None = None,
-        spend_attempt: bool = True,
     ) -> list[Job]:
         """Claim at most ``min(limit, claim_batch)`` due jobs (see :func:`claim_due`)."""
         return claim_due(
@@ -95,7 +91,6 @@ class Runner:
             lease=self.lease,
             queues=queues,
             actor=self.actor,
-            spend_attempt=spend_attempt,
         )
 
     def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:

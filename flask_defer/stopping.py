@@ -2,7 +2,7 @@
 
 The first signal asks the worker to stop claiming and gives running handlers
 ``shutdown_grace`` to finish; a second one exits at once (logs flushed first). Jobs
-that did not finish, and prefetched ones no thread started, are released to pending
+that did not finish, and claimed ones no thread started yet, are released to pending
 so another worker takes them without waiting for their leases to lapse.
 """
 
@@ -89,8 +89,8 @@ def wait_for_handlers(
         pool.wait_idle(wait)
 
 
-def release(store: JobStore, jobs: list[Job], why: str, now: datetime, *, spent: bool) -> None:
-    """Hand *jobs* back to pending (``spent``: their attempt was counted), logging each.
+def release(store: JobStore, jobs: list[Job], why: str, now: datetime) -> None:
+    """Hand *jobs* back to pending, their attempt given back, logging each.
 
     A database that is down is logged, not raised: the jobs then return to pending
     when their leases lapse.
@@ -98,7 +98,7 @@ def release(store: JobStore, jobs: list[Job], why: str, now: datetime, *, spent:
     if not jobs:
         return
     try:
-        released = store.release(jobs, now=now, spent=spent)
+        released = store.release(jobs, now=now)
     except SQLAlchemyError as error:
         logger.error(
             "could not release %d job(s) (%s); they return to pending when "

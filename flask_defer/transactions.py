@@ -214,8 +214,18 @@ class Transactions:
         session.commit()
 
     def holds_uncommitted(self) -> bool:
-        """True when the (current) session holds scheduled jobs not committed yet."""
-        return self.session is not None and bool(self.session.info.get(UNCOMMITTED))
+        """True when the (current) session holds scheduled jobs not committed yet.
+
+        A scope with no session yet holds nothing: asking its ``info`` would create one
+        (the worker asks after every job, most of which never touch ``db.session``).
+        """
+        session = self.session
+        if session is None:
+            return False
+        registry = getattr(session, "registry", None)
+        if registry is not None and not registry.has():
+            return False
+        return bool(session.info.get(UNCOMMITTED))
 
     def refuse_uncommitted(self, operation: str) -> None:
         """Raise :class:`NotConfigured` if the session holds jobs not committed yet."""

@@ -4,13 +4,18 @@ One loop, in the thread that calls :meth:`Worker.run`:
 
 1. record handlers that overran their timeout as failed attempts;
 2. reclaim lapsed leases and prune history when due (one worker at a time);
-3. claim as many due jobs as the pool has room for (free threads plus one prefetched
-   ``DEFER_CLAIM_BATCH``) through the :class:`~flask_defer.runner.Runner` — the same
-   claim and execution as ``run_due`` — and hand them to the pool, which runs each
-   inside a fresh app context;
+3. claim as many due jobs as the pool has idle threads through the
+   :class:`~flask_defer.runner.Runner` (the same claim as ``run_due``): the claim
+   counts each job's attempt and writes its ``started`` event in one statement, and
+   the pool hands each job to a thread, which runs it inside a fresh app context;
 4. sleep until the next job's ``run_at``, a free thread, a handler's timeout, the next
    maintenance round or a NOTIFY, whichever comes first (bounded by ``max_sleep``;
    SQLite, which cannot notify, polls every ``poll_interval``).
+
+Handlers' outcomes are written in batches by the :class:`~flask_defer.acks.AckFlusher`
+on a thread of its own, so a flush's durable commit overlaps the next claim. Coroutine
+handlers (``async def``) run on one event loop (:mod:`flask_defer.event_loop`) and hold
+no thread while they wait.
 
 A heartbeat thread renews the leases of running jobs every lease/3, so a job is only
 reclaimed when its worker really stopped. SIGTERM/SIGINT stop claiming, give running
@@ -30,19 +35,18 @@ import threading
 import time
 from collections.abc import Collection
 from dataclasses import replace
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import stopping as _stopping
-from .acks import AckBuffer
+from .acks import AckFlusher
 from .config import DeferConfig, WorkerOptions
 from .execution import Clock, Executor, JobLog, Outcome, PendingAck, RunSummary
 from .leases import LeaseHeartbeat
 from .leases import brief as _brief
 from .maintenance import Maintenance
-from .pool import GroupStart, HandlerPool, warn_if_connections_short
+from .pool import HandlerPool, warn_if_connections_short
 from .runner import Runner
 from .stopping import release, wait_for_handlers
 from .store import JobStore
@@ -59,6 +63,8 @@ logger = logging.getLogger("flask_defer.worker")
 MAX_ERROR_BACKOFF = 5.0
 #: Shortest sleep when work is due but could not be claimed (another worker holds it).
 MIN_SLEEP = 0.001
+#: How often a busy worker logs what it ran (each job's success is a DEBUG line).
+PROGRESS_INTERVAL = 60.0
 
 
 class Worker:
@@ -92,30 +98,30 @@ class Worker:
         self._stop = threading.Event()
         self._started = False
         self.waker = _waker(store, options)
-        # Prefetch one claim batch: with every thread busy, the next jobs are already
-        # claimed (their leases renewed by the heartbeat), so a finishing thread never
-        # waits for a round trip. Other workers still get the rest of the backlog.
-        # Prefetched jobs are claimed without counting an attempt; it is counted when a
-        # thread starts one, so a killed worker's queue costs its jobs no attempt.
+        # The claim asks for no more jobs than there are idle threads, so every claimed
+        # job starts at once and the claim itself counts its attempt: a worker killed
+        # at any moment has spent the attempts of the jobs its threads had, no others.
         self.pool = HandlerPool(
             options.concurrency,
             lambda job: self.runner.execute(job, self.clock, batch=True),
             self._finished,
-            prefetch=options.claim_batch,
-            start=GroupStart(
-                lambda jobs: store.start_claimed_many(jobs, now=self.clock(), actor=self.actor)
-            ).start,
+            self._thread_freed,
         )
-        # Handlers' outcomes waiting for the loop to write them in one batch.
-        self._acks = AckBuffer(options.ack_flush.total_seconds())
-        # Claim a batch only once a batch of slots is free, unless the last claim
-        # found fewer due jobs than it asked for (then a job that comes due must not
-        # wait for others to finish).
+        # Handlers' outcomes, written in batches on the flusher's own thread.
+        self._acks = AckFlusher(
+            lambda batch: self.runner.flush(batch, self.clock),
+            self._count,
+            options.ack_flush.total_seconds(),
+        )
+        # While the last claim found a full batch, claim again only once half the pool
+        # is free: the claim's round trip then overlaps the other half's handlers.
         self._backlog = False
         self.maintenance = Maintenance(store, options.maintenance, clock, actor=self.actor)
         # The same heartbeat as run_due's, over the pool's claimed jobs.
         self._heartbeat = LeaseHeartbeat(store, options.lease, clock, self.pool.in_flight)
         self._db_failures = 0
+        self._reported = RunSummary()  # the summary as of the last progress line
+        self._report_at = time.monotonic() + PROGRESS_INTERVAL
 
     # -- control ------------------------------------------------------------------
 
@@ -136,6 +142,7 @@ class Worker:
         try:
             self.waker.start()
             self.pool.start()
+            self._acks.start()
             self._heartbeat.start()
             # Each handler thread acknowledges on its own connection; the loop, the
             # heartbeat and the maintenance lock need one each.
@@ -189,13 +196,10 @@ class Worker:
                     self.ticks.look_again()
 
     def _step(self) -> float | None:
-        """One round: time-outs, maintenance, acks, claim. Returns how long to sleep."""
+        """One round: time-outs, maintenance, claim. Returns how long to sleep."""
         self._record_timeouts()
         self.maintenance.run_if_due()
-        mono = time.monotonic()
-        deadline = self._acks.deadline
-        if deadline is not None and (deadline <= mono or self._stop.is_set()):
-            self._flush_acks()
+        self._report_progress()
         if self._stop.is_set():
             return 0.0
         opts = self.options
@@ -205,9 +209,12 @@ class Worker:
         claimed = 0
         if free and free >= self._claim_threshold():
             limit = min(free, opts.claim_batch)
-            claimed = self._claim_into_pool(now, limit)
+            jobs = self.runner.claim(now, limit, queues=opts.queues)
+            for job in jobs:
+                self.pool.submit(job, self._timeout_for(job.name))
+            claimed = len(jobs)
             self._backlog = claimed == limit
-            if claimed == limit and self.pool.free() >= self._claim_threshold():
+            if self._backlog and self.pool.free() >= self._claim_threshold():
                 return 0.0  # a full batch and room for another: more may be due now
             free -= claimed
         waits = [opts.max_sleep.total_seconds()]
@@ -221,73 +228,41 @@ class Worker:
         tick_wait = self.ticks.wait(now, self.clock())
         if tick_wait is not None:
             waits.append(tick_wait)  # a tick due before any job must wake the loop too
-        # With every thread busy there is nothing to claim; a finishing handler wakes us.
-        mono = time.monotonic()
+        # With every thread busy there is nothing to claim; a freed thread wakes us.
         deadline = self.pool.next_deadline()
         if deadline is not None:
-            waits.append(deadline - mono)
-        ack_deadline = self._acks.deadline
-        if ack_deadline is not None:
-            waits.append(ack_deadline - mono)
+            waits.append(deadline - time.monotonic())
         if not opts.burst:
-            waits.append(self.maintenance.next_due() - mono)
+            waits.append(self.maintenance.next_due() - time.monotonic())
         elif (
             not claimed
             and not self.pool.busy()
-            and ack_deadline is None
             and (next_run_at is None or next_run_at > now)
         ):
             return None
         return max(min(waits), 0.0 if claimed else MIN_SLEEP)
 
-    def _claim_into_pool(self, now: datetime, limit: int) -> int:
-        """Claim up to *limit* due jobs and hand them to the pool; return how many.
-
-        Jobs for idle threads start at once: their claim counts the attempt. The rest
-        wait in the queue and count it when they start (one more statement each, only
-        when every thread is busy).
-        """
-        claimed = 0
-        starting = min(self.pool.idle(), limit)
-        for count, spent in ((starting, True), (limit - starting, False)):
-            if not count:
-                continue
-            jobs = self.runner.claim(now, count, queues=self.options.queues, spend_attempt=spent)
-            for job in jobs:
-                self.pool.submit(job, self._timeout_for(job.name), spent=spent)
-            claimed += len(jobs)
-            if len(jobs) < count:
-                break  # nothing more is due
-        return claimed
+    def _report_progress(self) -> None:
+        """Every :data:`PROGRESS_INTERVAL`, one INFO line of what ran since the last one."""
+        mono = time.monotonic()
+        if mono < self._report_at:
+            return
+        self._report_at = mono + PROGRESS_INTERVAL
+        with self._summary_lock:
+            now = RunSummary(self.summary.ran, dict(self.summary.counts))
+        since = RunSummary(
+            now.ran - self._reported.ran,
+            {name: n - self._reported.counts[name] for name, n in now.counts.items()},
+        )
+        self._reported = now
+        if since.ran:
+            logger.info("%s in the last %g s", _summary_text(since), PROGRESS_INTERVAL)
 
     def _claim_threshold(self) -> int:
-        """Free slots worth a claim: half a batch while the backlog lasts, else one.
-
-        Half, not a whole one: the claim's round trip (a commit, an fsync) then
-        overlaps the other half still queued, so the threads never wait for it.
-        """
+        """Free threads worth a claim: half the pool while the backlog lasts, else one."""
         if not self._backlog or not self.pool.busy():
             return 1
-        return max(1, min(self.options.claim_batch, self.pool.size + self.pool.prefetch) // 2)
-
-    def _flush_acks(self) -> None:
-        """Write every handed-in outcome in one batch (compare-and-set per row).
-
-        The one place acknowledgements are written: on a database error the batch is
-        kept and written on a later round (its leases lapse meanwhile only if the
-        outage outlasts them, and then the compare-and-set reports the claims lost).
-        """
-        batch = self._acks.take()
-        if not batch:
-            return
-        try:
-            outcomes = self.runner.flush([pending for pending, _ in batch], self.clock)
-        except BaseException:
-            self._acks.put_back(batch)
-            raise
-        for outcome, (_, counted) in zip(outcomes, batch, strict=True):
-            if counted:
-                self._count(outcome)
+        return max(1, min(self.options.claim_batch, self.pool.size) // 2)
 
     def _record_timeouts(self) -> None:
         for task in self.pool.expire():
@@ -313,16 +288,18 @@ class Worker:
         return self.options.job_timeout.total_seconds()
 
     def _finished(self, result: Outcome | PendingAck, counted: bool) -> None:
-        """A handler returned (on its thread): batch its acknowledgement, maybe wake."""
-        wake = False
+        """A handler returned (on its thread): hand its acknowledgement to the flusher."""
         if isinstance(result, PendingAck):
-            # The first of a batch wakes the loop: it must learn when to flush it.
-            wake = self._acks.add(result, counted)
+            self._acks.add(result, counted)
         elif counted:
             self._count(result)
-        # A thread is free; the loop claims once a batch of slots is (or at once when
-        # the backlog is short), so finishing handlers do not each cost a claim.
-        if wake or self.pool.free() >= self._claim_threshold():
+
+    def _thread_freed(self) -> None:
+        """A thread is free: wake the loop once enough are for a claim.
+
+        Not for every one under a backlog: finishing handlers would each cost a claim.
+        """
+        if self.pool.free() >= self._claim_threshold():
             self.waker.wake()
 
     def _count(self, outcome: Outcome) -> None:
@@ -343,22 +320,12 @@ class Worker:
         """Let running handlers finish within the grace period; release the rest."""
         # Prefetched jobs that no thread started go back at once, not after the grace.
         withdrawn = self.pool.withdraw_queued()
-        for spent in (True, False):
-            jobs = [t.job for t in withdrawn if t.spent is spent]
-            release(self.store, jobs, "claimed but not started", self.clock(), spent=spent)
+        release(self.store, [t.job for t in withdrawn], "claimed but not started", self.clock())
         grace = self.options.shutdown_grace.total_seconds()
         wait_for_handlers(self.pool, grace, self._record_timeouts)
-        try:
-            self._flush_acks()
-        except SQLAlchemyError as error:
-            logger.error(
-                "could not write %d outcome(s) at shutdown (%s); those jobs run again "
-                "when their leases lapse",
-                len(self._acks),
-                _brief(error),
-            )
+        self._acks.stop()
         why = "still running after the shutdown grace period"
-        release(self.store, self.pool.in_flight(), why, self.clock(), spent=True)
+        release(self.store, self.pool.in_flight(), why, self.clock())
         self._heartbeat.stopped.set()
         self.pool.close()
         self.waker.close()

@@ -18,6 +18,7 @@ from sqlalchemy import String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flask_defer import Job, JobStatus
+from flask_defer.execution import error_summary
 
 from .conftest import AppKit
 
@@ -233,7 +234,7 @@ def test_an_atomic_handler_holding_the_sqlite_lock_past_the_busy_timeout_warns(
 
 
 @pytest.mark.parametrize("atomic", [False, True])
-def test_a_job_logs_one_info_line_at_its_outcome_with_attempt_and_run_time(
+def test_a_successful_job_logs_only_debug_lines_with_attempt_and_run_time(
     kit: AppKit, caplog: pytest.LogCaptureFixture, atomic: bool
 ) -> None:
     @kit.defer.job("brief", atomic=atomic, max_attempts=4)
@@ -246,7 +247,38 @@ def test_a_job_logs_one_info_line_at_its_outcome_with_attempt_and_run_time(
         kit.defer.run_due(now=later())
     mine = [r for r in caplog.records if r.getMessage().startswith(f"job {job.id} ")]
     lines = [(r.levelno, r.getMessage()) for r in mine]
-    assert [level for level, _ in lines] == [logging.DEBUG, logging.INFO]
+    # Per-job success lines are DEBUG: at INFO a busy worker logs a summary instead.
+    assert [level for level, _ in lines] == [logging.DEBUG, logging.DEBUG]
     assert lines[0][1] == f"job {job.id} brief: started (attempt 1 of 4)"
     done = re.fullmatch(rf"job {job.id} brief: done in (\d+) ms \(attempt 1 of 4\)", lines[1][1])
     assert done is not None and 20 <= int(done.group(1)) < 5000
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (KeyError("message_id"), "KeyError: 'message_id'"),
+        (RuntimeError(""), "RuntimeError"),
+        (ValueError("first line\nsecond line"), "ValueError: first line …"),
+        (OSError("x" * 5000), "OSError: " + "x" * 199 + "…"),
+    ],
+)
+def test_a_failure_log_line_names_the_error_type_and_stays_short(
+    error: BaseException, expected: str
+) -> None:
+    assert error_summary(error) == expected
+
+
+def test_a_failed_attempt_logs_the_exception_type(
+    kit: AppKit, caplog: pytest.LogCaptureFixture
+) -> None:
+    @kit.defer.job("lookup", max_attempts=2)
+    def lookup(job: Job) -> None:
+        raise KeyError("message_id")
+
+    kit.defer.schedule("lookup")
+    kit.db.session.commit()
+    with caplog.at_level(logging.WARNING, logger="flask_defer"):
+        kit.defer.run_due(now=later())
+    failed = [r.getMessage() for r in caplog.records if "attempt 1 failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].endswith(": KeyError: 'message_id'")

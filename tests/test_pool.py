@@ -1,4 +1,4 @@
-"""The worker's handler pool (pool.py): the group start of queued jobs."""
+"""The worker's handler pool (pool.py): one job per idle thread, withdrawals."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import threading
 import time
 from datetime import UTC, datetime
 
-import pytest
-
+from flask_defer.execution import Outcome
 from flask_defer.jobs import Job, JobStatus
-from flask_defer.pool import GroupStart
+from flask_defer.pool import HandlerPool
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -28,55 +27,51 @@ def job(job_id: int) -> Job:
     )
 
 
-def test_threads_that_start_while_a_statement_runs_share_the_next_one() -> None:
-    groups: list[list[int]] = []
-    first_running = threading.Event()
-    let_first_finish = threading.Event()
+def test_the_pool_takes_one_job_per_idle_thread_and_frees_each_after_its_outcome() -> None:
+    go = threading.Event()
+    done: list[int] = []
+    freed = threading.Semaphore(0)
 
-    def start_many(jobs: list[Job]) -> dict[int, Job | None]:
-        groups.append([j.id for j in jobs])
-        if len(groups) == 1:
-            first_running.set()
-            assert let_first_finish.wait(5)
-        return {j.id: j for j in jobs}
+    def run(j: Job) -> Outcome:
+        go.wait(5)
+        return Outcome.DONE
 
-    group = GroupStart(start_many)
-    results: dict[int, Job | None] = {}
-
-    def start(job_id: int) -> None:
-        results[job_id] = group.start(job(job_id))
-
-    first = threading.Thread(target=start, args=(1,))
-    first.start()
-    assert first_running.wait(5)
-    others = [threading.Thread(target=start, args=(n,)) for n in (2, 3, 4)]
-    for thread in others:
-        thread.start()
-    # The three wait behind the running statement; then one statement starts them all.
-    deadline = time.monotonic() + 5
-    while len(group._waiting) < 3 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    let_first_finish.set()
-    for thread in [first, *others]:
-        thread.join(5)
-    assert groups[0] == [1] and sorted(groups[1]) == [2, 3, 4] and len(groups) == 2
-    assert {k: v.id if v else None for k, v in results.items()} == {1: 1, 2: 2, 3: 3, 4: 4}
+    pool = HandlerPool(2, run, lambda outcome, ours: done.append(1), freed.release)
+    pool.start()
+    try:
+        assert pool.free() == 2
+        pool.submit(job(1), None)
+        pool.submit(job(2), None)
+        assert pool.free() == 0 and pool.busy()
+        assert sorted(j.id for j in pool.in_flight()) == [1, 2]
+        go.set()
+        assert freed.acquire(timeout=5) and freed.acquire(timeout=5)
+        assert pool.wait_idle(5) and pool.free() == 2 and len(done) == 2
+    finally:
+        pool.close()
 
 
-def test_each_thread_gets_its_own_answer_a_lost_job_and_an_error_alike() -> None:
-    calls = 0
+def test_a_job_withdrawn_before_a_thread_took_it_never_runs() -> None:
+    entered, go = threading.Event(), threading.Event()
+    ran: list[int] = []
 
-    def start_many(jobs: list[Job]) -> dict[int, Job | None]:
-        nonlocal calls
-        calls += 1
-        if calls == 2:
-            raise ConnectionError("database went away")
-        return {j.id: (None if j.id == 7 else j) for j in jobs if j.id != 8}
+    def run(j: Job) -> Outcome:
+        ran.append(j.id)
+        entered.set()
+        go.wait(5)
+        return Outcome.DONE
 
-    group = GroupStart(start_many)
-    started = group.start(job(6))
-    assert started is not None and started.id == 6
-    with pytest.raises(ConnectionError, match="went away"):
-        group.start(job(9))
-    assert group.start(job(7)) is None  # its claim was lost
-    assert group.start(job(8)) is None  # not answered for: lost, never a hang
+    pool = HandlerPool(1, run, lambda outcome, ours: None)
+    pool.start()
+    try:
+        pool.submit(job(1), None)
+        assert entered.wait(5)
+        pool.submit(job(2), None)  # the one thread is busy: job 2 waits in the queue
+        withdrawn = pool.withdraw_queued()
+        assert [t.job.id for t in withdrawn] == [2]
+        go.set()
+        assert pool.wait_idle(5)
+        time.sleep(0.05)
+        assert ran == [1]
+    finally:
+        pool.close()

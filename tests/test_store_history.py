@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import Engine, MetaData, event, func, inspect, select, text
+from sqlalchemy import Engine, MetaData, event, func, inspect, select
 
 from flask_defer import Defer, InvalidArgument, Job, JobEvent, JobStatus, NotYet
 from flask_defer.schema import define_history_table, define_jobs_table
@@ -477,32 +477,3 @@ def test_bulk_cancel_records_one_event_per_job(
             "cancelled",
             "ops",
         )
-
-
-def test_a_group_start_writes_the_started_events_of_the_jobs_it_still_owns_in_one_insert(
-    history_store: JobStore,
-    history_inserts: list[str],
-    new_job: Callable[..., NewJob],
-    now: datetime,
-) -> None:
-    with history_store.begin() as conn:
-        history_store.insert_many(conn, [new_job(run_at=now) for _ in range(3)], now=now)
-    lease = now + timedelta(seconds=30)
-    queued = history_store.claim(
-        now=now, limit=3, token="t", lease_until=lease, spend_attempt=False
-    )
-    with history_store.begin() as conn:  # the middle one was taken over meanwhile
-        conn.execute(
-            text("UPDATE defer_jobs SET claim_token = 'other' WHERE id = :id"), {"id": queued[1].id}
-        )
-    history_inserts.clear()
-
-    started = history_store.start_claimed_many(queued, now=now, actor="worker:h:1")
-
-    assert started[queued[1].id] is None
-    assert len(history_inserts) == 1
-    for job, expected in zip(queued, (1, 0, 1), strict=True):
-        starts = [
-            (e.actor, e.attempt) for e in history_of(history_store, job.id) if e.event == "started"
-        ]
-        assert starts == ([("worker:h:1", 1)] if expected else [])

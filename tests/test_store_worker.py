@@ -308,77 +308,35 @@ def test_a_batched_ack_writes_the_free_rows_and_waits_for_a_held_one_alone(
     assert _get(store, ids[1]).status is JobStatus.DONE
 
 
-def test_starting_queued_jobs_together_counts_each_attempt_and_skips_a_lost_claim(
+def test_a_claim_counts_each_attempt_in_the_claim_itself(
     store: JobStore, new_job: MakeJob, now: datetime
 ) -> None:
     ids = [insert(store, new_job(max_attempts=3), now) for _ in range(3)]
     lease = now + timedelta(minutes=1)
-    jobs = store.claim(now=now, limit=3, token="me", lease_until=lease, spend_attempt=False)
-    assert [job.attempts for job in jobs] == [0, 0, 0]
-    # One of them was taken over meanwhile: its start must not count or run here.
-    with store.begin() as conn:
-        taken_over = text("UPDATE defer_jobs SET claim_token = 'other' WHERE id = :id")
-        conn.execute(taken_over, {"id": ids[1]})
-    started = store.start_claimed_many(jobs, now=now, actor="worker:test")
-    assert set(started) == set(ids)
-    assert started[ids[1]] is None
-    assert [started[i].attempts for i in (ids[0], ids[2])] == [1, 1]  # type: ignore[union-attr]
-    assert [_get(store, i).attempts for i in ids] == [1, 0, 1]
-    assert _get(store, ids[1]).claim_token == "other"
+    jobs = store.claim(now=now, limit=3, token="me", lease_until=lease)
+    assert [job.attempts for job in jobs] == [1, 1, 1]
+    assert [_get(store, i).attempts for i in ids] == [1, 1, 1]
+    assert all(_get(store, i).status is JobStatus.RUNNING for i in ids)
 
 
-@pytest.mark.parametrize("backend", ["postgresql"])
-def test_a_group_start_starts_the_free_rows_at_once_and_waits_for_a_held_one_alone(
+def test_a_claim_commits_without_waiting_for_the_disk_and_leaves_the_connection_durable(
     store: JobStore, new_job: MakeJob, now: datetime
 ) -> None:
-    # As the batched ack: waiting for a held row while holding the group's others could
-    # deadlock with the holder, so the free rows start at once and the held one alone.
-    ids = [insert(store, new_job(), now) for _ in range(2)]
-    lease = now + timedelta(minutes=1)
-    jobs = store.claim(now=now, limit=2, token="me", lease_until=lease, spend_attempt=False)
-    answer: list[dict[int, Any]] = []
-    with store.engine.connect() as holder, holder.begin():
-        holder.execute(text("SELECT id FROM defer_jobs WHERE id = :id FOR UPDATE"), {"id": ids[1]})
-        starter = threading.Thread(
-            target=lambda: answer.append(store.start_claimed_many(jobs, now=now, actor="w"))
-        )
-        starter.start()
-        deadline = time.monotonic() + 10
-        while _get(store, ids[0]).attempts != 1:
-            assert time.monotonic() < deadline, "the free row waited for the held one"
-            time.sleep(0.02)
-        assert _get(store, ids[1]).attempts == 0 and not answer
-    starter.join(10)
-    assert {job_id: job.attempts for job_id, job in answer[0].items()} == {ids[0]: 1, ids[1]: 1}
-    assert [_get(store, i).attempts for i in ids] == [1, 1]
-
-
-def test_a_start_commits_without_waiting_for_the_disk_and_leaves_the_connection_durable(
-    store: JobStore, new_job: MakeJob, now: datetime
-) -> None:
-    """A start only has to outlive the worker, not the database server: its commit does
+    """A claim only has to outlive the worker, not the database server: its commit does
     not wait for the flush (PostgreSQL ``synchronous_commit`` off for that transaction,
     SQLite ``synchronous = NORMAL`` for it); every other transaction stays durable."""
-    ids = [insert(store, new_job(), now) for _ in range(3)]
+    for _ in range(3):
+        insert(store, new_job(), now)
     lease = now + timedelta(minutes=1)
-    jobs = store.claim(now=now, limit=3, token="me", lease_until=lease, spend_attempt=False)
+    params = {"now": now, "limit": 1, "token": "me", "lease_until": lease, "actor": "w"}
     if store.is_postgres:
-        # Run inside an open transaction, each start statement turns the wait off for it.
-        one = {"job_id": ids[0], "token": "me", "now": now, "actor": "w"}
-        group = {"ids": ids[1:], "tokens": ["me", "me"], "now": now, "actor": "w"}
-        for run in (
-            lambda conn: conn.execute(store._start_one_pg(), one),
-            lambda conn: conn.exec_driver_sql(store._start_many_sql(), group),
-        ):
-            with store.engine.connect() as conn, conn.begin():
-                assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
-                run(conn)
-                assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "off"
-                conn.rollback()
-        started = store.start_claimed_many(jobs, now=now, actor="w")
-        assert [job.attempts for job in started.values() if job] == [1, 1, 1]
-        started = store.start_claimed_many(jobs[:1], now=now, actor="w")  # a group of one
-        assert started[ids[0]] is not None and started[ids[0]].attempts == 2
+        # Run inside an open transaction, the claim statement turns the wait off for it.
+        with store.engine.connect() as conn, conn.begin():
+            assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
+            assert len(conn.execute(store._claim_statement(()), params).all()) == 1
+            assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "off"
+            conn.rollback()
+        assert len(store.claim(now=now, limit=3, token="me", lease_until=lease)) == 3
         with store.engine.connect() as conn:  # the pool's connections are durable again
             assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
         return
@@ -389,8 +347,7 @@ def test_a_start_commits_without_waiting_for_the_disk_and_leaves_the_connection_
         dbapi.set_trace_callback(seen.append)
 
     store.engine.dispose()
-    started = store.start_claimed_many(jobs, now=now, actor="w")
-    assert [job.attempts for job in started.values() if job] == [1, 1, 1]
+    assert len(store.claim(now=now, limit=3, token="me", lease_until=lease)) == 3
     statements = [
         sql.split()[0] if sql.startswith("BEGIN") else sql
         for sql in seen

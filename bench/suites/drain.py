@@ -176,6 +176,6 @@ def _worker_drain(
 _DRAIN_API = {
     "deferjob": "run_once()",
     "procrastinate": "run_worker(wait=False)",
-    "pgqueuer": "QueueManager.run(drain)",
-    "huey (SqliteHuey)": "consumer, 1 thread",
+    "pgqueuer (asyncpg)": "qm.run(drain), batch size 10",
+    "huey (SqliteHuey)": "consumer, its defaults (1 worker thread)",
 }

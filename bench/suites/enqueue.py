@@ -132,13 +132,13 @@ def _contenders(ctx: Context, backend: str) -> tuple[list[Contender], list[Conte
 _BULK_API = {
     "deferjob": "schedule(conn=…) × N, one commit",
     "procrastinate": "batch_defer()",
-    "pgqueuer": "enqueue(lists)",
+    "pgqueuer (asyncpg)": "enqueue(lists)",
     "huey (SqliteHuey)": "bulk",
 }
 _BULK_NOTE = {"deferjob": "no bulk API; N inserts on one connection, one commit"}
 _EACH_API = {
     "deferjob": "schedule()",
     "procrastinate": "defer()",
-    "pgqueuer": "enqueue()",
+    "pgqueuer (asyncpg)": "enqueue()",
     "huey (SqliteHuey)": "task.schedule()",
 }

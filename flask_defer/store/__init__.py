@@ -30,7 +30,6 @@ from .records import (
     StatusCounts,
 )
 from .scheduling import SchedulingStatements
-from .starts import StartStatements
 from .upkeep import UpkeepStatements
 
 __all__ = [
@@ -54,7 +53,6 @@ class JobStore(
     BatchStatements,
     ReadStatements,
     ClaimStatements,
-    StartStatements,
     AckStatements,
     UpkeepStatements,
 ):

@@ -60,12 +60,9 @@ ACK_VALUES: dict[str, dict[str, Any]] = {
         "attempts": -1,
         "last_error": _BIND,
     },
-    # Handed back unstarted: due now or at the old run_at, the claim's attempt given
-    # back or (claimed without spending one) kept.
+    # Handed back unstarted: due now or at the old run_at, the claim's attempt given back.
     "release": {"status": "pending", "run_at": _NOW, "attempts": -1},
     "release_keep_run_at": {"status": "pending", "attempts": -1},
-    "release_unspent": {"status": "pending", "run_at": _NOW},
-    "release_unspent_keep_run_at": {"status": "pending"},
 }
 
 
@@ -108,7 +105,7 @@ class StoreBase:
         # The prebuilt bulk insert (PostgreSQL), see SchedulingStatements._pg_insert_many.
         self._insert_sql_text: dict[str, str] = {}
         # The prebuilt claim, per queue selection (see ClaimStatements._claim_statement).
-        self._claim_sql: dict[tuple[tuple[str, ...], bool], Any] = {}
+        self._claim_sql: dict[tuple[str, ...], Any] = {}
         # The prebuilt single acknowledgements, by kind (see _guarded_ack), and the
         # other prebuilt control statements, by name.
         self._ack_one_sql: dict[str, Any] = {}
@@ -155,14 +152,19 @@ class StoreBase:
             with self.engine.begin() as conn:
                 yield conn
             return
-        with self.engine.connect() as conn:
-            begin_write(conn)
-            try:
-                yield conn
-            except BaseException:
-                conn.rollback()
-                raise
-            conn.commit()
+        with self.engine.connect() as conn, self.begin_immediate_on(conn):
+            yield conn
+
+    @contextmanager
+    def begin_immediate_on(self, conn: Connection) -> Iterator[None]:
+        """SQLite: :meth:`begin_immediate` on a connection the caller has open."""
+        begin_write(conn)
+        try:
+            yield
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
 
     def create_table(self, *, history: bool = True) -> None:
         """Create the tables and indexes if they do not exist (``flask defer install``).

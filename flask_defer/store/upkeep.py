@@ -41,25 +41,21 @@ class UpkeepStatements(HistoryStatements):
         *,
         now: datetime,
         keep_run_at: bool = False,
-        spent: bool = True,
     ) -> int:
         """Hand claimed jobs back to pending, attempt not spent (shutdown, ``run_due``).
 
-        They are due now, or at their old ``run_at`` with ``keep_run_at``. ``spent``
-        says their claim counted an attempt, which is given back; jobs claimed with
-        ``spend_attempt=False`` and never started pass ``spent=False``. Their ``started``
-        event goes too, when the claim wrote one: the handler was never given the job.
+        They are due now, or at their old ``run_at`` with ``keep_run_at``. The attempt
+        their claim counted is given back, and their ``started`` event goes too: the
+        handler was never given the job.
         """
-        kind = "release" if spent else "release_unspent"
-        stmt = self._guarded_ack(kind + ("_keep_run_at" if keep_run_at else ""))
+        stmt = self._guarded_ack("release_keep_run_at" if keep_run_at else "release")
         released: list[Job] = []
         with self.begin() as conn:
             for job in jobs:
                 params = {"job_id": job.id, "token": job.claim_token, "now": now}
                 if conn.execute(stmt, params).rowcount == 1:
                     released.append(job)
-            if spent:
-                self._forget_started(conn, released)
+            self._forget_started(conn, released)
         return len(released)
 
     def extend_leases(self, jobs: Sequence[Job], *, now: datetime, lease_until: datetime) -> int:
