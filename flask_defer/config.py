@@ -76,6 +76,9 @@ DEFAULTS: dict[str, Any] = {
     # Handler threads per worker process (``--concurrency`` overrides it). A claim takes
     # at most this many jobs (one per idle thread), so it is also the claim's batch.
     "DEFER_WORKER_CONCURRENCY": 10,
+    # Coroutine (``async def``) handlers run on one event loop per worker and hold no
+    # thread while they await; at most this many run at once.
+    "DEFER_ASYNC_CONCURRENCY": 100,
     # How long a handler may run when its ``@defer.job(timeout=...)`` says nothing;
     # past it the attempt counts as failed and the worker stops waiting for it.
     "DEFER_JOB_TIMEOUT": timedelta(minutes=10),
@@ -156,6 +159,7 @@ class DeferConfig:
     recurring_max_catch_up: int
     # -- the worker --
     worker_concurrency: int
+    async_concurrency: int
     job_timeout: timedelta
     max_sleep: timedelta
     ack_flush: timedelta
@@ -233,6 +237,8 @@ class WorkerOptions:
     burst: bool = False
     #: How long a handler's outcome may wait to be written with others (batched acks).
     ack_flush: timedelta = timedelta(milliseconds=5)
+    #: Coroutine handlers running at once on the worker's event loop.
+    async_concurrency: int = 100
 
     @classmethod
     def from_config(
@@ -256,6 +262,7 @@ class WorkerOptions:
             queues=tuple(queues) if queues else None,
             burst=burst,
             ack_flush=config.ack_flush,
+            async_concurrency=config.async_concurrency,
         )
 
 
@@ -326,6 +333,7 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         raise InvalidArgument("DEFER_HTTP_TIMEOUT", "must be positive")
     # -- the worker --
     _check_int(config, "DEFER_WORKER_CONCURRENCY", 1, None)
+    _check_int(config, "DEFER_ASYNC_CONCURRENCY", 1, None)
     for name in (
         "DEFER_LEASE",
         "DEFER_JOB_TIMEOUT",

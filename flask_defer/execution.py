@@ -7,13 +7,14 @@ app's session, for ``atomic=True`` handlers), and a clock.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -163,32 +164,11 @@ class Executor:
         *actor* (the worker, or ``app`` for ``run_due``) is who the outcome's history
         event names when it is written here; a batch names its actor at :meth:`flush`.
         """
-        # Long on purpose: one try block maps every way a handler can end (done, NotYet,
-        # Fail, an error, SystemExit) to its acknowledgement; split, each except clause
-        # would lose the try, the context and the atomic scope it belongs to.
         log = JobLog(logger, {"job": job})
-        token = job.claim_token or ""
         spec = self.registry.get(job.name)
         if spec is None:
-            # A rolling deploy can put a job in the table before the worker that knows
-            # it is up: wait, loudly, rather than failing it.
-            run_at = clock() + self.policy.unknown_backoff
-            log.warning("no handler registered in this worker; retrying at %s", run_at)
-            ack = Ack(
-                job.id,
-                token,
-                JobStatus.PENDING.value,
-                run_at=run_at,
-                attempts_delta=-1,
-                last_error=f"{UNKNOWN_HANDLER_NOTE} for {job.name!r} in the worker",
-                attempt=job.attempts,
-            )
-            unknown = PendingAck(ack, lambda _ok: Outcome.UNKNOWN)
-            return self._record(unknown, clock, batch, actor)
-        self.emit(signals.job_started, job=job)
-        # One INFO line per job, at its outcome (with the attempt and how long it took):
-        # a second one at the start cost the worker about a tenth of its drain, measured.
-        log.debug("started (attempt %d of %d)", job.attempts, job.max_attempts)
+            return self._unknown(job, log, clock, batch, actor)
+        self._begin(job, log)
         note: str | None = None
         began = time.monotonic()
         try:
@@ -203,46 +183,133 @@ class Executor:
                         ):
                             raise _LeaseLost()
                     return self._succeeded(job, log, time.monotonic() - began, acknowledged=True)
-                result = _storable(spec.func(job))
-                if self.uncommitted is not None and self.uncommitted():
-                    # The app context's teardown is about to roll these rows back.
-                    log.warning(UNCOMMITTED_NOTE)
-                    note = UNCOMMITTED_NOTE
-        except _LeaseLost:
+                if spec.is_async:
+                    # run_due and other synchronous callers: the coroutine on a loop of
+                    # its own (the worker runs coroutine handlers on its event loop).
+                    result = _storable(_run_coroutine(spec.func(job)))
+                else:
+                    result = _storable(spec.func(job))
+                note = self._uncommitted_note(log)
+        except BaseException as error:  # noqa: BLE001 - mapped to its outcome below
+            return self._ended_with(job, log, error, clock, actor, batch)
+        return self._done(job, log, result, note, time.monotonic() - began, clock, actor, batch)
+
+    async def execute_async(
+        self, job: Job, clock: Clock, *, timeout: float | None, actor: str = "app"
+    ) -> Outcome | PendingAck:
+        """Await a coroutine handler's job on the running event loop (the worker's).
+
+        As :meth:`execute` with ``batch=True``; *timeout* is enforced by cancelling the
+        coroutine, which is then a failed attempt like a thread handler's timeout. A
+        cancellation from outside (a worker stopping past its grace) propagates: the
+        worker hands that job back to pending.
+        """
+        log = JobLog(logger, {"job": job})
+        spec = self.registry.get(job.name)
+        if spec is None:
+            return self._unknown(job, log, clock, True, actor)
+        self._begin(job, log)
+        note: str | None = None
+        began = time.monotonic()
+        try:
+            with self.context_factory():
+                try:
+                    result = _storable(await asyncio.wait_for(spec.func(job), timeout))
+                except TimeoutError:
+                    raise HandlerTimeout(
+                        f"handler ran longer than its timeout of {timeout:g} s"
+                    ) from None
+                note = self._uncommitted_note(log)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # noqa: BLE001 - mapped to its outcome below
+            return self._ended_with(job, log, error, clock, actor, True)
+        return self._done(job, log, result, note, time.monotonic() - began, clock, actor, True)
+
+    def _unknown(
+        self, job: Job, log: JobLog, clock: Clock, batch: bool, actor: str
+    ) -> Outcome | PendingAck:
+        # A rolling deploy can put a job in the table before the worker that knows
+        # it is up: wait, loudly, rather than failing it.
+        run_at = clock() + self.policy.unknown_backoff
+        log.warning("no handler registered in this worker; retrying at %s", run_at)
+        ack = Ack(
+            job.id,
+            job.claim_token or "",
+            JobStatus.PENDING.value,
+            run_at=run_at,
+            attempts_delta=-1,
+            last_error=f"{UNKNOWN_HANDLER_NOTE} for {job.name!r} in the worker",
+            attempt=job.attempts,
+        )
+        return self._record(PendingAck(ack, lambda _ok: Outcome.UNKNOWN), clock, batch, actor)
+
+    def _begin(self, job: Job, log: JobLog) -> None:
+        self.emit(signals.job_started, job=job)
+        log.debug("started (attempt %d of %d)", job.attempts, job.max_attempts)
+
+    def _uncommitted_note(self, log: JobLog) -> str | None:
+        if self.uncommitted is not None and self.uncommitted():
+            # The app context's teardown is about to roll these rows back.
+            log.warning(UNCOMMITTED_NOTE)
+            return UNCOMMITTED_NOTE
+        return None
+
+    def _done(
+        self,
+        job: Job,
+        log: JobLog,
+        result: Any,
+        note: str | None,
+        took: float,
+        clock: Clock,
+        actor: str,
+        batch: bool,
+    ) -> Outcome | PendingAck:
+        done = Ack(
+            job.id, job.claim_token or "", JobStatus.DONE.value, result=result,
+            last_error=note, attempt=job.attempts,
+        )  # fmt: skip
+        succeeded = PendingAck(done, lambda ok: self._succeeded(job, log, took, acknowledged=ok))
+        return self._record(succeeded, clock, batch, actor)
+
+    def _ended_with(
+        self,
+        job: Job,
+        log: JobLog,
+        error: BaseException,
+        clock: Clock,
+        actor: str,
+        batch: bool,
+    ) -> Outcome | PendingAck:
+        """Map how a handler ended (NotYet, Fail, an error, SystemExit) to its outcome."""
+        if isinstance(error, _LeaseLost):
             return self._lost(log)
-        except NotYet as wait:
-            now = clock()
-            until = wait.resume_at(now)
+        if isinstance(error, NotYet):
+            until = error.resume_at(clock())
             log.info("not yet; runs again at %s", until.isoformat())
             ack = Ack(
-                job.id, token, JobStatus.PENDING.value, run_at=until, due_at=until,
-                attempts_delta=-1, attempt=job.attempts,
+                job.id, job.claim_token or "", JobStatus.PENDING.value, run_at=until,
+                due_at=until, attempts_delta=-1, attempt=job.attempts,
             )  # fmt: skip
             snoozed = PendingAck(ack, lambda ok: Outcome.SNOOZED if ok else self._lost(log))
             return self._record(snoozed, clock, batch, actor)
-        except Fail as error:
+        if isinstance(error, Fail):
             return self._failed_attempt(
                 job, log, error, None, clock, actor, final=True, batch=batch
             )
-        except Exception as error:  # noqa: BLE001 - a handler may raise anything
+        if isinstance(error, Exception):
             delay = error.delay if isinstance(error, RetryAfter) else None
             return self._failed_attempt(job, log, error, delay, clock, actor, batch=batch)
-        except BaseException as error:  # noqa: BLE001 - SystemExit, KeyboardInterrupt...
-            # Recorded like any failure: left unrecorded, the job would sit running for
-            # a lease, run again and end as "lease lapsed" with the real error lost.
-            outcome = self._failed_attempt(job, log, error, None, clock, actor)
-            if isinstance(error, KeyboardInterrupt | SystemExit) and (
-                threading.current_thread() is threading.main_thread()
-            ):
-                raise  # run_due under Ctrl-C or sys.exit(): the process means to stop
-            return outcome
-        done = Ack(
-            job.id, token, JobStatus.DONE.value, result=result, last_error=note,
-            attempt=job.attempts,
-        )  # fmt: skip
-        took = time.monotonic() - began
-        succeeded = PendingAck(done, lambda ok: self._succeeded(job, log, took, acknowledged=ok))
-        return self._record(succeeded, clock, batch, actor)
+        # SystemExit, KeyboardInterrupt...: recorded like any failure. Left unrecorded,
+        # the job would sit running for a lease, run again and end as "lease lapsed"
+        # with the real error lost.
+        outcome = self._failed_attempt(job, log, error, None, clock, actor)
+        if isinstance(error, KeyboardInterrupt | SystemExit) and (
+            threading.current_thread() is threading.main_thread()
+        ):
+            raise error  # run_due under Ctrl-C or sys.exit(): the process means to stop
+        return outcome
 
     def flush(
         self, pending: Sequence[PendingAck], clock: Clock, *, actor: str = "app"
@@ -412,6 +479,15 @@ def _storable(value: Any) -> Any:
     except InvalidArgument as error:
         raise UnstorableResult(f"the handler's result cannot be stored: {error}") from None
     return value
+
+
+def _run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine handler to completion from synchronous code, on a loop of its own."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        loop.close()
 
 
 def _duration(seconds: float) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -39,6 +40,11 @@ class HandlerSpec:
     atomic: bool = False
     queue: str = "default"
 
+    @property
+    def is_async(self) -> bool:
+        """True for an ``async def`` handler: the worker awaits it on its event loop."""
+        return inspect.iscoroutinefunction(self.func)
+
 
 class Registry:
     """The handlers known to this process, keyed by job name."""
@@ -75,6 +81,12 @@ class Registry:
 
         def register(func: F) -> F:
             validate_handler(func)
+            if atomic and inspect.iscoroutinefunction(func):
+                raise InvalidArgument(
+                    "atomic",
+                    "an async def handler cannot be atomic=True: its awaits would hold "
+                    "the job's transaction open across the event loop; use a plain def",
+                )
             self.add(
                 HandlerSpec(
                     name=name if name is not None else func.__name__,

@@ -42,7 +42,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import stopping as _stopping
 from .acks import AckFlusher
 from .config import DeferConfig, WorkerOptions
+from .event_loop import CoroutineRunner
 from .execution import Clock, Executor, JobLog, Outcome, PendingAck, RunSummary
+from .jobs import Job
 from .leases import LeaseHeartbeat
 from .leases import brief as _brief
 from .maintenance import Maintenance
@@ -107,6 +109,10 @@ class Worker:
             self._finished,
             self._thread_freed,
         )
+        # Coroutine handlers: tasks of one event loop, started on the first such job.
+        self.coroutines = CoroutineRunner(
+            options.async_concurrency, self._finished, self._thread_freed
+        )
         # Handlers' outcomes, written in batches on the flusher's own thread.
         self._acks = AckFlusher(
             lambda batch: self.runner.flush(batch, self.clock),
@@ -118,7 +124,7 @@ class Worker:
         self._backlog = False
         self.maintenance = Maintenance(store, options.maintenance, clock, actor=self.actor)
         # The same heartbeat as run_due's, over the pool's claimed jobs.
-        self._heartbeat = LeaseHeartbeat(store, options.lease, clock, self.pool.in_flight)
+        self._heartbeat = LeaseHeartbeat(store, options.lease, clock, self._in_flight)
         self._db_failures = 0
         self._reported = RunSummary()  # the summary as of the last progress line
         self._report_at = time.monotonic() + PROGRESS_INTERVAL
@@ -205,16 +211,16 @@ class Worker:
         opts = self.options
         self.ticks.write_due(self.clock())
         now = self.clock()
-        free = self.pool.free()
+        free = self._free()
         claimed = 0
         if free and free >= self._claim_threshold():
             limit = min(free, opts.claim_batch)
             jobs = self.runner.claim(now, limit, queues=opts.queues)
             for job in jobs:
-                self.pool.submit(job, self._timeout_for(job.name))
+                self._start(job)
             claimed = len(jobs)
             self._backlog = claimed == limit
-            if self._backlog and self.pool.free() >= self._claim_threshold():
+            if self._backlog and self._free() >= self._claim_threshold():
                 return 0.0  # a full batch and room for another: more may be due now
             free -= claimed
         waits = [opts.max_sleep.total_seconds()]
@@ -236,11 +242,39 @@ class Worker:
             waits.append(self.maintenance.next_due() - time.monotonic())
         elif (
             not claimed
-            and not self.pool.busy()
+            and not self._busy()
             and (next_run_at is None or next_run_at > now)
         ):
             return None
         return max(min(waits), 0.0 if claimed else MIN_SLEEP)
+
+    def _start(self, job: Job) -> None:
+        """Hand a claimed job to a thread, or a coroutine handler's to the event loop."""
+        timeout = self._timeout_for(job.name)
+        spec = self.registry.get(job.name)
+        if spec is not None and spec.is_async:
+            self.coroutines.submit(
+                job,
+                lambda: self.executor.execute_async(
+                    job, self.clock, timeout=timeout, actor=self.actor
+                ),
+            )
+        else:
+            self.pool.submit(job, timeout)
+
+    def _free(self) -> int:
+        """How many jobs to claim now: one per idle thread, no more than the loop has room for.
+
+        A coroutine handler's job leaves its thread's slot at once (it runs on the
+        event loop), so a thread that claims one is free for the next claim.
+        """
+        return min(self.pool.free(), self.coroutines.room())
+
+    def _busy(self) -> bool:
+        return self.pool.busy() or self.coroutines.busy()
+
+    def _in_flight(self) -> list[Job]:
+        return self.pool.in_flight() + self.coroutines.in_flight()
 
     def _report_progress(self) -> None:
         """Every :data:`PROGRESS_INTERVAL`, one INFO line of what ran since the last one."""
@@ -260,7 +294,7 @@ class Worker:
 
     def _claim_threshold(self) -> int:
         """Free threads worth a claim: half the pool while the backlog lasts, else one."""
-        if not self._backlog or not self.pool.busy():
+        if not self._backlog or not self._busy():
             return 1
         return max(1, min(self.options.claim_batch, self.pool.size) // 2)
 
@@ -299,7 +333,7 @@ class Worker:
 
         Not for every one under a backlog: finishing handlers would each cost a claim.
         """
-        if self.pool.free() >= self._claim_threshold():
+        if self._free() >= self._claim_threshold():
             self.waker.wake()
 
     def _count(self, outcome: Outcome) -> None:
@@ -318,16 +352,21 @@ class Worker:
 
     def _shutdown(self) -> None:
         """Let running handlers finish within the grace period; release the rest."""
-        # Prefetched jobs that no thread started go back at once, not after the grace.
+        # Claimed jobs that no thread took yet go back at once, not after the grace.
         withdrawn = self.pool.withdraw_queued()
         release(self.store, [t.job for t in withdrawn], "claimed but not started", self.clock())
         grace = self.options.shutdown_grace.total_seconds()
+        grace_ends = time.monotonic() + grace
         wait_for_handlers(self.pool, grace, self._record_timeouts)
+        self.coroutines.wait_idle(grace_ends - time.monotonic())
+        # Cancelled before the last flush, so none of them hands in an outcome after it.
+        cut_off = self.coroutines.cancel()
         self._acks.stop()
         why = "still running after the shutdown grace period"
-        release(self.store, self.pool.in_flight(), why, self.clock())
+        release(self.store, self.pool.in_flight() + cut_off, why, self.clock())
         self._heartbeat.stopped.set()
         self.pool.close()
+        self.coroutines.close()
         self.waker.close()
 
 
