@@ -32,8 +32,8 @@ DEFAULTS: dict[str, Any] = {
     # How long a claim is valid without a heartbeat; a crashed worker's job returns
     # to pending this long after its last heartbeat.
     "DEFER_LEASE": timedelta(seconds=30),
-    # Jobs claimed per round trip; a worker also keeps this many claimed jobs queued
-    # beside its running ones, so a finishing thread starts the next without a wait.
+    # Most jobs claimed per round trip (run_due's batch; a worker claims at most one
+    # per idle handler thread, so every job it claims starts at once).
     "DEFER_CLAIM_BATCH": 50,
     # SQLite: how long a writer waits for the database lock before giving up.
     "DEFER_SQLITE_BUSY_TIMEOUT": timedelta(seconds=10),
