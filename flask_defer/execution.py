@@ -8,28 +8,45 @@ app's session, for ``atomic=True`` handlers), and a clock.
 from __future__ import annotations
 
 import asyncio
-import enum
-import json
 import logging
 import threading
 import time
-import traceback
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import Connection
 
 from . import signals
 from .config import RetryPolicy
-from .errors import InvalidArgument
 from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
+from .outcomes import (
+    JobLog,
+    Outcome,
+    PendingAck,
+    RunSummary,
+    UnstorableResult,
+    duration,
+    error_summary,
+    error_text,
+    storable,
+)
 from .registry import Registry
 from .retry import backoff_delay
 from .store import UNKNOWN_HANDLER_NOTE, Ack, JobStore
-from .validation import payload_text
+
+__all__ = [
+    "Clock",
+    "Executor",
+    "HandlerTimeout",
+    "JobLog",
+    "Outcome",
+    "PendingAck",
+    "RunSummary",
+    "UnstorableResult",
+    "error_summary",
+]
 
 logger = logging.getLogger("flask_defer")
 
@@ -48,81 +65,12 @@ UNCOMMITTED_NOTE = (
     "they were discarded (call db.session.commit() in the handler, or use atomic=True)"
 )
 
-#: Longest error text kept on a row: a traceback, not a core dump.
-MAX_ERROR_CHARS = 8000
-
-
-class Outcome(enum.StrEnum):
-    """What became of one claimed job."""
-
-    DONE = "done"
-    RETRIED = "retried"
-    FAILED = "failed"
-    SNOOZED = "snoozed"  # NotYet: back to pending, attempt not spent
-    UNKNOWN = "unknown"  # no handler here: back to pending with a backoff
-    LOST = "lost"  # the claim's lease lapsed; another worker owns the job now
-
-
-@dataclass
-class RunSummary:
-    """Counts of what a run did, by outcome; ``ran`` is every job claimed."""
-
-    ran: int = 0
-    counts: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
-    #: True when ``run_due`` stopped claiming at its ``max_seconds``: more may be due.
-    out_of_time: bool = False
-
-    def add(self, outcome: Outcome) -> None:
-        self.ran += 1
-        self.counts[outcome.value] += 1
-
-    def __getattr__(self, name: str) -> int:
-        # summary.done, summary.failed ... read like the outcome names.
-        counts = self.__dict__.get("counts", {})
-        if name in counts:
-            return int(counts[name])
-        raise AttributeError(name)
-
-    def as_dict(self) -> dict[str, int]:
-        return {"ran": self.ran, **self.counts}
-
-
-class JobLog(logging.LoggerAdapter[logging.Logger]):
-    """Every line about a job names its id, name and key, as text and as record fields."""
-
-    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        job = cast(Job, (self.extra or {})["job"])
-        kwargs["extra"] = {"job_id": job.id, "job_name": job.name, "job_key": job.key}
-        key = f" key={job.key}" if job.key else ""
-        return f"job {job.id} {job.name}{key}: {msg}", kwargs
-
-
-@dataclass(frozen=True, slots=True)
-class PendingAck:
-    """A handler's outcome waiting to be written in a batch (see ``Executor.flush``).
-
-    ``settle`` is called after the write with whether the claim still owned the row;
-    it logs, sends the signal and returns the :class:`Outcome`.
-    """
-
-    ack: Ack
-    settle: Callable[[bool], Outcome]
-
-
 class HandlerTimeout(Exception):
     """A handler ran longer than its timeout; recorded as the attempt's error."""
 
 
 class _LeaseLost(Exception):
     """Internal: the done mark was refused, so the atomic transaction must roll back."""
-
-
-class UnstorableResult(Fail):
-    """A handler returned a value the database cannot store; the job fails, once.
-
-    A :class:`Fail`, not a retry: the handler's effects happened, and running it again
-    would only return the same value.
-    """
 
 
 class Executor:
@@ -176,7 +124,7 @@ class Executor:
                 if spec.atomic:
                     with self.atomic_scope() as conn:
                         began = time.monotonic()
-                        result = _storable(spec.func(job))
+                        result = storable(spec.func(job))
                         self._warn_if_lock_held(conn, log, time.monotonic() - began)
                         if not self.store.ack_done(
                             job, now=clock(), result=result, conn=conn, actor=actor
@@ -186,9 +134,9 @@ class Executor:
                 if spec.is_async:
                     # run_due and other synchronous callers: the coroutine on a loop of
                     # its own (the worker runs coroutine handlers on its event loop).
-                    result = _storable(_run_coroutine(spec.func(job)))
+                    result = storable(_run_coroutine(spec.func(job)))
                 else:
-                    result = _storable(spec.func(job))
+                    result = storable(spec.func(job))
                 note = self._uncommitted_note(log)
         except BaseException as error:  # noqa: BLE001 - mapped to its outcome below
             return self._ended_with(job, log, error, clock, actor, batch)
@@ -214,7 +162,7 @@ class Executor:
         try:
             with self.context_factory():
                 try:
-                    result = _storable(await asyncio.wait_for(spec.func(job), timeout))
+                    result = storable(await asyncio.wait_for(spec.func(job), timeout))
                 except TimeoutError:
                     raise HandlerTimeout(
                         f"handler ran longer than its timeout of {timeout:g} s"
@@ -369,7 +317,7 @@ class Executor:
         # rest of its run (profiled: ~100 of ~220 µs); the worker logs a summary of its
         # outcomes instead, and every failure still has a line of its own.
         log.debug(
-            "done in %s (attempt %d of %d)", _duration(took), job.attempts, job.max_attempts
+            "done in %s (attempt %d of %d)", duration(took), job.attempts, job.max_attempts
         )
         self.emit(signals.job_succeeded, job=job)
         return Outcome.DONE
@@ -386,7 +334,7 @@ class Executor:
         final: bool = False,
         batch: bool = False,
     ) -> Outcome | PendingAck:
-        text = _error_text(error)
+        text = error_text(error)
         now = clock()
         token = job.claim_token or ""
         # ``final``: the handler raised Fail, so attempts left do not matter.
@@ -427,60 +375,6 @@ class Executor:
         return Outcome.LOST
 
 
-#: Longest error text in a log line; the whole traceback is in the job's last_error.
-MAX_LOG_ERROR_CHARS = 200
-
-
-def error_summary(error: BaseException) -> str:
-    """An error for one log line: its type and the first line of its message, bounded.
-
-    ``KeyError('message_id')`` prints as ``'message_id'`` alone, and an HTTP error can
-    carry a whole HTML page: the line names the type and stays short.
-    """
-    message = str(error).strip().splitlines()
-    first = message[0] if message else ""
-    if len(message) > 1:
-        first += " …"
-    if len(first) > MAX_LOG_ERROR_CHARS:
-        first = first[: MAX_LOG_ERROR_CHARS - 1] + "…"
-    name = type(error).__name__
-    return f"{name}: {first}" if first else name
-
-
-def _error_text(error: BaseException) -> str:
-    text = "".join(traceback.format_exception(error))
-    # A NUL or a lone surrogate in an error message would make PostgreSQL refuse
-    # the acknowledgement itself, and the job would wait out its lease.
-    text = text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
-    if len(text) > MAX_ERROR_CHARS:
-        # Keep the end: the innermost frame and the message are what a reader needs.
-        text = "…(truncated)\n" + text[-MAX_ERROR_CHARS:]
-    return text
-
-
-def _storable(value: Any) -> Any:
-    """A handler's return value as stored: JSON, or ``None`` when it is not JSON.
-
-    A JSON value the database cannot store (a NUL or a lone surrogate in a string,
-    nesting too deep) raises :class:`UnstorableResult`, which fails the job: without
-    this the done mark itself would fail and the job would run a second time.
-    """
-    if value is None:
-        return None
-    try:
-        json.dumps(value, allow_nan=False)
-    except RecursionError:
-        pass  # JSON, but too deep: payload_text says so
-    except (TypeError, ValueError):
-        logger.debug("handler result %r is not JSON; not stored", value)
-        return None
-    try:
-        payload_text(value, "result")
-    except InvalidArgument as error:
-        raise UnstorableResult(f"the handler's result cannot be stored: {error}") from None
-    return value
-
-
 def _run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:
     """Run a coroutine handler to completion from synchronous code, on a loop of its own."""
     loop = asyncio.new_event_loop()
@@ -488,8 +382,3 @@ def _run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:
         return loop.run_until_complete(coroutine)
     finally:
         loop.close()
-
-
-def _duration(seconds: float) -> str:
-    """A handler's run time for the log: ``12 ms`` below ten seconds, else ``42.3 s``."""
-    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"

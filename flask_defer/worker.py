@@ -17,13 +17,9 @@ on a thread of its own, so a flush's durable commit overlaps the next claim. Cor
 handlers (``async def``) run on one event loop (:mod:`flask_defer.event_loop`) and hold
 no thread while they wait.
 
-A heartbeat thread renews the leases of running jobs every lease/3, so a job is only
-reclaimed when its worker really stopped. SIGTERM/SIGINT stop claiming, give running
-handlers ``shutdown_grace`` to finish, release the rest to pending and return; a second
-signal exits at once. A lost database connection is logged and retried with a backoff.
-
-The worker imports no Flask: the app context comes from the executor's context
-factory, which the extension supplies.
+A heartbeat renews running jobs' leases every lease/3. SIGTERM/SIGINT stop claiming,
+give running handlers ``shutdown_grace`` to finish and release the rest (a second signal
+exits at once). No Flask here: the app context comes from the executor's factory.
 """
 
 from __future__ import annotations
@@ -283,12 +279,8 @@ class Worker:
             return
         self._report_at = mono + PROGRESS_INTERVAL
         with self._summary_lock:
-            now = RunSummary(self.summary.ran, dict(self.summary.counts))
-        since = RunSummary(
-            now.ran - self._reported.ran,
-            {name: n - self._reported.counts[name] for name, n in now.counts.items()},
-        )
-        self._reported = now
+            now = self.summary.copy()
+        since, self._reported = now.since(self._reported), now
         if since.ran:
             logger.info("%s in the last %g s", _summary_text(since), PROGRESS_INTERVAL)
 

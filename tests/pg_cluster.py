@@ -176,6 +176,20 @@ class PostgresCluster:
         self._pg_ctl_start()
         self._running = True
 
+    def crash(self) -> None:
+        """Kill the server as a crash would (``pg_ctl stop -m immediate``), then start it.
+
+        No shutdown checkpoint and no flush of the WAL buffers: commits that did not
+        wait for the WAL flush (``synchronous_commit`` off) within the last moments may
+        be gone after the crash recovery, as after a power loss.
+        """
+        if not self._running:
+            raise RuntimeError("PostgresCluster is not running")
+        self._pg_ctl_stop("immediate")
+        self._running = False
+        self._pg_ctl_start()
+        self._running = True
+
     def create_database(self, name: str) -> str:
         """Create database ``name`` and return its SQLAlchemy URL."""
         import psycopg
@@ -318,9 +332,9 @@ class PostgresCluster:
         )
         self._wait_ready()
 
-    def _pg_ctl_stop(self) -> None:
+    def _pg_ctl_stop(self, mode: str = "fast") -> None:
         self._run(
-            [self._pg_ctl(), "stop", "-D", str(self._datadir), "-m", "fast", "-w"],
+            [self._pg_ctl(), "stop", "-D", str(self._datadir), "-m", mode, "-w"],
             "pg_ctl stop",
         )
 

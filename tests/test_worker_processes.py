@@ -252,6 +252,66 @@ def test_postgres_restart_under_a_running_worker(tmp_path: Path, spawn: Any) -> 
                 worker_app.db.engine.dispose()
 
 
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_job_runs_at_most_max_attempts_plus_one_per_database_crash(
+    tmp_path: Path, spawn: Any, backend: str
+) -> None:
+    """README, Guarantees: a claim commits without waiting for the disk, so a database
+    crash may forget the attempts of the runs in flight, never more.
+
+    PostgreSQL only: an immediate stop loses WAL that was not flushed, as a crash does;
+    SQLite's unflushed commits are lost only by an operating-system crash or power loss,
+    which a test cannot cause.
+    """
+    crashes = 3
+    runs_file = tmp_path / "runs.txt"
+    with PostgresCluster() as cluster:
+        url = cluster.create_database("crash_test")
+        app = worker_app.create_app(url)
+        try:
+            jobs = [
+                schedule(app, "fail_to_file", {"file": str(runs_file), "n": n})
+                for n in range(300)
+            ]
+            worker = spawn(
+                url,
+                DEFER_LEASE=2,
+                DEFER_RECLAIM_INTERVAL=0.3,
+                DEFER_POLL_INTERVAL=0.1,
+                DEFER_RETRY_BASE=0.01,
+                DEFER_RETRY_CAP=0.05,
+            )
+            worker.wait_started()
+            for _ in range(crashes):
+                lines = len(runs_file.read_text().splitlines()) if runs_file.exists() else 0
+                wait_until(
+                    lambda n=lines: runs_file.exists()
+                    and len(runs_file.read_text().splitlines()) > n + 20
+                )
+                cluster.crash()
+            with app.app_context():
+                worker_app.db.engine.dispose()  # the test's own connections died too
+
+            def settled() -> int:
+                with app.app_context():
+                    return worker_app.defer.count(status="failed")
+
+            wait_until(lambda: settled() == len(jobs), timeout=90, interval=0.5)
+            assert worker.process.poll() is None, worker.log()
+            per_job = Counter(int(line.split()[0]) for line in runs_file.read_text().splitlines())
+            assert set(per_job) == {j.id for j in jobs}  # every job ran; none was lost
+            assert max(per_job.values()) <= 3 + crashes, per_job.most_common(3)
+            assert min(per_job.values()) >= 3  # every counted attempt ran
+            for settled_job in (job(app, j.id) for j in jobs):
+                assert settled_job.attempts == 3
+            worker.signal(signal.SIGTERM)
+            assert worker.wait() == 0, worker.log()
+        finally:
+            with app.app_context():
+                worker_app.db.session.remove()
+                worker_app.db.engine.dispose()
+
+
 # -- SQLite writer contention --------------------------------------------------------------
 
 

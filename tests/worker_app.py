@@ -95,6 +95,19 @@ def retry_after_job(job: Job) -> None:
 
 
 
+@defer.job("fail_to_file", max_attempts=3)
+def fail_to_file(job: Job) -> None:
+    """Appends ``id attempt`` to ``payload["file"]`` (outside the database), then fails.
+
+    The evidence of a run must survive a database crash: a row in the database could
+    be lost with the crash it is meant to count.
+    """
+    with open(job.payload["file"], "a", encoding="ascii") as runs_file:
+        runs_file.write(f"{job.id} {job.attempts}\n")
+    time.sleep(0.005)
+    raise RuntimeError("fails on purpose")
+
+
 def create_app(database_url: str | None = None, **config: Any) -> Flask:
     """The app; Flask's CLI calls this without arguments (environment configuration)."""
     app = Flask("worker_app")

@@ -1,0 +1,159 @@
+"""What became of a claimed job: outcomes, run summaries, and errors as logged and stored.
+
+The vocabulary the executor, the worker's pool, its event loop and its flusher share,
+kept apart from the executor so each of those can name an outcome without the code
+that produces it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from .errors import InvalidArgument
+from .jobs import Fail, Job
+from .store import Ack
+from .validation import payload_text
+
+logger = logging.getLogger("flask_defer")
+
+#: Longest error text kept on a row: a traceback, not a core dump.
+MAX_ERROR_CHARS = 8000
+
+
+class Outcome(enum.StrEnum):
+    """What became of one claimed job."""
+
+    DONE = "done"
+    RETRIED = "retried"
+    FAILED = "failed"
+    SNOOZED = "snoozed"  # NotYet: back to pending, attempt not spent
+    UNKNOWN = "unknown"  # no handler here: back to pending with a backoff
+    LOST = "lost"  # the claim's lease lapsed; another worker owns the job now
+
+
+@dataclass
+class RunSummary:
+    """Counts of what a run did, by outcome; ``ran`` is every job claimed."""
+
+    ran: int = 0
+    counts: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
+    #: True when ``run_due`` stopped claiming at its ``max_seconds``: more may be due.
+    out_of_time: bool = False
+
+    def add(self, outcome: Outcome) -> None:
+        self.ran += 1
+        self.counts[outcome.value] += 1
+
+    def __getattr__(self, name: str) -> int:
+        # summary.done, summary.failed ... read like the outcome names.
+        counts = self.__dict__.get("counts", {})
+        if name in counts:
+            return int(counts[name])
+        raise AttributeError(name)
+
+    def copy(self) -> RunSummary:
+        return RunSummary(self.ran, dict(self.counts), self.out_of_time)
+
+    def since(self, earlier: RunSummary) -> RunSummary:
+        """What ran after *earlier* (a copy of this summary taken then)."""
+        counts = {name: n - earlier.counts.get(name, 0) for name, n in self.counts.items()}
+        return RunSummary(self.ran - earlier.ran, counts)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"ran": self.ran, **self.counts}
+
+
+class JobLog(logging.LoggerAdapter[logging.Logger]):
+    """Every line about a job names its id, name and key, as text and as record fields."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        job = cast(Job, (self.extra or {})["job"])
+        kwargs["extra"] = {"job_id": job.id, "job_name": job.name, "job_key": job.key}
+        key = f" key={job.key}" if job.key else ""
+        return f"job {job.id} {job.name}{key}: {msg}", kwargs
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAck:
+    """A handler's outcome waiting to be written in a batch (see ``Executor.flush``).
+
+    ``settle`` is called after the write with whether the claim still owned the row;
+    it logs, sends the signal and returns the :class:`Outcome`.
+    """
+
+    ack: Ack
+    settle: Callable[[bool], Outcome]
+
+
+#: Longest error text in a log line; the whole traceback is in the job's last_error.
+MAX_LOG_ERROR_CHARS = 200
+
+
+def error_summary(error: BaseException) -> str:
+    """An error for one log line: its type and the first line of its message, bounded.
+
+    ``KeyError('message_id')`` prints as ``'message_id'`` alone, and an HTTP error can
+    carry a whole HTML page: the line names the type and stays short.
+    """
+    message = str(error).strip().splitlines()
+    first = message[0] if message else ""
+    if len(message) > 1:
+        first += " …"
+    if len(first) > MAX_LOG_ERROR_CHARS:
+        first = first[: MAX_LOG_ERROR_CHARS - 1] + "…"
+    name = type(error).__name__
+    return f"{name}: {first}" if first else name
+
+
+def error_text(error: BaseException) -> str:
+    """An error as stored in ``last_error``: its traceback, storable, bounded."""
+    text = "".join(traceback.format_exception(error))
+    # A NUL or a lone surrogate in an error message would make PostgreSQL refuse
+    # the acknowledgement itself, and the job would wait out its lease.
+    text = text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    if len(text) > MAX_ERROR_CHARS:
+        # Keep the end: the innermost frame and the message are what a reader needs.
+        text = "…(truncated)\n" + text[-MAX_ERROR_CHARS:]
+    return text
+
+
+class UnstorableResult(Fail):
+    """A handler returned a value the database cannot store; the job fails, once.
+
+    A :class:`Fail`, not a retry: the handler's effects happened, and running it again
+    would only return the same value.
+    """
+
+
+def storable(value: Any) -> Any:
+    """A handler's return value as stored: JSON, or ``None`` when it is not JSON.
+
+    A JSON value the database cannot store (a NUL or a lone surrogate in a string,
+    nesting too deep) raises :class:`UnstorableResult`, which fails the job: without
+    this the done mark itself would fail and the job would run a second time.
+    """
+    if value is None:
+        return None
+    try:
+        json.dumps(value, allow_nan=False)
+    except RecursionError:
+        pass  # JSON, but too deep: payload_text says so
+    except (TypeError, ValueError):
+        logger.debug("handler result %r is not JSON; not stored", value)
+        return None
+    try:
+        payload_text(value, "result")
+    except InvalidArgument as error:
+        raise UnstorableResult(f"the handler's result cannot be stored: {error}") from None
+    return value
+
+
+def duration(seconds: float) -> str:
+    """A handler's run time for the log: ``12 ms`` below ten seconds, else ``42.3 s``."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
