@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +24,7 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from flask_defer import InvalidArgument, Job, JobStatus, secret
-from flask_defer.helpers import http_guard
+from flask_defer.helpers import http_guard, http_transport
 from flask_defer.helpers.http_jobs import EXCERPT_CHARS, HTTP_JOB
 
 from .conftest import AppKit
@@ -734,3 +736,58 @@ def test_a_done_call_records_the_status_and_excerpt_in_its_result_and_history_sa
     done = run(kit, job)
     assert (done.result["status"], done.result["excerpt"]) == (200, "hello from the test server")
     assert [e.event for e in kit.defer.history(job.id)] == ["scheduled", "started", "done"]
+
+
+# -- HTTPS to the checked address ----------------------------------------------------
+
+#: A test-only CA and a certificate it signed for hooks.example.test (valid to 2126),
+#: made with openssl for these tests; the name resolves only through the test's answer.
+TLS = Path(__file__).parent / "fixtures" / "tls"
+
+
+@pytest.fixture
+def tls_server() -> Iterator[Server]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(TLS / "server.pem", TLS / "server.key")
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    state = Server(url=f"https://hooks.example.test:{httpd.server_address[1]}")
+    httpd.state = state  # type: ignore[attr-defined]
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(5)
+
+
+def test_https_goes_to_the_checked_address_and_verifies_the_certificate_of_the_url_host(
+    kit: AppKit,
+    tls_server: Server,
+    connections: Connections,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def hooks_on_loopback(host: str, port: int, *args: Any, **kwargs: Any) -> list[Any]:
+        assert host == "hooks.example.test"
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port))]
+
+    monkeypatch.setattr(http_guard, "getaddrinfo", hooks_on_loopback)
+    # Trusting the test CA: the certificate names the URL's host, not 127.0.0.1, so the
+    # call only succeeds if TLS checks the name while the socket goes to the address.
+    monkeypatch.setenv("SSL_CERT_FILE", str(TLS / "ca.pem"))
+    monkeypatch.setattr(http_transport, "_tls", None)
+    done = run(kit, kit.defer.schedule_http(tls_server.url + "/ok", json={"a": 1}))
+    assert done.status is JobStatus.DONE and done.result["excerpt"] == (
+        "hello from the test server"
+    )
+    [request] = tls_server.received
+    assert request.headers["Host"] == tls_server.url.removeprefix("https://")
+
+    # Without the CA the certificate is not trusted: the call is retried, not sent blind.
+    monkeypatch.delenv("SSL_CERT_FILE")
+    monkeypatch.setattr(http_transport, "_tls", None)
+    retried = run(kit, kit.defer.schedule_http(tls_server.url + "/ok"))
+    assert retried.status is JobStatus.PENDING
+    assert "CERTIFICATE_VERIFY_FAILED" in retried.last_error
+    assert len(tls_server.received) == 1 and set(connections.attempts) == {"127.0.0.1"}
