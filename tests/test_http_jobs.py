@@ -729,15 +729,6 @@ def test_a_binary_body_is_described_not_shown(kit: AppKit, server: Server) -> No
     assert done.result["excerpt"] == "[100 bytes of image/png]"
 
 
-def test_a_done_call_records_the_status_and_excerpt_in_its_result_and_history_says_done(
-    kit: AppKit, server: Server
-) -> None:
-    job = kit.defer.schedule_http(server.url + "/ok")
-    done = run(kit, job)
-    assert (done.result["status"], done.result["excerpt"]) == (200, "hello from the test server")
-    assert [e.event for e in kit.defer.history(job.id)] == ["scheduled", "started", "done"]
-
-
 # -- HTTPS to the checked address ----------------------------------------------------
 
 #: A test-only CA and a certificate it signed for hooks.example.test (valid to 2126),
