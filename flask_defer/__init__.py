@@ -23,6 +23,7 @@ from .execution import Outcome, RunSummary
 from .extension import Defer
 from .health import Health
 from .helpers.batching import Batched
+from .helpers.http_signing import Secret, secret
 from .helpers.soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
 from .jobs import Fail, Job, JobEvent, JobStatus, NotYet, RetryAfter
 from .signals import job_cancelled, job_failed, job_scheduled, job_started, job_succeeded
@@ -54,6 +55,7 @@ __all__ = [
     "SchemaMismatch",
     "ScheduleNotFound",
     "ScheduleRow",
+    "Secret",
     "SoftDeleteMixin",
     "Toast",
     "UndoOutcome",
@@ -63,4 +65,5 @@ __all__ = [
     "job_scheduled",
     "job_started",
     "job_succeeded",
+    "secret",
 ]

@@ -10,11 +10,12 @@ config here too, in one place, so no engine module reads a ``DEFER_*`` name.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from .errors import InvalidArgument
+from .http_settings import IPNetwork, allowed_networks, header_secrets, webhook_secrets
 from .timeutil import as_duration
 
 #: Every setting with its default. The README's configuration table mirrors this.
@@ -68,6 +69,16 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_HTTP_ALLOWED_HOSTS": None,
     # Default timeout of a scheduled HTTP call, and the longest one a call may ask for.
     "DEFER_HTTP_TIMEOUT": timedelta(seconds=10),
+    # Networks a scheduled HTTP call may connect to although they are not public
+    # (loopback, private, link-local ...), e.g. ["10.20.0.0/16"]. Every address a host
+    # resolves to is checked when the call runs; other non-public ones are refused.
+    "DEFER_HTTP_ALLOWED_NETWORKS": None,
+    # Header values by name, for headers={"Authorization": secret("name")}: looked up
+    # when the call runs, never stored in the job.
+    "DEFER_HTTP_SECRETS": None,
+    # Standard Webhooks signing secrets by name ("whsec_..."), for schedule_http(sign=
+    # "name"); a list signs with each (rotation: the current secret and the next).
+    "DEFER_WEBHOOK_SECRETS": None,
     # -- recurring schedules (defer.recurring) --
     # catch_up="all": at most this many missed ticks of one schedule run after
     # downtime (the newest); older ones are dropped with a warning.
@@ -155,6 +166,10 @@ class DeferConfig:
     # -- helpers --
     http_allowed_hosts: frozenset[str] | None
     http_timeout: timedelta
+    http_allowed_networks: tuple[IPNetwork, ...]
+    # Out of the repr, so a logged config shows no secret.
+    http_secrets: Mapping[str, str] = field(repr=False, hash=False)
+    webhook_secrets: Mapping[str, tuple[bytes, ...]] = field(repr=False, hash=False)
     # -- recurring schedules --
     recurring_max_catch_up: int
     # -- the worker --
@@ -331,6 +346,9 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
     values["http_allowed_hosts"] = _allowed_hosts(config["DEFER_HTTP_ALLOWED_HOSTS"])
     if values["http_timeout"] <= timedelta(0):
         raise InvalidArgument("DEFER_HTTP_TIMEOUT", "must be positive")
+    values["http_allowed_networks"] = allowed_networks(config["DEFER_HTTP_ALLOWED_NETWORKS"])
+    values["http_secrets"] = header_secrets(config["DEFER_HTTP_SECRETS"])
+    values["webhook_secrets"] = webhook_secrets(config["DEFER_WEBHOOK_SECRETS"])
     # -- the worker --
     _check_int(config, "DEFER_WORKER_CONCURRENCY", 1, None)
     _check_int(config, "DEFER_ASYNC_CONCURRENCY", 1, None)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
+import re
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -11,11 +15,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
+from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
 
-from flask_defer import InvalidArgument, Job, JobStatus
+from flask_defer import InvalidArgument, Job, JobStatus, secret
+from flask_defer.helpers import http_guard, http_transport
 from flask_defer.helpers.http_jobs import EXCERPT_CHARS, HTTP_JOB
 
 from .conftest import AppKit
@@ -77,6 +86,15 @@ ROUTES: dict[str, tuple[int, dict[str, str], bytes]] = {
     "/missing-page": (404, {}, b"<html>\n<body>\n<h1>Gone</h1>\n</body>\n</html>\n"),
     "/redirect": (302, {"Location": "http://example.invalid/elsewhere"}, b""),
     "/big": (200, {}, b"x" * 100_000),
+    "/error-page": (
+        500,
+        {"Content-Type": "text/html; charset=utf-8"},
+        b"<html><head><title>500 Internal Server Error</title><style>body{color:red}</style>"
+        b"</head><body><h1>Internal&nbsp;Server Error</h1>\n<pre>"
+        + b"Traceback line\n" * 5000
+        + b"</pre></body></html>",
+    ),
+    "/image": (200, {"Content-Type": "image/png"}, b"\x89PNG\r\n\x1a\n\x00\x00" + b"\x01" * 90),
 }
 
 
@@ -93,6 +111,20 @@ def server() -> Iterator[Server]:
     httpd.shutdown()
     httpd.server_close()
     thread.join(5)
+
+
+#: The test server listens on loopback, which calls refuse unless allowed (SSRF).
+LOOPBACK = ["127.0.0.1/32", "::1/128"]
+
+
+@pytest.fixture
+def kit(make_app: Callable[..., AppKit]) -> Iterator[AppKit]:
+    """An app whose HTTP calls may reach the loopback test server, context pushed."""
+    kit = make_app(DEFER_HTTP_ALLOWED_NETWORKS=LOOPBACK)
+    with kit.app.app_context():
+        kit.db.create_all()
+        yield kit
+        kit.db.session.rollback()
 
 
 def later(seconds: float = 1) -> datetime:
@@ -253,8 +285,10 @@ def test_allowed_hosts_are_checked_when_scheduling(
 def test_allowed_hosts_are_checked_again_when_running(
     make_app: Callable[..., AppKit], server: Server
 ) -> None:
-    open_app = make_app()
-    strict_app = make_app(DEFER_HTTP_ALLOWED_HOSTS=["api.example.com"])
+    open_app = make_app(DEFER_HTTP_ALLOWED_NETWORKS=LOOPBACK)
+    strict_app = make_app(
+        DEFER_HTTP_ALLOWED_HOSTS=["api.example.com"], DEFER_HTTP_ALLOWED_NETWORKS=LOOPBACK
+    )
     with open_app.app.app_context():
         open_app.db.create_all()
         job = open_app.defer.schedule_http(server.url + "/ok")
@@ -319,3 +353,432 @@ def test_schedule_http_runs_against_the_per_app_state_without_a_defer(database_u
     finally:
         state.store.table.drop(state.store.engine)
         state.store.engine.dispose()
+
+
+# -- idempotency ---------------------------------------------------------------------
+
+
+def test_every_attempt_of_a_job_sends_the_same_idempotency_key(
+    kit: AppKit, server: Server
+) -> None:
+    job = kit.defer.schedule_http(server.url + "/flaky", json={"order": 7})
+    other = kit.defer.schedule_http(server.url + "/ok", json={"order": 8})
+    server.routes["/flaky"] = (503, {}, b"try again")
+    assert run(kit, job).status is JobStatus.PENDING
+    server.routes["/flaky"] = (200, {}, b"ok")
+    assert run(kit, job, later(3600)).status is JobStatus.DONE
+
+    flaky = [r.headers["Idempotency-Key"] for r in server.received if r.path == "/flaky"]
+    [second] = [r.headers["Idempotency-Key"] for r in server.received if r.path == "/ok"]
+    assert len(flaky) == 2 and flaky[0] == flaky[1] == job.payload["id"]
+    assert second == other.payload["id"] != flaky[0]
+
+
+def test_an_idempotency_key_of_the_callers_is_sent_on_every_attempt(
+    kit: AppKit, server: Server
+) -> None:
+    job = kit.defer.schedule_http(server.url + "/ok", idempotency_key="order-7-shipped")
+    run(kit, job)
+    assert server.received[0].headers["Idempotency-Key"] == "order-7-shipped"
+    for bad in ("", "two words", "x" * 256, "line\nbreak", 7):
+        with pytest.raises(InvalidArgument) as raised:
+            kit.defer.schedule_http(server.url + "/ok", idempotency_key=bad)  # type: ignore[arg-type]
+        assert raised.value.argument == "idempotency_key"
+    with pytest.raises(InvalidArgument, match="idempotency_key="):
+        kit.defer.schedule_http(server.url + "/ok", headers={"idempotency-key": "mine"})
+
+
+# -- Standard Webhooks signing -------------------------------------------------------
+
+CURRENT = "whsec_" + base64.b64encode(b"c" * 32).decode()
+NEXT = "whsec_" + base64.b64encode(b"n" * 32).decode()
+STRANGER = "whsec_" + base64.b64encode(b"s" * 32).decode()
+
+
+@pytest.fixture
+def signing(make_app: Callable[..., AppKit]) -> Callable[..., AppKit]:
+    """Factory: an app reaching the loopback server with these webhook secrets."""
+
+    def build(secrets: dict[str, Any], **config: Any) -> AppKit:
+        made = make_app(
+            DEFER_HTTP_ALLOWED_NETWORKS=LOOPBACK, DEFER_WEBHOOK_SECRETS=secrets, **config
+        )
+        with made.app.app_context():
+            made.db.create_all()
+        return made
+
+    return build
+
+
+def test_a_signed_call_verifies_with_the_standardwebhooks_library_on_every_attempt(
+    signing: Callable[..., AppKit], server: Server
+) -> None:
+    kit = signing({"billing": CURRENT})
+    server.routes["/hook"] = (500, {}, b"down")
+    with kit.app.app_context():
+        job = kit.defer.schedule_http(server.url + "/hook", json={"invoice": 12}, sign="billing")
+        assert run(kit, job).status is JobStatus.PENDING
+        server.routes["/hook"] = (204, {}, b"")
+        assert run(kit, job, later(3600)).status is JobStatus.DONE
+    first, second = server.received
+    for request in (first, second):
+        assert Webhook(CURRENT).verify(request.body, request.headers) == {"invoice": 12}
+        with pytest.raises(WebhookVerificationError):
+            Webhook(STRANGER).verify(request.body, request.headers)
+        assert request.headers["webhook-signature"].startswith("v1,")
+        assert " " not in request.headers["webhook-signature"]  # one key, one signature
+    # One message, delivered twice: the id is the job's; each attempt has its own time.
+    assert first.headers["webhook-id"] == second.headers["webhook-id"] == job.payload["id"]
+    assert first.headers["webhook-id"] == first.headers["Idempotency-Key"]
+    assert abs(int(first.headers["webhook-timestamp"]) - time.time()) < 60
+    # The body is signed as sent: a byte changed fails verification.
+    with pytest.raises(WebhookVerificationError):
+        Webhook(CURRENT).verify(first.body.replace(b"12", b"13"), first.headers)
+
+
+def test_while_rotating_a_call_carries_a_signature_for_each_secret(
+    signing: Callable[..., AppKit], server: Server
+) -> None:
+    kit = signing({"billing": [CURRENT, NEXT]})
+    with kit.app.app_context():
+        run(kit, kit.defer.schedule_http(server.url + "/ok", json=[1, 2], sign="billing"))
+    [request] = server.received
+    assert len(request.headers["webhook-signature"].split(" ")) == 2
+    assert Webhook(CURRENT).verify(request.body, request.headers) == [1, 2]
+    assert Webhook(NEXT).verify(request.body, request.headers) == [1, 2]
+    with pytest.raises(WebhookVerificationError):
+        Webhook(STRANGER).verify(request.body, request.headers)
+
+
+def test_signing_secrets_come_from_the_config_of_the_worker_and_are_not_stored(
+    signing: Callable[..., AppKit], server: Server
+) -> None:
+    before = signing({"billing": CURRENT})
+    after = signing({"billing": NEXT})  # the secret rotated between scheduling and running
+    with before.app.app_context():
+        job = before.defer.schedule_http(server.url + "/ok", json={"a": 1}, sign="billing")
+        before.db.session.commit()
+    with after.app.app_context():
+        assert run(after, job).status is JobStatus.DONE
+        stored = stored_text(after, job.id)
+    [request] = server.received
+    Webhook(NEXT).verify(request.body, request.headers)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(CURRENT).verify(request.body, request.headers)
+    assert "'sign': 'billing'" in stored
+    for secret_text in (CURRENT, NEXT, CURRENT.removeprefix("whsec_")):
+        assert secret_text not in stored
+
+
+def test_a_signing_secret_missing_when_the_call_runs_fails_it_without_sending(
+    signing: Callable[..., AppKit], server: Server
+) -> None:
+    before = signing({"billing": CURRENT})
+    after = signing({"crm": NEXT})
+    with before.app.app_context():
+        job = before.defer.schedule_http(server.url + "/ok", sign="billing")
+        before.db.session.commit()
+    with after.app.app_context():
+        failed = run(after, job)
+        with pytest.raises(InvalidArgument) as raised:
+            after.defer.schedule_http(server.url + "/ok", sign="billing")
+    assert raised.value.argument == "sign" and "DEFER_WEBHOOK_SECRETS" in str(raised.value)
+    assert failed.status is JobStatus.FAILED and failed.attempts == 1
+    assert "'billing'" in failed.last_error and "DEFER_WEBHOOK_SECRETS" in failed.last_error
+    assert server.received == []
+
+
+# -- header secrets ------------------------------------------------------------------
+
+
+def test_a_header_secret_is_looked_up_by_name_when_the_call_runs(
+    make_app: Callable[..., AppKit], server: Server
+) -> None:
+    before = make_app(
+        DEFER_HTTP_ALLOWED_NETWORKS=LOOPBACK, DEFER_HTTP_SECRETS={"billing_token": "Bearer old"}
+    )
+    after = make_app(
+        DEFER_HTTP_ALLOWED_NETWORKS=LOOPBACK, DEFER_HTTP_SECRETS={"billing_token": "Bearer new"}
+    )
+    with before.app.app_context():
+        before.db.create_all()
+        job = before.defer.schedule_http(
+            server.url + "/ok", headers={"Authorization": secret("billing_token"), "X-A": "1"}
+        )
+        before.db.session.commit()
+    with after.app.app_context():
+        assert run(after, job).status is JobStatus.DONE
+        stored = stored_text(after, job.id)
+    [request] = server.received
+    assert request.headers["Authorization"] == "Bearer new" and request.headers["X-A"] == "1"
+    assert "billing_token" in stored
+    assert "Bearer old" not in stored and "Bearer new" not in stored
+
+
+def test_a_header_secret_missing_when_the_call_runs_fails_it_clearly(
+    make_app: Callable[..., AppKit], server: Server
+) -> None:
+    before = make_app(
+        DEFER_HTTP_ALLOWED_NETWORKS=LOOPBACK, DEFER_HTTP_SECRETS={"billing_token": "Bearer x"}
+    )
+    after = make_app(DEFER_HTTP_ALLOWED_NETWORKS=LOOPBACK)
+    with before.app.app_context():
+        before.db.create_all()
+        job = before.defer.schedule_http(
+            server.url + "/ok", headers={"Authorization": secret("billing_token")}
+        )
+        before.db.session.commit()
+    with after.app.app_context():
+        failed = run(after, job)
+        with pytest.raises(InvalidArgument) as raised:
+            after.defer.schedule_http(
+                server.url + "/ok", headers={"Authorization": secret("billing_token")}
+            )
+    assert raised.value.argument == "headers" and "DEFER_HTTP_SECRETS" in str(raised.value)
+    assert failed.status is JobStatus.FAILED and failed.attempts == 1
+    assert "'billing_token'" in failed.last_error and "DEFER_HTTP_SECRETS" in failed.last_error
+    assert "'Authorization'" in failed.last_error
+    assert server.received == []
+
+
+def test_a_secret_name_must_be_a_plain_name(kit: AppKit) -> None:
+    for bad in ("", "two words", "a/b", None):
+        with pytest.raises(InvalidArgument) as raised:
+            secret(bad)  # type: ignore[arg-type]
+        assert raised.value.argument == "name"
+
+
+def stored_text(kit: AppKit, job_id: int) -> str:
+    """Everything the database holds about *job_id*: its row and its history, as text."""
+    store = kit.defer.store
+    with store.engine.connect() as conn:
+        row = conn.execute(select(store.table).where(store.table.c.id == job_id)).one()
+        events = conn.execute(
+            select(store.history_table).where(store.history_table.c.job_id == job_id)
+        ).all()
+    return repr(tuple(row)) + repr([tuple(event) for event in events])
+
+
+# -- SSRF: only public addresses, unless allowed --------------------------------------
+
+
+@dataclass
+class Connections:
+    """Every connection attempt the test process made through the socket module."""
+
+    attempts: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def connections(monkeypatch: pytest.MonkeyPatch) -> Connections:
+    """Record every outgoing connection; refuse any to an address but the loopback
+    test server's, so a broken check cannot send traffic anywhere else."""
+    seen = Connections()
+    real = socket.create_connection
+
+    def guarded(address: tuple[str, int], *args: Any, **kwargs: Any) -> socket.socket:
+        seen.attempts.append(address[0])
+        if address[0] not in ("127.0.0.1", "::1"):
+            raise AssertionError(f"the test tried to connect to {address[0]}")
+        return real(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", guarded)
+    return seen
+
+
+def test_non_public_addresses_are_refused_when_the_call_runs_before_any_connection(
+    make_app: Callable[..., AppKit], server: Server, connections: Connections
+) -> None:
+    port = server.url.rsplit(":", 1)[1]
+    refused = {
+        f"http://127.0.0.1:{port}/ok": "127.0.0.1 is a loopback address",
+        f"http://[::1]:{port}/ok": "::1 is a loopback address",
+        f"http://localhost:{port}/ok": "localhost resolves to ",
+        "http://10.1.2.3/": "10.1.2.3 is a private address",
+        "http://169.254.169.254/latest/meta-data/": "169.254.169.254 is a link-local address",
+        "http://0.0.0.0/": "0.0.0.0 is an unspecified address",
+        f"http://[::ffff:127.0.0.1]:{port}/ok": "a loopback address (IPv4 inside IPv6)",
+        "http://[fd12:3456::1]/": "fd12:3456::1 is a private address",
+        "http://[fe80::1]/": "fe80::1 is a link-local address",
+        "http://224.0.0.1/": "224.0.0.1 is a multicast address",
+        "http://100.64.0.1/": "100.64.0.1 is a non-public address",
+        "http://240.0.0.1/": "240.0.0.1 is a reserved address",
+        "http://[64:ff9b::a00:1]/": "a private address (IPv4 inside IPv6)",
+    }
+    # Scheduled where everything is allowed, run where nothing private is.
+    anywhere = make_app(DEFER_HTTP_ALLOWED_NETWORKS=["0.0.0.0/0", "::/0"])
+    strict = make_app()
+    with anywhere.app.app_context():
+        anywhere.db.create_all()
+        jobs = {url: anywhere.defer.schedule_http(url, method="GET") for url in refused}
+        anywhere.db.session.commit()
+    with strict.app.app_context():
+        strict.defer.run_due(now=later())
+        for url, reason in refused.items():
+            failed = strict.defer.get(jobs[url].id)
+            assert failed is not None and failed.status is JobStatus.FAILED, url
+            assert failed.attempts == 1 and reason in failed.last_error, failed.last_error
+            assert "DEFER_HTTP_ALLOWED_NETWORKS" in failed.last_error
+    assert connections.attempts == [] and server.received == []
+
+
+def test_a_private_address_literal_is_refused_when_scheduling(kit: AppKit) -> None:
+    for url in ("http://10.0.0.1/", "http://[fd00::1]:8080/", "https://169.254.169.254/"):
+        with pytest.raises(InvalidArgument) as raised:
+            kit.defer.schedule_http(url)
+        assert raised.value.argument == "url" and "DEFER_HTTP_ALLOWED_NETWORKS" in str(
+            raised.value
+        )
+    # Loopback is allowed in this module's app: the setting decides, per network.
+    kit.defer.schedule_http("http://127.0.0.1:9/")
+
+
+def test_allowed_networks_open_only_the_networks_listed(
+    make_app: Callable[..., AppKit], server: Server, connections: Connections
+) -> None:
+    only_v4 = make_app(DEFER_HTTP_ALLOWED_NETWORKS=["127.0.0.1/32"])
+    port = server.url.rsplit(":", 1)[1]
+    with only_v4.app.app_context():
+        only_v4.db.create_all()
+        assert run(only_v4, only_v4.defer.schedule_http(server.url + "/ok")).status is (
+            JobStatus.DONE
+        )
+        with pytest.raises(InvalidArgument, match="::1 is a loopback address"):
+            only_v4.defer.schedule_http(f"http://[::1]:{port}/ok")
+    assert connections.attempts == ["127.0.0.1"]
+
+
+def test_the_connection_goes_to_the_address_checked_not_to_a_second_dns_answer(
+    kit: AppKit, server: Server, connections: Connections, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebinding DNS answers a public-looking check first and a private address next;
+    the call resolves once and connects to the address it checked."""
+    port = int(server.url.rsplit(":", 1)[1])
+    answers = iter(["127.0.0.1", "10.0.0.1", "10.0.0.1"])
+    asked: list[str] = []
+
+    def rebinding(host: str, *args: Any, **kwargs: Any) -> list[Any]:
+        asked.append(host)
+        address = next(answers)
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, port))]
+
+    monkeypatch.setattr(http_guard, "getaddrinfo", rebinding)
+    job = kit.defer.schedule_http(f"http://hooks.rebind.test:{port}/ok", method="GET")
+    assert run(kit, job).status is JobStatus.DONE
+    assert asked == ["hooks.rebind.test"] and connections.attempts == ["127.0.0.1"]
+    [request] = server.received
+    assert request.headers["Host"] == f"hooks.rebind.test:{port}"  # the name, not the IP
+
+
+def test_a_name_resolving_to_any_refused_address_is_refused_entirely(
+    kit: AppKit, server: Server, connections: Connections, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = int(server.url.rsplit(":", 1)[1])
+
+    def mixed(host: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, port))
+            for address in ("127.0.0.1", "10.0.0.1")
+        ]
+
+    monkeypatch.setattr(http_guard, "getaddrinfo", mixed)
+    failed = run(kit, kit.defer.schedule_http(f"http://mixed.test:{port}/ok"))
+    assert failed.status is JobStatus.FAILED
+    assert "mixed.test resolves to 10.0.0.1, a private address" in failed.last_error
+    assert connections.attempts == [] and server.received == []
+
+
+def test_a_name_that_does_not_resolve_is_retried(kit: AppKit, connections: Connections) -> None:
+    retried = run(kit, kit.defer.schedule_http("http://no-such-host.invalid/hook"))
+    assert retried.status is JobStatus.PENDING and "cannot resolve the host" in retried.last_error
+    assert connections.attempts == []
+
+
+# -- the answer: status and a bounded text excerpt -------------------------------------
+
+
+def test_a_failed_attempt_records_status_and_a_text_excerpt_in_last_error_and_history(
+    kit: AppKit, server: Server
+) -> None:
+    job = kit.defer.schedule_http(server.url + "/error-page", json={"a": 1})
+    retried = run(kit, job)
+    message = retried.last_error.strip().splitlines()[-1]
+    assert message.startswith(
+        "flask_defer.helpers.http_jobs.HttpCallFailed: HTTP 500 Internal Server Error from POST "
+        f"{server.url}/error-page: 500 Internal Server Error Internal Server Error Traceback line"
+    ), message
+    assert "<" not in message and "body{color" not in message  # visible text only
+    assert message.endswith("…") and len(message) < EXCERPT_CHARS + 200
+    [event] = [e for e in kit.defer.history(job.id) if e.event == "retried"]
+    assert event.error == retried.last_error
+
+
+def test_the_worker_log_line_of_an_http_failure_is_short_and_starts_with_the_status(
+    kit: AppKit, server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = kit.defer.schedule_http(server.url + "/error-page")
+    with caplog.at_level(logging.WARNING, logger="flask_defer"):
+        run(kit, job)
+    [line] = [r.getMessage() for r in caplog.records if "attempt 1 failed" in r.getMessage()]
+    assert re.search(r"retrying at \S+ \S+: HTTP 500 Internal Server Error from POST ", line)
+    assert len(line) < EXCERPT_CHARS + 200 and "<html" not in line
+
+
+def test_a_binary_body_is_described_not_shown(kit: AppKit, server: Server) -> None:
+    done = run(kit, kit.defer.schedule_http(server.url + "/image", method="GET"))
+    assert done.result["excerpt"] == "[100 bytes of image/png]"
+
+
+# -- HTTPS to the checked address ----------------------------------------------------
+
+#: A test-only CA and a certificate it signed for hooks.example.test (valid to 2126),
+#: made with openssl for these tests; the name resolves only through the test's answer.
+TLS = Path(__file__).parent / "fixtures" / "tls"
+
+
+@pytest.fixture
+def tls_server() -> Iterator[Server]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(TLS / "server.pem", TLS / "server.key")
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    state = Server(url=f"https://hooks.example.test:{httpd.server_address[1]}")
+    httpd.state = state  # type: ignore[attr-defined]
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    yield state
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(5)
+
+
+def test_https_goes_to_the_checked_address_and_verifies_the_certificate_of_the_url_host(
+    kit: AppKit,
+    tls_server: Server,
+    connections: Connections,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def hooks_on_loopback(host: str, port: int, *args: Any, **kwargs: Any) -> list[Any]:
+        assert host == "hooks.example.test"
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port))]
+
+    monkeypatch.setattr(http_guard, "getaddrinfo", hooks_on_loopback)
+    # Trusting the test CA: the certificate names the URL's host, not 127.0.0.1, so the
+    # call only succeeds if TLS checks the name while the socket goes to the address.
+    monkeypatch.setenv("SSL_CERT_FILE", str(TLS / "ca.pem"))
+    monkeypatch.setattr(http_transport, "_tls", None)
+    done = run(kit, kit.defer.schedule_http(tls_server.url + "/ok", json={"a": 1}))
+    assert done.status is JobStatus.DONE and done.result["excerpt"] == (
+        "hello from the test server"
+    )
+    [request] = tls_server.received
+    assert request.headers["Host"] == tls_server.url.removeprefix("https://")
+
+    # Without the CA the certificate is not trusted: the call is retried, not sent blind.
+    monkeypatch.delenv("SSL_CERT_FILE")
+    monkeypatch.setattr(http_transport, "_tls", None)
+    retried = run(kit, kit.defer.schedule_http(tls_server.url + "/ok"))
+    assert retried.status is JobStatus.PENDING
+    assert "CERTIFICATE_VERIFY_FAILED" in retried.last_error
+    assert len(tls_server.received) == 1 and set(connections.attempts) == {"127.0.0.1"}

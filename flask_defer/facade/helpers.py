@@ -6,11 +6,13 @@ app's state and never sees ``Defer``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from ..helpers import batching, http_jobs
 from ..helpers import soft_delete as _soft_delete
+from ..helpers.http_signing import Secret
 from ..jobs import Job
 from ..owner import resolve_owner
 from ..timeutil import Duration
@@ -77,7 +79,9 @@ class HelperMethods(FacadeBase):
         method: str = "POST",
         *,
         json: Any = None,
-        headers: dict[str, str] | None = None,
+        headers: Mapping[str, str | Secret] | None = None,
+        sign: str | None = None,
+        idempotency_key: str | None = None,
         run_at: datetime | None = None,
         delay: Duration | None = None,
         key: str | None = None,
@@ -90,8 +94,13 @@ class HelperMethods(FacadeBase):
 
         2xx is done (status and a body excerpt in ``job.result``); 408, 429, 5xx and
         network errors are retried, honouring ``Retry-After``; other 4xx fail at once.
+        Header values may be ``secret("name")`` (from ``DEFER_HTTP_SECRETS`` when the
+        call runs); ``sign="name"`` signs it per Standard Webhooks with the keys of
+        ``DEFER_WEBHOOK_SECRETS["name"]``; every attempt sends the same
+        ``Idempotency-Key`` (*idempotency_key*, or one drawn now).
         """
         return http_jobs.schedule_http(
-            self._state(), url, method=method, json_body=json, headers=headers, run_at=run_at,
+            self._state(), url, method=method, json_body=json, headers=headers, sign=sign,
+            idempotency_key=idempotency_key, run_at=run_at,
             delay=delay, key=key, timeout=timeout, replace=replace, owner=owner, label=label,
         )

@@ -5,17 +5,24 @@ ordinary job (cancel, reschedule and the dashboard work as for any job) whose ha
 makes the request with the standard library. The answer decides the outcome:
 
 * 2xx: done; the job's ``result`` records the status, reason, elapsed time and a
-  bounded excerpt of the body;
+  bounded text excerpt of the body;
 * 408, 429 and 5xx, and network errors or timeouts: retried with the usual backoff,
   or after the ``Retry-After`` the server asked for (capped by ``DEFER_RETRY_CAP``);
-* any other status (4xx, and 3xx: redirects are not followed, so an allow-list cannot
-  be escaped through one): failed at once, with the status and excerpt in
-  ``last_error``.
+* any other status (4xx, and 3xx: redirects are not followed, so an address check
+  cannot be escaped through one): failed at once.
 
-``DEFER_HTTP_ALLOWED_HOSTS`` restricts the hosts, checked when the call is scheduled
-and again when it runs; ``DEFER_HTTP_TIMEOUT`` is the default and the upper bound of a
-call's timeout. Headers are stored in the job's payload like any payload: keep secrets
-out of them, or add them in a job of your own.
+A failure's message starts with the status ("HTTP 503 Service Unavailable from POST
+https://...: <excerpt>") and is what ``last_error``, the history's retried or failed
+event and the worker's log line carry, bounded by the excerpt's length.
+
+Every attempt of a job sends the same ``Idempotency-Key`` (and, when signed, the same
+``webhook-id``), drawn when the call is scheduled, so a receiver can tell a retry
+from a new call. Secrets are named, not stored (:mod:`.http_signing`); the host is
+resolved when the call runs and only public addresses, or those in
+``DEFER_HTTP_ALLOWED_NETWORKS``, are connected to (:mod:`.http_guard`);
+``DEFER_HTTP_ALLOWED_HOSTS`` restricts the host names, checked when the call is
+scheduled and again when it runs; ``DEFER_HTTP_TIMEOUT`` is the default and the upper
+bound of a call's timeout.
 """
 
 from __future__ import annotations
@@ -24,29 +31,42 @@ import email.utils
 import http.client
 import json
 import time
-import urllib.error
-import urllib.request
+import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..config import DeferConfig
 from ..errors import InvalidArgument
+from ..http_settings import check_secret_name
 from ..jobs import Fail, Job, RetryAfter
 from ..registry import HandlerSpec, Registry
 from ..state import DeferState, current_state
 from ..timeutil import Duration, as_duration
+from . import http_guard, http_signing, http_transport
+from .http_signing import Secret, SecretMissing
+from .http_transport import EXCERPT_CHARS
+
+__all__ = ["EXCERPT_CHARS", "HTTP_JOB", "HttpCallFailed", "schedule_http"]
 
 #: Name of the built-in job that performs a scheduled HTTP request.
 HTTP_JOB = "flask_defer.http"
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
-#: Characters of the response body kept on the job (result or last_error).
-EXCERPT_CHARS = 1000
-#: Bytes read from the response at most; the rest is never downloaded.
-_READ_LIMIT = 4 * EXCERPT_CHARS
+#: Headers the call sets itself; a caller's own would contradict them or the framing.
+_RESERVED_HEADERS = frozenset(
+    {
+        "idempotency-key", "webhook-id", "webhook-timestamp", "webhook-signature",
+        "host", "content-length", "transfer-encoding", "connection",
+    }
+)  # fmt: skip
+#: Longest caller-given idempotency key (a header value, signed into the webhook id).
+_MAX_ID_CHARS = 255
+#: Longest URL shown in a message (the query string is never shown: it may hold tokens).
+_SHOWN_URL_CHARS = 200
 
 _RETRYABLE = frozenset({408, 429})
 _USER_AGENT = "flask_defer"
@@ -56,14 +76,16 @@ class HttpCallFailed(Exception):  # noqa: N818 - reads as what happened
     """A scheduled HTTP call failed in a way that is worth retrying."""
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """Do not follow redirects: the 3xx becomes the answer (and fails the job)."""
+@dataclass(frozen=True, slots=True)
+class CheckedUrl:
+    """The parts of a checked URL the request is built from."""
 
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_opener = urllib.request.build_opener(_NoRedirects())
+    scheme: str
+    host: str
+    port: int
+    path: str
+    #: The URL as messages show it: no query, no fragment, bounded.
+    shown: str
 
 
 # -- scheduling --------------------------------------------------------------------
@@ -75,7 +97,9 @@ def schedule_http(
     *,
     method: str = "POST",
     json_body: Any = None,
-    headers: Mapping[str, str] | None = None,
+    headers: Mapping[str, str | Secret] | None = None,
+    sign: str | None = None,
+    idempotency_key: str | None = None,
     run_at: datetime | None = None,
     delay: Duration | None = None,
     key: str | None = None,
@@ -84,24 +108,33 @@ def schedule_http(
     owner: str | None = None,
     label: str | None = None,
 ) -> Job:
-    """Schedule an HTTP request to *url*; joins ``db.session`` like ``defer.schedule``."""
+    """Schedule an HTTP request to *url*; joins ``db.session`` like ``defer.schedule``.
+
+    *headers* values are strings or :func:`~.http_signing.secret` names; *sign* names
+    a ``DEFER_WEBHOOK_SECRETS`` entry to sign with; *idempotency_key* replaces the
+    drawn one (every attempt sends it as ``Idempotency-Key`` and ``webhook-id``).
+    """
     config = state.config
     check_url(url, config)
     if not isinstance(method, str) or method.upper() not in METHODS:
         raise InvalidArgument("method", f"expected one of {', '.join(sorted(METHODS))}")
-    payload: dict[str, Any] = {"url": url, "method": method.upper()}
+    payload: dict[str, Any] = {
+        "url": url,
+        "method": method.upper(),
+        "id": _checked_id(idempotency_key) if idempotency_key is not None else str(uuid.uuid4()),
+    }
     if headers is not None:
-        payload["headers"] = _checked_headers(headers)
+        plain, named = _checked_headers(headers, config)
+        if plain:
+            payload["headers"] = plain
+        if named:
+            payload["secret_headers"] = named  # header -> secret name, never the value
+    if sign is not None:
+        payload["sign"] = _checked_sign(sign, config)
     if json_body is not None:
         payload["json"] = json_body
     if timeout is not None:
-        limit = as_duration(timeout, "timeout", allow_zero=False)
-        if limit > config.http_timeout:
-            raise InvalidArgument(
-                "timeout",
-                f"at most DEFER_HTTP_TIMEOUT ({config.http_timeout.total_seconds():g} s)",
-            )
-        payload["timeout"] = limit.total_seconds()
+        payload["timeout"] = _checked_timeout(timeout, config)
     return state.schedule(
         HTTP_JOB,
         payload,
@@ -114,21 +147,36 @@ def schedule_http(
     )
 
 
-def check_url(url: Any, config: DeferConfig) -> str:
-    """Refuse URLs that are not http(s) or whose host is not allowed; return the host."""
+def check_url(url: Any, config: DeferConfig) -> CheckedUrl:
+    """Refuse URLs that are not http(s), carry credentials, or whose host is not
+    allowed (by name, or an IP literal by address); return the request's parts."""
     if not isinstance(url, str):
         raise InvalidArgument("url", f"expected a string, got {url!r}")
+    if any(ch in url for ch in "\r\n\t "):
+        raise InvalidArgument("url", "must not contain whitespace")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InvalidArgument("url", f"expected an http(s):// URL with a host, got {url!r}")
-    if any(ch in url for ch in "\r\n\t "):
-        raise InvalidArgument("url", "must not contain whitespace")
+    if parts.username is not None or parts.password is not None:
+        # They would be stored in the job row, in the clear, for weeks.
+        raise InvalidArgument(
+            "url", "must not contain credentials; use headers={'Authorization': secret(...)}"
+        )
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise InvalidArgument("url", f"invalid port in {url!r}") from None
     host = parts.hostname.lower().rstrip(".")
     if not host_allowed(host, config.http_allowed_hosts):
-        raise InvalidArgument(
-            "url", f"host {host!r} is not in DEFER_HTTP_ALLOWED_HOSTS"
-        )
-    return host
+        raise InvalidArgument("url", f"host {host!r} is not in DEFER_HTTP_ALLOWED_HOSTS")
+    why = http_guard.literal_refusal(host, config.http_allowed_networks)
+    if why is not None:
+        raise InvalidArgument("url", why)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    shown = f"{parts.scheme}://{parts.netloc}{parts.path}"
+    if len(shown) > _SHOWN_URL_CHARS:
+        shown = shown[:_SHOWN_URL_CHARS] + "…"
+    return CheckedUrl(parts.scheme, host, port, path, shown)
 
 
 def host_allowed(host: str, allowed: frozenset[str] | None) -> bool:
@@ -141,17 +189,64 @@ def host_allowed(host: str, allowed: frozenset[str] | None) -> bool:
     )
 
 
-def _checked_headers(headers: Any) -> dict[str, str]:
+def _checked_sign(name: Any, config: DeferConfig) -> str:
+    check_secret_name(name, "sign")
+    if name not in config.webhook_secrets:
+        raise InvalidArgument("sign", f"{name!r} is not in DEFER_WEBHOOK_SECRETS")
+    return str(name)
+
+
+def _checked_timeout(timeout: Duration, config: DeferConfig) -> float:
+    limit = as_duration(timeout, "timeout", allow_zero=False)
+    if limit > config.http_timeout:
+        raise InvalidArgument(
+            "timeout", f"at most DEFER_HTTP_TIMEOUT ({config.http_timeout.total_seconds():g} s)"
+        )
+    return limit.total_seconds()
+
+
+def _checked_id(value: Any) -> str:
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= _MAX_ID_CHARS
+        or not all("!" <= ch <= "~" for ch in value)
+    ):
+        raise InvalidArgument(
+            "idempotency_key",
+            f"expected 1 to {_MAX_ID_CHARS} visible ASCII characters, got {value!r}",
+        )
+    return value
+
+
+def _checked_headers(
+    headers: Any, config: DeferConfig
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The plain headers, and the secret ones as header name -> secret name."""
     if not isinstance(headers, Mapping):
         raise InvalidArgument("headers", f"expected a mapping of strings, got {headers!r}")
-    checked: dict[str, str] = {}
+    plain: dict[str, str] = {}
+    named: dict[str, str] = {}
     for name, value in headers.items():
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise InvalidArgument("headers", f"names and values must be strings: {name!r}")
-        if not name or any(ch in name for ch in "\r\n: ") or any(ch in value for ch in "\r\n"):
+        if not isinstance(name, str) or not isinstance(value, str | Secret):
+            raise InvalidArgument(
+                "headers", f"names must be strings, values strings or secret(...): {name!r}"
+            )
+        if not name or any(ch in name for ch in "\r\n: "):
             raise InvalidArgument("headers", f"invalid header {name!r}")
-        checked[name] = value
-    return checked
+        if name.lower() in _RESERVED_HEADERS:
+            hint = " (pass idempotency_key=...)" if name.lower() == "idempotency-key" else ""
+            raise InvalidArgument("headers", f"{name!r} is set by the call itself{hint}")
+        if isinstance(value, Secret):
+            if value.name not in config.http_secrets:
+                raise InvalidArgument(
+                    "headers", f"{name!r}: the secret {value.name!r} is not in DEFER_HTTP_SECRETS"
+                )
+            named[name] = value.name
+        elif any(ch in value for ch in "\r\n"):
+            raise InvalidArgument("headers", f"invalid header {name!r}")
+        else:
+            plain[name] = value
+    return plain, named
 
 
 # -- running -----------------------------------------------------------------------
@@ -160,74 +255,75 @@ def _checked_headers(headers: Any) -> dict[str, str]:
 def perform(job: Job, config: DeferConfig) -> dict[str, Any]:
     """Make the request of an HTTP job and turn the answer into its outcome."""
     payload = job.payload
-    url = payload["url"]
+    method = str(payload.get("method", "POST"))
     try:
-        check_url(url, config)
-    except InvalidArgument as refused:
-        # The allow-list may have changed since the call was scheduled.
-        raise Fail(str(refused)) from None
-    method = payload.get("method", "POST")
-    timeout = min(float(payload.get("timeout", 1e9)), config.http_timeout.total_seconds())
-    headers = {"User-Agent": _USER_AGENT}
-    data = None
-    if "json" in payload:
-        data = json.dumps(payload["json"]).encode()
+        # The allow-list and the secrets may have changed since the call was scheduled.
+        target = check_url(payload["url"], config)
+        secret_headers = http_signing.header_values(
+            payload.get("secret_headers") or {}, config.http_secrets
+        )
+        keys = (
+            http_signing.signing_keys(payload["sign"], config.webhook_secrets)
+            if "sign" in payload
+            else ()
+        )
+    except (InvalidArgument, SecretMissing) as refused:
+        raise Fail(f"refused the {method} call: {refused}") from None
+    where = f"{method} {target.shown}"
+    try:
+        # Resolved once: the connection goes to these checked addresses, never to a
+        # second answer of the DNS.
+        addresses = http_guard.resolve(target.host, target.port, config.http_allowed_networks)
+    except http_guard.AddressRefused as refused:
+        raise Fail(f"refused {where}: {refused}") from None
+    except OSError as error:
+        raise HttpCallFailed(f"network error: {where}: cannot resolve the host: {error}") from error
+    # Old rows (scheduled before calls drew an id) use their job id: stable too.
+    message_id = str(payload.get("id") or f"flask_defer-job-{job.id}")
+    body = json.dumps(payload["json"]).encode() if "json" in payload else None
+    headers = {"User-Agent": _USER_AGENT, "Idempotency-Key": message_id}
+    if body is not None:
         headers["Content-Type"] = "application/json"
     headers.update(payload.get("headers") or {})
-    request = urllib.request.Request(url, data=data, headers=headers, method=method)
+    headers.update(secret_headers)
+    if keys:
+        headers.update(
+            http_signing.webhook_headers(message_id, int(time.time()), body or b"", keys)
+        )
+    timeout = min(float(payload.get("timeout", 1e9)), config.http_timeout.total_seconds())
     started = time.monotonic()
     try:
-        response = _opener.open(request, timeout=timeout)
-    except urllib.error.HTTPError as answer:
-        response = answer  # a non-2xx answer is still an answer: read it below
+        answer = http_transport.send(
+            scheme=target.scheme, host=target.host, port=target.port, targets=addresses,
+            method=method, path=target.path, headers=headers, body=body, timeout=timeout,
+        )  # fmt: skip
     except (OSError, http.client.HTTPException) as error:
-        raise HttpCallFailed(f"{method} {url}: network error: {error}") from error
-    try:
-        status = int(getattr(response, "status", None) or response.code)
-        reason = str(getattr(response, "reason", "") or "")
-        retry_after = response.headers.get("Retry-After")
-        excerpt = _read_excerpt(response, deadline=started + timeout)
-    except (OSError, http.client.HTTPException) as error:
-        raise HttpCallFailed(f"{method} {url}: reading the response failed: {error}") from error
-    finally:
-        response.close()
-    result = {
-        "status": status,
-        "reason": reason,
-        "excerpt": excerpt,
-        "elapsed_ms": round((time.monotonic() - started) * 1000),
-    }
-    if 200 <= status < 300:
-        return result
-    # One line: an error's summary is the last line of its traceback, which must say
-    # "HTTP 404 Not Found", not end on the tail of a multi-line HTML body.
-    body = " ".join(excerpt.split())
-    summary = f"{method} {url}: HTTP {status} {reason}: {body}".rstrip(": ")
-    if status in _RETRYABLE or status >= 500:
-        wait = _retry_after(retry_after, cap=config.retry_cap)
+        raise HttpCallFailed(f"network error: {where}: {error}") from error
+    return _outcome(answer, where, round((time.monotonic() - started) * 1000), config)
+
+
+def _outcome(
+    answer: http_transport.Answer, where: str, elapsed_ms: int, config: DeferConfig
+) -> dict[str, Any]:
+    """The job's result for a 2xx; otherwise the exception that retries or fails it."""
+    if 200 <= answer.status < 300:
+        return {
+            "status": answer.status,
+            "reason": answer.reason,
+            "excerpt": answer.excerpt,
+            "elapsed_ms": elapsed_ms,
+        }
+    # Status first, one line, bounded: an error's summary is the last line of its
+    # traceback, and the worker's log line carries it whole.
+    summary = f"HTTP {answer.status} {answer.reason}".rstrip() + f" from {where}"
+    if answer.excerpt:
+        summary += f": {answer.excerpt}"
+    if answer.status in _RETRYABLE or answer.status >= 500:
+        wait = _retry_after(answer.retry_after, cap=config.retry_cap)
         if wait is not None:
             raise RetryAfter(wait, summary)
         raise HttpCallFailed(summary)
     raise Fail(summary)
-
-
-def _read_excerpt(response: Any, *, deadline: float) -> str:
-    """Up to EXCERPT_CHARS of the body, read within *deadline* (a trickle cannot hold on)."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < _READ_LIMIT:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the response body did not arrive within the timeout")
-        # Small reads: each waits at most the socket timeout, then the deadline is checked.
-        chunk = response.read(min(512, _READ_LIMIT - size))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    text = b"".join(chunks).decode("utf-8", errors="replace")
-    if len(text) > EXCERPT_CHARS or size >= _READ_LIMIT:
-        return text[:EXCERPT_CHARS] + "…"
-    return text
 
 
 def _retry_after(value: str | None, *, cap: timedelta) -> timedelta | None:
