@@ -693,6 +693,52 @@ def demo_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def stop(process: subprocess.Popen[str], timeout: float = 20) -> str:
+    """Ctrl-C *process* and return its output; killed if it ignores that, never left over.
+
+    A demo that outlived its test would hold its port and its database file and fail
+    the next test, so this runs in every such test's ``finally``.
+    """
+    process.send_signal(signal.SIGINT)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        raise AssertionError(f"the demo ignored Ctrl-C for {timeout} s:\n{output}") from None
+    return str(output)
+
+
+def ignore_sigint() -> None:
+    """As a shell script started in the background (``demo &``) leaves its children."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+def test_the_demo_stops_on_ctrl_c_even_when_started_with_sigint_ignored(tmp_path: Path) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "demo_app"],
+        cwd=ROOT,
+        env=demo_env(DEMO_INSTANCE_PATH=str(tmp_path / "instance"), DEMO_PORT=str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=ignore_sigint,
+    )
+
+    def serving() -> bool:
+        assert process.poll() is None, "python -m demo_app exited"
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_until(serving, 30, f"the demo on port {port}")
+    finally:
+        output = stop(process, timeout=10)
+    assert process.returncode == 0, output
+
+
 @pytest.mark.slow
 def test_python_m_demo_app_serves_the_demo_and_its_worker_sends_mail(tmp_path: Path) -> None:
     """The README's one command: SQLite in the instance folder, the embedded worker."""
@@ -732,8 +778,7 @@ def test_python_m_demo_app_serves_the_demo_and_its_worker_sends_mail(tmp_path: P
         # Nobody clicks Undo: 5 s window + 1 s margin, then the embedded worker sends it.
         wait_until(lambda: ">Sent<" in fetch("/mail/outbox"), 20, "the message to be sent")
     finally:
-        process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=20)
+        output = stop(process)
     assert f"flask_defer demo   {base}" in output
     assert "embedded worker" in output
     assert "delivered message 1 to ada@example.org: 'Hi'" in output
