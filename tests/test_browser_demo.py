@@ -127,7 +127,8 @@ def test_send_then_undo_keeps_the_message_as_a_draft(
     page = open_as(demo, "alice")
     row = send(page, "Quarterly report")
     toast = toasts(page).last
-    expect(toast).to_contain_text("Message “Quarterly report” sent")
+    expect(toast).to_contain_text("Sending “Quarterly report”")
+    expect(toast).not_to_contain_text("sent")
     message_id = demo.id_of(Message, subject="Quarterly report")
     job = demo.job(message_key(message_id))
     assert job.status is JobStatus.PENDING

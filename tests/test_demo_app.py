@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -164,7 +165,9 @@ def test_send_waits_for_the_undo_window_then_the_handler_sends(
     assert message.status == "sending" and message.owner == "alice"
     job = job_for(app, message_key(message.id))
     assert job.status is JobStatus.PENDING and job.owner == "alice"
-    assert job.label == "Message “Quarterly report” sent"
+    # The toast shows the label while nothing has happened yet: no "sent" before it is.
+    assert job.label == "Sending “Quarterly report”"
+    assert (job.done_label, job.failed_label) == ("Sent", "Couldn't send")
     assert job.undo_until is not None
     assert before + timedelta(seconds=5) <= job.undo_until <= utcnow() + timedelta(seconds=5)
     assert job.run_at == job.undo_until + timedelta(seconds=1)  # the margin
@@ -207,6 +210,21 @@ def test_undo_keeps_the_message_as_a_draft_and_it_can_be_sent_again(
     again = job_for(app, message_key(message.id))
     assert again.id != job.id and again.status is JobStatus.PENDING
     assert one(app, Message, id=message.id).status == "sending"
+
+
+def test_the_dashboard_never_says_sent_beside_an_undone_message(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    message = send(alice)
+    job = job_for(app, message_key(message.id))
+    assert alice.post(f"/defer/undo/{job.id}", {"next": "/mail/"}).status_code == 303
+    html = alice.get("/defer/?status=cancelled").get_data(as_text=True)
+    row = re.search(rf'<tr id="defer-row-{job.id}".*?</tr>', html, re.S)
+    assert row, html
+    words = re.sub(r"<[^>]+>", " ", row.group(0))
+    assert "cancelled" in words and "Quarterly report" in words
+    assert "sent" not in words.lower(), words
 
 
 def test_an_undone_message_can_be_edited_then_sent(
