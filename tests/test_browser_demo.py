@@ -323,8 +323,12 @@ def test_schedule_reschedule_and_cancel_in_the_readers_time_zone(
 # -- the screenshot for the README ------------------------------------------------------------
 
 
+@pytest.mark.docs_screenshot
 def test_screenshot_of_the_demo(
-    serve: Callable[..., Demo], open_as: Callable[..., Page], artifacts: Path
+    serve: Callable[..., Demo],
+    open_as: Callable[..., Page],
+    artifacts: Path,
+    docs_screenshot: Callable[[Path, str], Path | None],
 ) -> None:
     demo = serve(DEFER_EMBEDDED_WORKER=True)  # as `make demo` runs it
     page = open_as(
@@ -345,3 +349,4 @@ def test_screenshot_of_the_demo(
     page.wait_for_timeout(300)  # let the toast's entry animation finish
     page.screenshot(path=str(artifacts / "demo.png"))
     assert (artifacts / "demo.png").stat().st_size > 20_000
+    docs_screenshot(artifacts / "demo.png", "demo.png")  # the README's first picture

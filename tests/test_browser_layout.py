@@ -282,12 +282,14 @@ def assert_no_text_spills(page: Page, where: str) -> None:
     assert spilled == [], f"{where}: text spills out of {spilled}"
 
 
+@pytest.mark.docs_screenshot
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_the_german_dashboard_fits_its_long_words_and_passes_axe(
     site: Site,
     new_browser_context: Callable[..., BrowserContext],
     axe_violations: Callable[[Any], list[dict[str, Any]]],
     artifacts: Path,
+    docs_screenshot: Callable[[Path, str], Path | None],
     layout: str,
     scheme: str,
 ) -> None:
@@ -318,6 +320,4 @@ def test_the_german_dashboard_fits_its_long_words_and_passes_axe(
     shot = artifacts / f"dashboard-de-{layout}-{scheme}.png"
     page.screenshot(path=str(shot), full_page=True)
     if layout == "desktop" and scheme == "light":
-        # The committed screenshot of the German dashboard (docs/screenshots).
-        docs = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
-        (docs / "dashboard-de.png").write_bytes(shot.read_bytes())
+        docs_screenshot(shot, "dashboard-de.png")  # the README's German dashboard
