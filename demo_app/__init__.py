@@ -109,7 +109,9 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     csrf.init_app(app)  # flask_defer's Undo then uses Flask-WTF's token too
     defer.init_app(app)
 
-    from . import mail, posts, projects, users
+    from . import language, mail, posts, projects, users
+
+    language.init_app(app)  # Flask-Babel, with the reader's language for flask_defer's texts
 
     app.register_blueprint(users.bp)
     app.register_blueprint(mail.bp)

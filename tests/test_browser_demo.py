@@ -320,6 +320,33 @@ def test_schedule_reschedule_and_cancel_in_the_readers_time_zone(
     assert demo.job(publish_key(post_id)).status is JobStatus.CANCELLED
 
 
+# -- the language switch ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", [375, 1280])
+def test_the_language_switch_turns_the_toast_german_and_back(
+    demo: Demo, open_as: Callable[..., Page], width: int
+) -> None:
+    page = open_as(demo, "alice", viewport={"width": width, "height": 800})
+    switch = page.locator("#language-switch")
+    expect(switch.get_by_role("button", name="English")).to_have_attribute("aria-pressed", "true")
+    switch.get_by_role("button", name="Deutsch").click()
+    expect(switch.get_by_role("button", name="Deutsch")).to_have_attribute("aria-pressed", "true")
+    expect(page).to_have_url(demo.url + "/mail/")
+    send(page, "Quarterly report")
+    toast = toasts(page).last
+    expect(toast.locator(".defer-toast__undo")).to_contain_text("Rückgängig")
+    toast.locator(".defer-toast__undo").click()
+    expect(page.locator('[data-defer-outcome="undone"]')).to_be_visible()
+    # The settled toast sits over the footer's switch on a short page: dismiss it first.
+    page.keyboard.press("Escape")
+    expect(page.locator('[data-defer-outcome="undone"]')).to_have_count(0)
+    switch.get_by_role("button", name="English").click()
+    expect(switch.get_by_role("button", name="English")).to_have_attribute("aria-pressed", "true")
+    send(page, "Team lunch")
+    expect(toasts(page).last.locator(".defer-toast__undo")).to_contain_text("Undo")
+
+
 # -- the screenshot for the README ------------------------------------------------------------
 
 

@@ -685,6 +685,59 @@ def test_the_dashboard_link_appears_when_the_dashboard_exists(
     assert 'id="dashboard-link"' in page and 'href="/defer/"' in page
 
 
+# -- the language switch ------------------------------------------------------------------
+
+
+def undo_button(html: str) -> str:
+    """The word on the toast's Undo button (before its countdown)."""
+    match = re.search(r'class="defer-toast__undo"[^>]*>\s*([^<]+?)\s*<span', html)
+    assert match, "no Undo button on the page"
+    return match.group(1)
+
+
+def test_the_language_switch_translates_flask_defers_toast_and_dashboard(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    send(alice)
+    page = alice.get("/mail/").get_data(as_text=True)
+    assert 'id="language-switch"' in page and undo_button(page) == "Undo"
+    assert 'value="en" lang="en" class="btn btn-quiet btn-small" aria-pressed="true"' in page
+    response = alice.post("/language", {"language": "de", "next": "/mail/"})
+    assert (response.status_code, response.location) == (303, "/mail/")
+    page = alice.get("/mail/").get_data(as_text=True)
+    assert undo_button(page) == "Rückgängig"
+    assert 'value="de" lang="de" class="btn btn-quiet btn-small" aria-pressed="true"' in page
+    assert ">Aufgaben<" in alice.get("/defer/").get_data(as_text=True)
+    # The choice survives signing in as someone else.
+    bob = alice.sign_in("bob")
+    assert 'lang="de" class="btn btn-quiet btn-small" aria-pressed="true"' in bob.get(
+        "/mail/"
+    ).get_data(as_text=True)
+
+
+def test_without_a_choice_the_browsers_language_is_used(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    send(alice)
+    french = alice.get("/mail/", headers={"Accept-Language": "fr-FR,fr;q=0.9"})
+    assert undo_button(french.get_data(as_text=True)) == "Annuler"
+    other = alice.get("/mail/", headers={"Accept-Language": "ja"})
+    assert undo_button(other.get_data(as_text=True)) == "Undo"
+
+
+def test_the_language_switch_refuses_other_languages_foreign_redirects_and_no_token(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    assert alice.post("/language", {"language": "xx"}).status_code == 400
+    away = alice.post("/language", {"language": "fr", "next": "https://evil.example/"})
+    assert (away.status_code, away.location) == (303, "/")
+    no_token = alice.client.post("/language", data={"language": "de"})
+    assert no_token.status_code == 400
+
+
 # -- the two documented ways to run it ------------------------------------------------------
 
 
