@@ -44,7 +44,7 @@ USERS = {
 
 #: Endpoints a visitor may see without signing in.
 PUBLIC_ENDPOINTS = {"users.sign_in", "users.sign_in_post", "static", "defer.static", "defer.toasts",
-                    "language.choose"}
+                    "language.choose", "automation.webhook"}
 
 bp = Blueprint("users", __name__)
 

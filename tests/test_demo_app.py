@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 from urllib.request import HTTPCookieProcessor, build_opener
+from zoneinfo import ZoneInfo
 
 import pytest
 from flask import Flask
@@ -29,9 +30,19 @@ from sqlalchemy import func, select
 
 from demo_app import database_url_from_env
 from demo_app.jobs import comments_key, message_key, publish_key
-from demo_app.models import Comment, Message, Notification, OutboxEntry, Post, Project, Task, db
+from demo_app.models import (
+    Comment,
+    Message,
+    Notification,
+    OutboxEntry,
+    Post,
+    Project,
+    Task,
+    WebhookCall,
+    db,
+)
 from demo_app.when import parse_local
-from flask_defer import INCLUDE_DELETED, JobStatus
+from flask_defer import INCLUDE_DELETED, InvalidArgument, JobStatus
 
 from .demo_helpers import ROOT, Person, app_context, csrf_from, dispose, job_for, make_demo
 
@@ -683,6 +694,87 @@ def test_the_dashboard_link_appears_when_the_dashboard_exists(
     alice = Person(with_dashboard, with_dashboard.test_client()).sign_in("alice")
     page = alice.get("/mail/").get_data(as_text=True)
     assert 'id="dashboard-link"' in page and 'href="/defer/"' in page
+
+
+# -- automation: a recurring schedule, a scheduled HTTP call, a failing job ----------------
+
+
+def test_the_weekly_digest_is_a_recurring_schedule_to_pause_resume_and_run_now(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    page = alice.get("/automation/").get_data(as_text=True)
+    assert "Weekly digest: every Monday at 09:00, Berlin time" in page
+    state = re.search(r'id="digest-state">(.*?)</p>', page, re.S)
+    assert state and "Active" in state.group(1) and "last run never" in state.group(1)
+    with app_context(app) as defer:
+        (digest,) = [s for s in defer.list_recurring() if s.id == "weekly-digest"]
+        assert (digest.cron, digest.tz, digest.catch_up) == ("0 9 * * MON", "Europe/Berlin", "skip")
+        local = digest.next_run_at.astimezone(ZoneInfo("Europe/Berlin"))
+        assert (local.weekday(), local.hour, local.minute) == (0, 9, 0)
+    assert alice.post("/automation/digest/pause").status_code == 303
+    assert "Paused" in alice.get("/automation/").get_data(as_text=True)
+    with app_context(app) as defer:
+        assert [s.paused for s in defer.list_recurring()] == [True]
+    assert alice.post("/automation/digest/resume").status_code == 303
+    assert alice.post("/automation/digest/run-now").status_code == 303
+    with app_context(app) as defer:
+        assert [s.paused for s in defer.list_recurring()] == [False]
+        assert defer.run_due().done == 1
+    assert "Your week: 0 messages sent" in alice.get("/notifications/").get_data(as_text=True)
+    assert count(app, Notification, user="bob") == 1
+
+
+def test_a_scheduled_call_goes_to_the_demos_own_webhook_signed(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    response = alice.post("/automation/call", {"delay": "5", "answer": "503"})
+    assert response.status_code == 303
+    with app_context(app) as defer:
+        (job,) = defer.list(name="flask_defer.http", owner="alice")
+    assert job.payload["url"] == "http://localhost/automation/webhook"
+    assert job.payload["json"] == {"owner": "alice", "answer": 503, "note": "scheduled 5 s ahead"}
+    assert job.run_at > utcnow() + timedelta(seconds=3)
+    signed = job.payload["headers"]
+    # What the worker's call does, through the test client: no sign-in, no form token.
+    anonymous = app.test_client()
+    answer = anonymous.post("/automation/webhook", json=job.payload["json"], headers=signed)
+    assert answer.status_code == 503 and answer.get_json() == {"received": True, "answer": 503}
+    assert count(app, WebhookCall, owner="alice", answered=503) == 1
+    forged = {**job.payload["json"], "owner": "bob"}
+    assert anonymous.post("/automation/webhook", json=forged, headers=signed).status_code == 403
+    assert anonymous.post("/automation/webhook", json=job.payload["json"]).status_code == 403
+    assert count(app, WebhookCall) == 1
+    page = alice.get("/automation/").get_data(as_text=True)
+    assert "Calling the webhook (it will answer 503)" in page and "answered 503" in page
+    assert alice.post("/automation/call", {"delay": "0", "answer": "200"}).status_code == 303
+    assert alice.post("/automation/call", {"delay": "5", "answer": "302"}).status_code == 303
+    with app_context(app) as defer:
+        assert len(defer.list(name="flask_defer.http")) == 1  # the bad ones wrote nothing
+        with pytest.raises(InvalidArgument, match="DEFER_HTTP_ALLOWED_HOSTS"):
+            defer.schedule_http("https://example.org/hook", json={})
+
+
+def test_the_partner_sync_fails_three_times_then_stays_as_a_dead_letter(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    assert alice.post("/automation/sync").status_code == 303
+    with app_context(app) as defer:
+        (job,) = defer.list(name="sync_partner", owner="alice")
+        for minutes in (0, 10, 20):  # past each backoff
+            assert defer.run_due(now=utcnow() + timedelta(minutes=minutes)).ran == 1
+        failed = defer.get(job.id)
+        assert failed is not None and failed.status is JobStatus.FAILED
+        assert failed.attempts == 3 and "PartnerDown" in (failed.last_error or "")
+        events = [event.event for event in defer.history(job.id)]
+    assert events.count("retried") == 2 and events[-1] == "failed"
+    page = alice.get("/automation/").get_data(as_text=True)
+    row = re.search(rf'id="sync-{job.id}".*?</li>', page, re.S)
+    assert row and "Failed" in row.group(0) and "attempt 3 of 3" in row.group(0)
+    assert f'href="/defer/jobs/{job.id}#defer-job-history"' in row.group(0)
+    assert 'hx-trigger="every 1s"' not in page  # nothing live: no polling
 
 
 # -- the language switch ------------------------------------------------------------------
