@@ -320,6 +320,54 @@ def test_schedule_reschedule_and_cancel_in_the_readers_time_zone(
     assert demo.job(publish_key(post_id)).status is JobStatus.CANCELLED
 
 
+# -- automation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+@pytest.mark.parametrize("width", [375, 1280])
+def test_automation_runs_a_webhook_call_over_http_and_shows_a_failed_sync(
+    demo: Demo,
+    open_as: Callable[..., Page],
+    axe_violations: Callable[[Any], list[dict[str, Any]]],
+    width: int,
+    scheme: str,
+) -> None:
+    page = open_as(
+        demo, "alice", "/automation/", viewport={"width": width, "height": 900},
+        color_scheme=scheme,
+    )  # fmt: skip
+    expect(page.get_by_role("heading", name="Automation", level=1)).to_be_visible()
+    expect(page.locator("#digest-state")).to_contain_text("Active")
+    page.click("#digest-pause")
+    expect(page.locator("#digest-state")).to_contain_text("Paused")
+    page.click("#digest-resume")
+    expect(page.locator("#digest-state")).to_contain_text("Active")
+
+    # A real HTTP call: the job's POST reaches the served demo's own webhook.
+    page.fill("#delay", "1")
+    page.select_option("#answer", "200")
+    page.click("#schedule-call")
+    call = page.locator("#http-calls .row").first
+    expect(call.locator("[data-pill]")).to_have_text("Waiting")
+    assert demo.run_due(now=utcnow() + timedelta(seconds=2)).done == 1
+    expect(call.locator("[data-pill]")).to_have_text("Done")  # the page polls while live
+    expect(page.locator("#webhook-received")).to_contain_text("answered 200")
+
+    page.click("#start-sync")
+    sync = page.locator("#syncs .row").first
+    for minutes in (0, 10, 20):
+        assert demo.run_due(now=utcnow() + timedelta(minutes=minutes)).ran == 1
+    expect(sync.locator("[data-pill]")).to_have_text("Failed")
+    expect(sync).to_contain_text("attempt 3 of 3")
+    expect(sync).to_contain_text("PartnerDown")
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"{overflow}px of horizontal scroll at {width}px"
+    assert axe_violations(page) == []
+    sync.get_by_role("link", name="History").click()
+    history = page.locator("#defer-job-history").get_by_role("listitem")
+    expect(history.last).to_contain_text("Failed")
+
+
 # -- the language switch ------------------------------------------------------------------
 
 
