@@ -50,18 +50,20 @@ def test_make_test_never_publishes_and_make_screenshots_does() -> None:
 
 
 def test_no_test_writes_under_docs_but_through_the_publishing_fixture() -> None:
-    """A path into docs/ built anywhere else in the suite would bypass --docs-screenshots."""
-    # The publisher and its fixture (conftest); the pages that only read docs/*.md.
+    """A path to docs/screenshots built anywhere else would bypass --docs-screenshots.
+
+    (Reading docs/*.md, as the README and translation tests do, is fine.)
+    """
+    # The publisher, its fixture (conftest), and the README test that checks image links.
     allowed = {"screenshots.py", "conftest.py", "test_screenshots.py", "test_readme.py"}
-    allowed.add("test_migrations.py")
     offenders = []
     for module in sorted(TESTS.rglob("*.py")):
         if module.name in allowed:
             continue
         text = module.read_text(encoding="utf-8")
-        if re.search(r"""["']docs["']|docs/screenshots|DOCS_SCREENSHOTS""", text):
+        if re.search(r"""["']screenshots["']|docs/screenshots|DOCS_SCREENSHOTS""", text):
             offenders.append(str(module.relative_to(ROOT)))
-    assert not offenders, f"these test modules build paths into docs/: {offenders}"
+    assert not offenders, f"these test modules build paths into docs/screenshots: {offenders}"
 
 
 def test_every_test_that_publishes_carries_the_marker() -> None:
