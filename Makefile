@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # Chromium (tests/conftest.py). `make test PYTEST_WORKERS=0` runs in one process (-s, --pdb).
 PYTEST_WORKERS ?= 3
 
-.PHONY: venv test lint demo bench translations
+.PHONY: venv test screenshots lint demo bench translations
 
 venv:
 	scripts/ensure-venv
@@ -20,6 +20,14 @@ test:
 	scripts/ensure-system-deps
 	scripts/ensure-venv
 	.venv/bin/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+
+# Retake the screenshots that the README and docs/ show (docs/screenshots/): the browser
+# tests marked docs_screenshot, with --docs-screenshots. `make test` saves every screenshot
+# in test-results/ only, so a test run never rewrites committed files.
+screenshots:
+	scripts/ensure-system-deps
+	scripts/ensure-venv
+	.venv/bin/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -m docs_screenshot --docs-screenshots $(PYTEST_ARGS)
 
 lint: venv
 	.venv/bin/ruff check flask_defer tests demo_app

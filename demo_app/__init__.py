@@ -92,6 +92,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         # SQLite: one command, the worker runs inside the web process. With a
         # DATABASE_URL, run `flask --app demo_app defer worker` beside it instead.
         DEFER_EMBEDDED_WORKER=embedded if embedded is not None else database_url is None,
+        # Scheduled HTTP calls (the Automation page) may only go to the demo itself.
+        DEFER_HTTP_ALLOWED_HOSTS=["127.0.0.1", "localhost"],
     )
     # The windows can be changed from the environment, in seconds
     # (DEMO_DELETE_GRACE=10 python -m demo_app); create_app(config) still wins.
@@ -109,13 +111,18 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     csrf.init_app(app)  # flask_defer's Undo then uses Flask-WTF's token too
     defer.init_app(app)
 
-    from . import mail, posts, projects, users
+    from . import automation, language, mail, posts, projects, users
+
+    language.init_app(app)  # Flask-Babel, with the reader's language for flask_defer's texts
 
     app.register_blueprint(users.bp)
     app.register_blueprint(mail.bp)
     app.register_blueprint(projects.bp)
     app.register_blueprint(posts.bp)
     app.register_blueprint(posts.notifications_bp)
+    app.register_blueprint(automation.bp)
+    # The worker's POST to the demo's own webhook carries a signature, not a form token.
+    csrf.exempt(automation.webhook)
     app.before_request(require_sign_in)
     app.add_template_filter(time_tag, "time")
     app.add_template_filter(countdown_tag, "countdown")

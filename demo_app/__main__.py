@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 
 from . import create_app
 
@@ -22,6 +23,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default=os.environ.get("DEMO_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("DEMO_PORT", "5000")))
     args = parser.parse_args(argv)
+    # Ctrl-C stops the demo even when it was started by a script or a process manager
+    # that ignored SIGINT: Python only installs its KeyboardInterrupt handler when
+    # SIGINT is at its default, and an ignored SIGINT is inherited by children.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     # One line per request would bury the handlers' lines; the banner below says where.

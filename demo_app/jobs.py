@@ -9,8 +9,9 @@ mark, so for these database-only effects a job takes effect exactly once.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from flask_defer import Job
 
@@ -22,6 +23,11 @@ log = logging.getLogger("demo_app")
 SEND_MESSAGE = "send_message"
 NOTIFY_COMMENTS = "notify_comments"
 PUBLISH_POST = "publish_post"
+WEEKLY_DIGEST = "weekly_digest"
+SYNC_PARTNER = "sync_partner"
+
+#: The recurring schedule of the weekly digest (``defer.recurring`` below).
+DIGEST_SCHEDULE = "weekly-digest"
 
 
 def message_key(message_id: int) -> str:
@@ -114,3 +120,42 @@ def unschedule(job: Job) -> None:
     if post is not None and post.status == "scheduled":
         post.status = "draft"
         post.publish_at = None
+
+
+@defer.job(WEEKLY_DIGEST, atomic=True)
+def weekly_digest(job: Job) -> None:
+    """Every Monday morning: tell each person what they sent in the past week."""
+    since = utcnow() - timedelta(days=7)
+    for user in USERS.values():
+        sent = db.session.scalar(
+            select(func.count())
+            .select_from(Message)
+            .where(Message.owner == user.id, Message.status == "sent", Message.sent_at >= since)
+        )
+        db.session.add(
+            Notification(
+                user=user.id,
+                text=f"Your week: {sent or 0} message{'s' if sent != 1 else ''} sent",
+                detail="the weekly digest (a recurring job)",
+            )
+        )
+    log.info("weekly digest written for %d people", len(USERS))
+
+
+# A recurring schedule is declared in code, next to its handler. Monday 09:00 in Berlin
+# stays 09:00 local across DST. A digest missed while no worker ran is skipped ("skip"):
+# the next Monday's covers the same ground.
+defer.recurring(
+    DIGEST_SCHEDULE, WEEKLY_DIGEST, cron="0 9 * * MON", tz="Europe/Berlin", catch_up="skip"
+)
+
+
+class PartnerDown(ConnectionError):
+    """The (imaginary) partner API the demo syncs with never answers."""
+
+
+@defer.job(SYNC_PARTNER, max_attempts=3)
+def sync_partner(job: Job) -> None:
+    """A job that always fails: retried with backoff, then kept as a dead letter."""
+    log.info("syncing with the partner API (attempt %d of 3)", job.attempts)
+    raise PartnerDown("partner.example is not answering (connection refused)")

@@ -47,7 +47,8 @@ def _send(message: Message) -> None:
         SEND_MESSAGE,
         {"message_id": message.id},
         window=current_app.config["DEMO_MAIL_UNDO_WINDOW"],
-        label=f"Message “{_short(message.subject)}” sent",
+        # The label shows while the job waits: it names the action, not an outcome.
+        label=f"Sending “{_short(message.subject)}”",
         waiting_label="Sending…",
         done_label="Sent",
         failed_label="Couldn't send",

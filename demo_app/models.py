@@ -123,3 +123,15 @@ class Notification(db.Model):
     post_id: Mapped[int | None] = mapped_column(ForeignKey("posts.id"), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     read: Mapped[bool] = mapped_column(default=False)
+
+
+class WebhookCall(db.Model):
+    """A call the demo's own webhook received from a scheduled HTTP job."""
+
+    __tablename__ = "webhook_calls"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    owner: Mapped[str] = mapped_column(String(40), index=True)
+    note: Mapped[str] = mapped_column(String(200), default="")
+    answered: Mapped[int] = mapped_column(default=200)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -43,7 +43,8 @@ USERS = {
 }
 
 #: Endpoints a visitor may see without signing in.
-PUBLIC_ENDPOINTS = {"users.sign_in", "users.sign_in_post", "static", "defer.static", "defer.toasts"}
+PUBLIC_ENDPOINTS = {"users.sign_in", "users.sign_in_post", "static", "defer.static", "defer.toasts",
+                    "language.choose", "automation.webhook"}
 
 bp = Blueprint("users", __name__)
 
@@ -93,8 +94,11 @@ def sign_in_post() -> Any:
     if user is None:
         abort(400, description="Pick Alice or Bob.")
     # A new identity gets a fresh session (and CSRF token), as a real sign-in would.
+    language = session.get("language")
     session.clear()
     session["user"] = user.id
+    if language is not None:  # the reader's language survives the change of identity
+        session["language"] = language
     flash(f"Signed in as {user.name}.", "info")
     return redirect(_local(request.form.get("next")) or url_for("mail.index"), code=303)
 

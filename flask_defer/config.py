@@ -56,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
     # a larger one is refused with InvalidArgument before anything is written.
     "DEFER_MAX_PAYLOAD_BYTES": 1_000_000,
     # Refuse a run_at whose local time a DST change makes ambiguous or skips, instead
-    # of reading it with Python's fold=0 rule (see "Time zones and DST" in the README).
+    # of reading it with Python's fold=0 rule (see "Time" in docs/api.md).
     "DEFER_STRICT_LOCAL_TIMES": False,
     # -- Undo UI (blueprint) --
     # Where the blueprint's pages, fragments and assets are mounted.

@@ -32,6 +32,7 @@ from flask_defer.store import JobStore, NewJob
 
 from .pg_cluster import PostgresCluster
 from .pg_databases import EmptyDatabases
+from .screenshots import DOCS_SCREENSHOTS, OPTION, publish
 
 BACKENDS = ["sqlite", "postgresql"]
 
@@ -397,6 +398,29 @@ def new_browser_context(browser: Any) -> Iterator[Callable[..., Any]]:
     yield new_context
     for context in contexts:
         context.close()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        OPTION,
+        action="store_true",
+        default=False,
+        help="also copy the documentation's screenshots to docs/screenshots (make screenshots)",
+    )
+
+
+@pytest.fixture
+def docs_screenshot(request: pytest.FixtureRequest) -> Callable[[Path, str], Path | None]:
+    """Factory: publish a screenshot under docs/screenshots, only with --docs-screenshots.
+
+    Without the option (``make test``) it checks the shot exists and writes nothing.
+    """
+    docs = DOCS_SCREENSHOTS if request.config.getoption(OPTION) else None
+
+    def publish_shot(shot: Path, name: str) -> Path | None:
+        return publish(shot, name, docs)
+
+    return publish_shot
 
 
 @pytest.fixture

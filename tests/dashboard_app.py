@@ -209,7 +209,7 @@ def seed(ops: OpsApp) -> Seeded:
                 {"to": "sam@example.com", "template": "digest"},
                 ago(minutes=25),
                 owner="sam",
-                label="Message sent",
+                label="Sending message",
                 waited=6,
             ),
             insert(

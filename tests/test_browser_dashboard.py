@@ -160,9 +160,14 @@ def test_a_refused_action_says_what_really_happened(
 # -- the screenshot ------------------------------------------------------------------------
 
 
+@pytest.mark.docs_screenshot
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_screenshot_of_the_dashboard(
-    live: Live, operator_page: Callable[..., Page], artifacts: Path, scheme: str
+    live: Live,
+    operator_page: Callable[..., Page],
+    artifacts: Path,
+    docs_screenshot: Callable[[Path, str], Path | None],
+    scheme: str,
 ) -> None:
     page = operator_page(
         color_scheme=scheme, device_scale_factor=2, viewport={"width": 1280, "height": 1040}
@@ -171,6 +176,7 @@ def test_screenshot_of_the_dashboard(
     suffix = "" if scheme == "light" else "-dark"
     page.screenshot(path=str(artifacts / f"dashboard{suffix}.png"), full_page=True)
     assert (artifacts / f"dashboard{suffix}.png").stat().st_size > 50_000
+    docs_screenshot(artifacts / f"dashboard{suffix}.png", f"dashboard{suffix}.png")
     page.goto(f"{live.url}/defer/jobs/{live.jobs.failed[0]}")
     expect(page.get_by_label("Traceback of the last error")).to_be_visible()
     page.screenshot(path=str(artifacts / f"dashboard-job{suffix}.png"), full_page=True)
@@ -214,10 +220,7 @@ def screenshot_of_a_refreshing(element: Locator, path: Path, attempts: int = 5) 
                 raise
 
 
-#: Where the committed screenshots of the job history live.
-DOCS_SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
-
-
+@pytest.mark.docs_screenshot
 @pytest.mark.parametrize(
     ("scheme", "width"),
     [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
@@ -228,6 +231,7 @@ def test_the_job_history_timeline(
     operator_page: Callable[..., Page],
     axe_violations: Callable[[Any], list[dict[str, Any]]],
     artifacts: Path,
+    docs_screenshot: Callable[[Path, str], Path | None],
     scheme: str,
     width: int,
 ) -> None:
@@ -290,6 +294,4 @@ def test_the_job_history_timeline(
     screenshot_of_a_refreshing(timeline, shot)
     assert shot.stat().st_size > 20_000
     if width == 1280:
-        # The committed screenshot (docs/screenshots) is the desktop timeline.
-        DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        (DOCS_SCREENSHOTS / f"{name}.png").write_bytes(shot.read_bytes())
+        docs_screenshot(shot, f"{name}.png")  # docs/history.md shows the desktop timeline

@@ -127,7 +127,8 @@ def test_send_then_undo_keeps_the_message_as_a_draft(
     page = open_as(demo, "alice")
     row = send(page, "Quarterly report")
     toast = toasts(page).last
-    expect(toast).to_contain_text("Message “Quarterly report” sent")
+    expect(toast).to_contain_text("Sending “Quarterly report”")
+    expect(toast).not_to_contain_text("sent")
     message_id = demo.id_of(Message, subject="Quarterly report")
     job = demo.job(message_key(message_id))
     assert job.status is JobStatus.PENDING
@@ -319,11 +320,90 @@ def test_schedule_reschedule_and_cancel_in_the_readers_time_zone(
     assert demo.job(publish_key(post_id)).status is JobStatus.CANCELLED
 
 
+# -- automation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+@pytest.mark.parametrize("width", [375, 1280])
+def test_automation_runs_a_webhook_call_over_http_and_shows_a_failed_sync(
+    demo: Demo,
+    open_as: Callable[..., Page],
+    axe_violations: Callable[[Any], list[dict[str, Any]]],
+    width: int,
+    scheme: str,
+) -> None:
+    page = open_as(
+        demo, "alice", "/automation/", viewport={"width": width, "height": 900},
+        color_scheme=scheme,
+    )  # fmt: skip
+    expect(page.get_by_role("heading", name="Automation", level=1)).to_be_visible()
+    expect(page.locator("#digest-state")).to_contain_text("Active")
+    page.click("#digest-pause")
+    expect(page.locator("#digest-state")).to_contain_text("Paused")
+    page.click("#digest-resume")
+    expect(page.locator("#digest-state")).to_contain_text("Active")
+
+    # A real HTTP call: the job's POST reaches the served demo's own webhook.
+    page.fill("#delay", "1")
+    page.select_option("#answer", "200")
+    page.click("#schedule-call")
+    call = page.locator("#http-calls .row").first
+    expect(call.locator("[data-pill]")).to_have_text("Waiting")
+    assert demo.run_due(now=utcnow() + timedelta(seconds=2)).done == 1
+    expect(call.locator("[data-pill]")).to_have_text("Done")  # the page polls while live
+    expect(page.locator("#webhook-received")).to_contain_text("answered 200")
+
+    page.click("#start-sync")
+    sync = page.locator("#syncs .row").first
+    for minutes in (0, 10, 20):
+        assert demo.run_due(now=utcnow() + timedelta(minutes=minutes)).ran == 1
+    expect(sync.locator("[data-pill]")).to_have_text("Failed")
+    expect(sync).to_contain_text("attempt 3 of 3")
+    expect(sync).to_contain_text("PartnerDown")
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"{overflow}px of horizontal scroll at {width}px"
+    assert axe_violations(page) == []
+    sync.get_by_role("link", name="History").click()
+    history = page.locator("#defer-job-history").get_by_role("listitem")
+    expect(history.last).to_contain_text("Failed")
+
+
+# -- the language switch ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", [375, 1280])
+def test_the_language_switch_turns_the_toast_german_and_back(
+    demo: Demo, open_as: Callable[..., Page], width: int
+) -> None:
+    page = open_as(demo, "alice", viewport={"width": width, "height": 800})
+    switch = page.locator("#language-switch")
+    expect(switch.get_by_role("button", name="English")).to_have_attribute("aria-pressed", "true")
+    switch.get_by_role("button", name="Deutsch").click()
+    expect(switch.get_by_role("button", name="Deutsch")).to_have_attribute("aria-pressed", "true")
+    expect(page).to_have_url(demo.url + "/mail/")
+    send(page, "Quarterly report")
+    toast = toasts(page).last
+    expect(toast.locator(".defer-toast__undo")).to_contain_text("Rückgängig")
+    toast.locator(".defer-toast__undo").click()
+    expect(page.locator('[data-defer-outcome="undone"]')).to_be_visible()
+    # The settled toast sits over the footer's switch on a short page: dismiss it first.
+    page.keyboard.press("Escape")
+    expect(page.locator('[data-defer-outcome="undone"]')).to_have_count(0)
+    switch.get_by_role("button", name="English").click()
+    expect(switch.get_by_role("button", name="English")).to_have_attribute("aria-pressed", "true")
+    send(page, "Team lunch")
+    expect(toasts(page).last.locator(".defer-toast__undo")).to_contain_text("Undo")
+
+
 # -- the screenshot for the README ------------------------------------------------------------
 
 
+@pytest.mark.docs_screenshot
 def test_screenshot_of_the_demo(
-    serve: Callable[..., Demo], open_as: Callable[..., Page], artifacts: Path
+    serve: Callable[..., Demo],
+    open_as: Callable[..., Page],
+    artifacts: Path,
+    docs_screenshot: Callable[[Path, str], Path | None],
 ) -> None:
     demo = serve(DEFER_EMBEDDED_WORKER=True)  # as `make demo` runs it
     page = open_as(
@@ -344,3 +424,4 @@ def test_screenshot_of_the_demo(
     page.wait_for_timeout(300)  # let the toast's entry animation finish
     page.screenshot(path=str(artifacts / "demo.png"))
     assert (artifacts / "demo.png").stat().st_size > 20_000
+    docs_screenshot(artifacts / "demo.png", "demo.png")  # the README's first picture

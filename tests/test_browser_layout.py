@@ -96,6 +96,7 @@ def demo_paths(site: Site) -> list[str]:
         "/posts/",
         f"/posts/{site.post_id}",
         "/notifications/",
+        "/automation/",
         "/defer/pending",
     ]
 
@@ -168,11 +169,14 @@ def scheme(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.mark.docs_screenshot
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_demo_pages_fit_keep_the_toast_tappable_and_pass_axe(
     site: Site,
     new_browser_context: Callable[..., BrowserContext],
     axe_violations: Callable[[Any], list[dict[str, Any]]],
+    artifacts: Path,
+    docs_screenshot: Callable[[Path, str], Path | None],
     layout: str,
     scheme: str,
 ) -> None:
@@ -194,6 +198,14 @@ def test_demo_pages_fit_keep_the_toast_tappable_and_pass_axe(
         assert_fits(page, width, where)
         assert_toast_on_screen_and_tappable(page, where)
         assert_accessible(page, axe_violations, where)
+    if layout == "phone":
+        # The README's phone pictures: the mail page with its open toast.
+        page.goto(site.demo_url + "/mail/")
+        expect(page.locator(".defer-toast[data-defer-state='open']")).to_have_count(1)
+        page.wait_for_timeout(250)
+        name = "phone-demo" + ("-dark" if scheme == "dark" else "") + ".png"
+        page.screenshot(path=str(artifacts / name))
+        docs_screenshot(artifacts / name, name)
 
 
 def test_the_desktop_toast_leaves_the_newest_outbox_row_uncovered(
@@ -220,11 +232,14 @@ def test_the_desktop_toast_leaves_the_newest_outbox_row_uncovered(
         assert apart, f"a toast {box} covers the newest outbox row {newest}"
 
 
+@pytest.mark.docs_screenshot
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_dashboard_pages_fit_and_pass_axe(
     site: Site,
     new_browser_context: Callable[..., BrowserContext],
     axe_violations: Callable[[Any], list[dict[str, Any]]],
+    artifacts: Path,
+    docs_screenshot: Callable[[Path, str], Path | None],
     layout: str,
     scheme: str,
 ) -> None:
@@ -238,6 +253,12 @@ def test_dashboard_pages_fit_and_pass_axe(
         page.wait_for_load_state("networkidle")
         assert_fits(page, width, where)
         assert_accessible(page, axe_violations, where)
+    if layout == "phone":
+        page.goto(site.ops_url + "/defer/")  # the README's phone pictures of the dashboard
+        page.wait_for_load_state("networkidle")
+        name = "phone-dashboard" + ("-dark" if scheme == "dark" else "") + ".png"
+        page.screenshot(path=str(artifacts / name), full_page=True)
+        docs_screenshot(artifacts / name, name)
 
 
 def test_the_phone_nav_keeps_its_badge_on_one_line_and_shows_more_links_lie_beyond(
@@ -286,12 +307,14 @@ def assert_no_text_spills(page: Page, where: str) -> None:
     assert spilled == [], f"{where}: text spills out of {spilled}"
 
 
+@pytest.mark.docs_screenshot
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_the_german_dashboard_fits_its_long_words_and_passes_axe(
     site: Site,
     new_browser_context: Callable[..., BrowserContext],
     axe_violations: Callable[[Any], list[dict[str, Any]]],
     artifacts: Path,
+    docs_screenshot: Callable[[Path, str], Path | None],
     layout: str,
     scheme: str,
 ) -> None:
@@ -322,6 +345,4 @@ def test_the_german_dashboard_fits_its_long_words_and_passes_axe(
     shot = artifacts / f"dashboard-de-{layout}-{scheme}.png"
     page.screenshot(path=str(shot), full_page=True)
     if layout == "desktop" and scheme == "light":
-        # The committed screenshot of the German dashboard (docs/screenshots).
-        docs = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
-        (docs / "dashboard-de.png").write_bytes(shot.read_bytes())
+        docs_screenshot(shot, "dashboard-de.png")  # the README's German dashboard

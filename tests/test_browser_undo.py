@@ -689,12 +689,14 @@ def test_every_page_with_toasts_in_every_state_passes_axe_light_and_dark(
         assert found == [], [(v["id"], v["help"], [n["target"] for n in v["nodes"]]) for v in found]
 
 
+@pytest.mark.docs_screenshot
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 @pytest.mark.parametrize("width", [375, 1280])
 def test_screenshot_of_every_state(
     live: Live,
     new_browser_context: Callable[..., BrowserContext],
     artifacts: Path,
+    docs_screenshot: Callable[[Path, str], Path | None],
     scheme: str,
     width: int,
 ) -> None:
@@ -710,5 +712,6 @@ def test_screenshot_of_every_state(
     name = f"toast-states-{scheme}-{width}.png"
     page.screenshot(path=str(artifacts / name))
     assert (artifacts / name).stat().st_size > 10_000
+    docs_screenshot(artifacts / name, name)
 
 

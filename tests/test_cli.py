@@ -52,8 +52,21 @@ def test_list_shows_jobs_and_filters(cli_kit: AppKit) -> None:
     code, output = invoke(cli_kit, "list", "--key-prefix", "booking:")
     assert code == 0 and "booking:1:close" in output and "other" not in output
     code, output = invoke(cli_kit, "list", "--json", "--status", "pending")
-    rows = [json.loads(line) for line in output.splitlines()]
+    rows = json.loads(output)
     assert {row["key"] for row in rows} == {"booking:1:close", "other"}
+
+
+def test_list_json_of_no_jobs_prints_an_empty_array(cli_kit: AppKit) -> None:
+    invoke(cli_kit, "install")
+    assert invoke(cli_kit, "list", "--json") == (0, "[]\n")
+    schedule(cli_kit, key="booking:1:close", delay=60)
+    code, output = invoke(cli_kit, "list", "--json", "--status", "done")
+    assert (code, json.loads(output)) == (0, [])
+
+
+def test_schedules_json_of_no_schedules_prints_an_empty_array(cli_kit: AppKit) -> None:
+    invoke(cli_kit, "install")
+    assert invoke(cli_kit, "schedules", "--json") == (0, "[]\n")
 
 
 def test_cancel_by_id_key_and_prefix_with_exit_codes(cli_kit: AppKit) -> None:
@@ -195,7 +208,7 @@ def test_schedules_lists_pauses_and_resumes(cli_kit: AppKit) -> None:
     assert invoke(cli_kit, "schedules", "pause", "digest")[1].strip() == (
         "schedule digest was already paused"
     )
-    (row,) = [json.loads(line) for line in invoke(cli_kit, "schedules", "--json")[1].splitlines()]
+    (row,) = json.loads(invoke(cli_kit, "schedules", "--json")[1])
     assert row["id"] == "digest" and row["paused"] is True and row["tz"] == "Europe/Berlin"
     code, output = invoke(cli_kit, "schedules", "resume", "digest")
     assert (code, output.strip()) == (0, "schedule digest resumed")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 from urllib.request import HTTPCookieProcessor, build_opener
+from zoneinfo import ZoneInfo
 
 import pytest
 from flask import Flask
@@ -28,9 +30,19 @@ from sqlalchemy import func, select
 
 from demo_app import database_url_from_env
 from demo_app.jobs import comments_key, message_key, publish_key
-from demo_app.models import Comment, Message, Notification, OutboxEntry, Post, Project, Task, db
+from demo_app.models import (
+    Comment,
+    Message,
+    Notification,
+    OutboxEntry,
+    Post,
+    Project,
+    Task,
+    WebhookCall,
+    db,
+)
 from demo_app.when import parse_local
-from flask_defer import INCLUDE_DELETED, JobStatus
+from flask_defer import INCLUDE_DELETED, InvalidArgument, JobStatus
 
 from .demo_helpers import ROOT, Person, app_context, csrf_from, dispose, job_for, make_demo
 
@@ -164,7 +176,9 @@ def test_send_waits_for_the_undo_window_then_the_handler_sends(
     assert message.status == "sending" and message.owner == "alice"
     job = job_for(app, message_key(message.id))
     assert job.status is JobStatus.PENDING and job.owner == "alice"
-    assert job.label == "Message “Quarterly report” sent"
+    # The toast shows the label while nothing has happened yet: no "sent" before it is.
+    assert job.label == "Sending “Quarterly report”"
+    assert (job.done_label, job.failed_label) == ("Sent", "Couldn't send")
     assert job.undo_until is not None
     assert before + timedelta(seconds=5) <= job.undo_until <= utcnow() + timedelta(seconds=5)
     assert job.run_at == job.undo_until + timedelta(seconds=1)  # the margin
@@ -207,6 +221,21 @@ def test_undo_keeps_the_message_as_a_draft_and_it_can_be_sent_again(
     again = job_for(app, message_key(message.id))
     assert again.id != job.id and again.status is JobStatus.PENDING
     assert one(app, Message, id=message.id).status == "sending"
+
+
+def test_the_dashboard_never_says_sent_beside_an_undone_message(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    message = send(alice)
+    job = job_for(app, message_key(message.id))
+    assert alice.post(f"/defer/undo/{job.id}", {"next": "/mail/"}).status_code == 303
+    html = alice.get("/defer/?status=cancelled").get_data(as_text=True)
+    row = re.search(rf'<tr id="defer-row-{job.id}".*?</tr>', html, re.S)
+    assert row, html
+    words = re.sub(r"<[^>]+>", " ", row.group(0))
+    assert "cancelled" in words and "Quarterly report" in words
+    assert "sent" not in words.lower(), words
 
 
 def test_an_undone_message_can_be_edited_then_sent(
@@ -667,6 +696,140 @@ def test_the_dashboard_link_appears_when_the_dashboard_exists(
     assert 'id="dashboard-link"' in page and 'href="/defer/"' in page
 
 
+# -- automation: a recurring schedule, a scheduled HTTP call, a failing job ----------------
+
+
+def test_the_weekly_digest_is_a_recurring_schedule_to_pause_resume_and_run_now(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    page = alice.get("/automation/").get_data(as_text=True)
+    assert "Weekly digest: every Monday at 09:00, Berlin time" in page
+    state = re.search(r'id="digest-state">(.*?)</p>', page, re.S)
+    assert state and "Active" in state.group(1) and "last run never" in state.group(1)
+    with app_context(app) as defer:
+        (digest,) = [s for s in defer.list_recurring() if s.id == "weekly-digest"]
+        assert (digest.cron, digest.tz, digest.catch_up) == ("0 9 * * MON", "Europe/Berlin", "skip")
+        local = digest.next_run_at.astimezone(ZoneInfo("Europe/Berlin"))
+        assert (local.weekday(), local.hour, local.minute) == (0, 9, 0)
+    assert alice.post("/automation/digest/pause").status_code == 303
+    assert "Paused" in alice.get("/automation/").get_data(as_text=True)
+    with app_context(app) as defer:
+        assert [s.paused for s in defer.list_recurring()] == [True]
+    assert alice.post("/automation/digest/resume").status_code == 303
+    assert alice.post("/automation/digest/run-now").status_code == 303
+    with app_context(app) as defer:
+        assert [s.paused for s in defer.list_recurring()] == [False]
+        assert defer.run_due().done == 1
+    assert "Your week: 0 messages sent" in alice.get("/notifications/").get_data(as_text=True)
+    assert count(app, Notification, user="bob") == 1
+
+
+def test_a_scheduled_call_goes_to_the_demos_own_webhook_signed(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    response = alice.post("/automation/call", {"delay": "5", "answer": "503"})
+    assert response.status_code == 303
+    with app_context(app) as defer:
+        (job,) = defer.list(name="flask_defer.http", owner="alice")
+    assert job.payload["url"] == "http://localhost/automation/webhook"
+    assert job.payload["json"] == {"owner": "alice", "answer": 503, "note": "scheduled 5 s ahead"}
+    assert job.run_at > utcnow() + timedelta(seconds=3)
+    signed = job.payload["headers"]
+    # What the worker's call does, through the test client: no sign-in, no form token.
+    anonymous = app.test_client()
+    answer = anonymous.post("/automation/webhook", json=job.payload["json"], headers=signed)
+    assert answer.status_code == 503 and answer.get_json() == {"received": True, "answer": 503}
+    assert count(app, WebhookCall, owner="alice", answered=503) == 1
+    forged = {**job.payload["json"], "owner": "bob"}
+    assert anonymous.post("/automation/webhook", json=forged, headers=signed).status_code == 403
+    assert anonymous.post("/automation/webhook", json=job.payload["json"]).status_code == 403
+    assert count(app, WebhookCall) == 1
+    page = alice.get("/automation/").get_data(as_text=True)
+    assert "Calling the webhook (it will answer 503)" in page and "answered 503" in page
+    assert alice.post("/automation/call", {"delay": "0", "answer": "200"}).status_code == 303
+    assert alice.post("/automation/call", {"delay": "5", "answer": "302"}).status_code == 303
+    with app_context(app) as defer:
+        assert len(defer.list(name="flask_defer.http")) == 1  # the bad ones wrote nothing
+        with pytest.raises(InvalidArgument, match="DEFER_HTTP_ALLOWED_HOSTS"):
+            defer.schedule_http("https://example.org/hook", json={})
+
+
+def test_the_partner_sync_fails_three_times_then_stays_as_a_dead_letter(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    assert alice.post("/automation/sync").status_code == 303
+    with app_context(app) as defer:
+        (job,) = defer.list(name="sync_partner", owner="alice")
+        for minutes in (0, 10, 20):  # past each backoff
+            assert defer.run_due(now=utcnow() + timedelta(minutes=minutes)).ran == 1
+        failed = defer.get(job.id)
+        assert failed is not None and failed.status is JobStatus.FAILED
+        assert failed.attempts == 3 and "PartnerDown" in (failed.last_error or "")
+        events = [event.event for event in defer.history(job.id)]
+    assert events.count("retried") == 2 and events[-1] == "failed"
+    page = alice.get("/automation/").get_data(as_text=True)
+    row = re.search(rf'id="sync-{job.id}".*?</li>', page, re.S)
+    assert row and "Failed" in row.group(0) and "attempt 3 of 3" in row.group(0)
+    assert f'href="/defer/jobs/{job.id}#defer-job-history"' in row.group(0)
+    assert 'hx-trigger="every 1s"' not in page  # nothing live: no polling
+
+
+# -- the language switch ------------------------------------------------------------------
+
+
+def undo_button(html: str) -> str:
+    """The word on the toast's Undo button (before its countdown)."""
+    match = re.search(r'class="defer-toast__undo"[^>]*>\s*([^<]+?)\s*<span', html)
+    assert match, "no Undo button on the page"
+    return match.group(1)
+
+
+def test_the_language_switch_translates_flask_defers_toast_and_dashboard(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    send(alice)
+    page = alice.get("/mail/").get_data(as_text=True)
+    assert 'id="language-switch"' in page and undo_button(page) == "Undo"
+    assert 'value="en" lang="en" class="btn btn-quiet btn-small" aria-pressed="true"' in page
+    response = alice.post("/language", {"language": "de", "next": "/mail/"})
+    assert (response.status_code, response.location) == (303, "/mail/")
+    page = alice.get("/mail/").get_data(as_text=True)
+    assert undo_button(page) == "Rückgängig"
+    assert 'value="de" lang="de" class="btn btn-quiet btn-small" aria-pressed="true"' in page
+    assert ">Aufgaben<" in alice.get("/defer/").get_data(as_text=True)
+    # The choice survives signing in as someone else.
+    bob = alice.sign_in("bob")
+    assert 'lang="de" class="btn btn-quiet btn-small" aria-pressed="true"' in bob.get(
+        "/mail/"
+    ).get_data(as_text=True)
+
+
+def test_without_a_choice_the_browsers_language_is_used(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    send(alice)
+    french = alice.get("/mail/", headers={"Accept-Language": "fr-FR,fr;q=0.9"})
+    assert undo_button(french.get_data(as_text=True)) == "Annuler"
+    other = alice.get("/mail/", headers={"Accept-Language": "ja"})
+    assert undo_button(other.get_data(as_text=True)) == "Undo"
+
+
+def test_the_language_switch_refuses_other_languages_foreign_redirects_and_no_token(
+    app: Flask, person: Callable[[str], Person]
+) -> None:
+    alice = person("alice")
+    assert alice.post("/language", {"language": "xx"}).status_code == 400
+    away = alice.post("/language", {"language": "fr", "next": "https://evil.example/"})
+    assert (away.status_code, away.location) == (303, "/")
+    no_token = alice.client.post("/language", data={"language": "de"})
+    assert no_token.status_code == 400
+
+
 # -- the two documented ways to run it ------------------------------------------------------
 
 
@@ -691,6 +854,52 @@ def demo_env(**extra: str) -> dict[str, str]:
         env.pop("DATABASE_URL", None)
     env.pop("DEFER_EMBEDDED_WORKER", None)
     return env
+
+
+def stop(process: subprocess.Popen[str], timeout: float = 20) -> str:
+    """Ctrl-C *process* and return its output; killed if it ignores that, never left over.
+
+    A demo that outlived its test would hold its port and its database file and fail
+    the next test, so this runs in every such test's ``finally``.
+    """
+    process.send_signal(signal.SIGINT)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        raise AssertionError(f"the demo ignored Ctrl-C for {timeout} s:\n{output}") from None
+    return str(output)
+
+
+def ignore_sigint() -> None:
+    """As a shell script started in the background (``demo &``) leaves its children."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+def test_the_demo_stops_on_ctrl_c_even_when_started_with_sigint_ignored(tmp_path: Path) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "demo_app"],
+        cwd=ROOT,
+        env=demo_env(DEMO_INSTANCE_PATH=str(tmp_path / "instance"), DEMO_PORT=str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=ignore_sigint,
+    )
+
+    def serving() -> bool:
+        assert process.poll() is None, "python -m demo_app exited"
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_until(serving, 30, f"the demo on port {port}")
+    finally:
+        output = stop(process, timeout=10)
+    assert process.returncode == 0, output
 
 
 @pytest.mark.slow
@@ -732,8 +941,7 @@ def test_python_m_demo_app_serves_the_demo_and_its_worker_sends_mail(tmp_path: P
         # Nobody clicks Undo: 5 s window + 1 s margin, then the embedded worker sends it.
         wait_until(lambda: ">Sent<" in fetch("/mail/outbox"), 20, "the message to be sent")
     finally:
-        process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=20)
+        output = stop(process)
     assert f"flask_defer demo   {base}" in output
     assert "embedded worker" in output
     assert "delivered message 1 to ada@example.org: 'Hi'" in output

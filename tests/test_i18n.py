@@ -200,3 +200,42 @@ def test_no_dashboard_template_holds_an_untranslated_english_literal(name: str) 
     assert len(DASHBOARD_TEMPLATES) >= 10  # the glob found the dashboard's templates
     source = (ROOT / "templates" / "defer" / name).read_text(encoding="utf-8")
     assert english_literals(source) == [], f"{name}: wrap these in defer_gettext(...)"
+
+
+def documented_selector() -> str:
+    """The locale selector block of docs/undo.md, as an app would paste it."""
+    text = (ROOT / "docs" / "undo.md").read_text(encoding="utf-8")
+    match = re.search(r"<!-- i18n:[^>]*-->\s*```python\n(.*?)```", text, re.S)
+    assert match, "docs/undo.md lost its locale selector example"
+    return match.group(1)
+
+
+def test_babel_alone_serves_english_to_a_german_browser_as_the_docs_say() -> None:
+    app = Flask(__name__)
+    Babel(app)
+    with app.test_request_context(headers={"Accept-Language": "de"}):
+        assert i18n.gettext("Undo") == "Undo"
+    assert "`Babel(app)` alone is not enough" in (ROOT / "docs" / "undo.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("accept", "chosen", "undo"),
+    [
+        ("de-DE,de;q=0.9,en;q=0.5", None, "Rückgängig"),
+        ("fr", None, "Annuler"),
+        ("de", "fr", "Annuler"),  # the reader's own choice wins over the browser's
+        ("ja", None, "Undo"),  # a language flask_defer has no catalogue for
+    ],
+)
+def test_the_documented_locale_selector_serves_the_browsers_or_the_chosen_language(
+    accept: str, chosen: str | None, undo: str
+) -> None:
+    app = Flask(__name__)
+    app.secret_key = "test"
+    exec(documented_selector(), {"app": app})
+    with app.test_request_context(headers={"Accept-Language": accept}):
+        from flask import session
+
+        if chosen is not None:
+            session["language"] = chosen
+        assert i18n.gettext("Undo") == undo

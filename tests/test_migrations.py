@@ -1,10 +1,10 @@
 """flask_defer's revisions in real Flask-Migrate apps (``flask db ...`` as a user runs it).
 
-Each test works in a temporary project folder holding the README's Upgrading example
+Each test works in a temporary project folder holding the Upgrading page's example
 (``app.py``) and able to import the apps of tests/migrate_app, on both backends: the
 revisions a user gets must apply as generated, unedited.
 
-The README's command block runs as real ``flask`` subprocesses in a shell, once per
+The page's command block runs as real ``flask`` subprocesses in a shell, once per
 backend. Every other test runs the same ``flask db ...`` and ``flask defer ...`` click
 commands in this process (each on a freshly created app, found by its import path as
 ``flask --app`` finds it): Flask-Migrate, Alembic and the generated ``env.py`` are the
@@ -29,8 +29,9 @@ from flask import Flask
 from flask.cli import ScriptInfo
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-APP = "app:create_app"  # the README's Upgrading example, written to the project folder
+#: The Upgrading page (linked from the README) holds the Flask-Migrate example.
+README = (ROOT / "docs" / "upgrading.md").read_text(encoding="utf-8")
+APP = "app:create_app"  # the Upgrading page's example, written to the project folder
 PLAIN = "tests.migrate_app:create_plain_app"
 
 # The subprocesses of these tests used to ignore every warning; in this process only
@@ -44,7 +45,7 @@ pytestmark = [
 
 def readme_app() -> str:
     match = re.search(r"<!-- upgrading:flask-migrate[^>]*-->\s*```python\n(.*?)```", README, re.S)
-    assert match, "README.md lost its Flask-Migrate example"
+    assert match, "docs/upgrading.md lost its Flask-Migrate example"
     return match.group(1)
 
 
@@ -53,7 +54,7 @@ def readme_commands() -> str:
     match = re.search(
         r"<!-- upgrading:flask-migrate[^>]*-->\s*```python\n.*?```\s*```\n(.*?)```", README, re.S
     )
-    assert match, "README.md lost the commands of its Flask-Migrate example"
+    assert match, "docs/upgrading.md lost the commands of its Flask-Migrate example"
     return match.group(1)
 
 

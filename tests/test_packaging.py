@@ -13,6 +13,9 @@ the wheel.
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -200,3 +203,111 @@ def test_the_readme_quick_start_run_from_the_installed_wheel_answers_409_and_404
     result = run_quickstart(str(installed), folder)
     assert result.returncode == 0, result.stderr
     assert "quickstart ok 1 409 404" in result.stdout
+
+
+def readme_install_lines(marker: str = "install") -> list[str]:
+    """The README's install commands after ``<!-- marker: ... -->``, as a user pastes them."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.search(rf"<!-- {marker}:[^>]*-->\s*```\n(.*?)```", text, re.S)
+    assert match, f"README.md lost its {marker} block"
+    return [line for line in match.group(1).splitlines() if line.strip()]
+
+
+def borrowed_without_flask_defer(folder: Path) -> Path:
+    """The test environment's packages, minus every trace of flask_defer itself.
+
+    A fresh virtualenv reads this folder through a ``.pth`` line, so ``pip install``
+    finds Flask, SQLAlchemy, psycopg ... already there and needs no index; without
+    flask_defer's own files and metadata it cannot mistake the checkout's editable
+    install for the wheel, or touch it.
+    """
+    folder.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        name = entry.name.lower()
+        if name.startswith(("flask_defer", "_editable_impl_flask_defer")) or name.endswith(".pth"):
+            continue
+        (folder / entry.name).symlink_to(entry)
+    return folder
+
+
+def fresh_venv(tmp_path: Path) -> tuple[Path, str, dict[str, str]]:
+    """A virtualenv with pip, borrowing every dependency but flask_defer, and its env."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    borrowed = borrowed_without_flask_defer(tmp_path / "borrowed")
+    (Path(site) / "borrowed_dependencies.pth").write_text(f"{borrowed}\n")
+    env = {
+        **os.environ,
+        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "VIRTUAL_ENV": str(venv),
+        # Everything the wheel needs is borrowed: a line that reached for an index fails.
+        "PIP_NO_INDEX": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    env.pop("PYTHONPATH", None)
+    return python, site, env
+
+
+def run_lines(lines: list[str], cwd: Path, env: dict[str, str]) -> None:
+    for line in lines:
+        ran = subprocess.run(
+            ["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert ran.returncode == 0, f"{line}\n{ran.stdout}\n{ran.stderr}"
+
+
+def assert_installed_in(python: Path, site: str, env: dict[str, str], tmp_path: Path) -> None:
+    """flask-defer-jobs is in *site*, and the README quick start runs from it."""
+    shown = subprocess.run(
+        [str(python), "-m", "pip", "show", "-f", "flask-defer-jobs"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"Location: {site}" in shown, shown
+    quickstart = tmp_path / "quickstart"
+    quickstart.mkdir()
+    result = run_quickstart(str(python), quickstart)
+    assert result.returncode == 0, result.stderr
+    assert "quickstart ok 1 409 404" in result.stdout
+
+
+def test_the_readme_install_lines_install_the_built_wheel_into_a_fresh_virtualenv(
+    wheel: Path, tmp_path: Path
+) -> None:
+    lines = readme_install_lines()
+    assert len(lines) == 2 and all(line.startswith("pip install ") for line in lines), lines
+    # The second line names the wheel's file in full: it must be the one the build writes.
+    assert wheel.name in lines[1], f"the README names another wheel than {wheel.name}"
+    python, site, env = fresh_venv(tmp_path)
+    clone = tmp_path / "clone"
+    (clone / "dist").mkdir(parents=True)
+    shutil.copy(wheel, clone / "dist" / wheel.name)
+    run_lines(lines, clone, env)
+    assert_installed_in(python, site, env, tmp_path)
+
+
+def test_the_readme_install_lines_install_from_a_clone_into_a_fresh_virtualenv(
+    tmp_path: Path,
+) -> None:
+    lines = readme_install_lines("install-clone")
+    assert lines[0].startswith("pip install .") and len(lines) == 2, lines
+    python, site, env = fresh_venv(tmp_path)
+    # The committed tree, as a clone has it (no .venv, no build output).
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(clone)], input=archive.stdout, check=True)
+    # Offline, pip cannot fetch hatchling into an isolated build environment; the
+    # borrowed one builds instead (pip reads PIP_NO_BUILD_ISOLATION=0 as "off").
+    run_lines(lines, clone, {**env, "PIP_NO_BUILD_ISOLATION": "0"})
+    assert_installed_in(python, site, env, tmp_path)
+

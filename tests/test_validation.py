@@ -17,7 +17,7 @@ from flask_defer import InvalidArgument, Job, JobNotFound, JobSpec
 
 from .conftest import AppKit
 
-#: The documented depth limit (README, "Guarantees and limits").
+#: The documented depth limit (docs/guarantees.md).
 MAX_PAYLOAD_DEPTH = 100
 
 UNSTORABLE = ["nul\x00byte", "lone \ud800 high", "lone \udfff low"]

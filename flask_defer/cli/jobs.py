@@ -26,7 +26,9 @@ from .common import CLI_ACTOR, errors_to_exit_codes
 @click.option("--key-prefix", default=None, help="Only jobs whose key starts with this.")
 @click.option("--owner", default=None, help="Only jobs of this owner.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print a JSON array of the jobs ([] when none)."
+)
 @with_appcontext
 @errors_to_exit_codes
 def list_command(
@@ -42,8 +44,8 @@ def list_command(
         status=status or None, name=name, key_prefix=key_prefix, owner=owner, limit=limit
     )
     if as_json:
-        for job in jobs:
-            click.echo(json.dumps(_job_dict(job)))
+        # One array, so an empty list is still valid JSON (`[]`) for `jq` and scripts.
+        click.echo(json.dumps([_job_dict(job) for job in jobs], indent=2))
         return
     if not jobs:
         click.echo("no jobs")

@@ -14,7 +14,9 @@ from .common import errors_to_exit_codes
 
 
 @click.group("schedules", invoke_without_command=True)
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print a JSON array of the schedules ([] when none)."
+)
 @click.pass_context
 @with_appcontext
 @errors_to_exit_codes
@@ -24,8 +26,8 @@ def schedules_command(ctx: click.Context, as_json: bool) -> None:
         return
     rows = current_defer().list_recurring()
     if as_json:
-        for row in rows:
-            click.echo(json.dumps(_schedule_dict(row)))
+        # One array, like `flask defer list --json`: an empty list prints `[]`.
+        click.echo(json.dumps([_schedule_dict(row) for row in rows], indent=2))
         return
     if not rows:
         click.echo("no recurring schedules")

@@ -191,7 +191,7 @@ def install(engine: Engine, names: SchemaNames = DEFAULT_NAMES) -> SchemaStatus:
         raise ManagedByAlembic(
             "this database is managed by Alembic (the app uses Flask-Migrate or the "
             "database has alembic_version): add flask_defer's revisions to the app's "
-            f"migrations (README, Upgrading) and run `{APP_UPGRADE_COMMAND}`",
+            f"migrations (docs/upgrading.md) and run `{APP_UPGRADE_COMMAND}`",
             command=APP_UPGRADE_COMMAND,
         )
     upgrade(engine, names)
@@ -294,6 +294,6 @@ def _refuse_if_managed_by_app(status: SchemaStatus) -> None:
         raise ManagedByAlembic(
             "this database's schema is managed by the app's Alembic migrations: run "
             f"`{APP_UPGRADE_COMMAND}` (with flask_defer's revisions in version_locations; "
-            "README, Upgrading)",
+            "docs/upgrading.md)",
             command=APP_UPGRADE_COMMAND,
         )
