@@ -720,7 +720,9 @@ def test_the_worker_log_line_of_an_http_failure_is_short_and_starts_with_the_sta
     with caplog.at_level(logging.WARNING, logger="flask_defer"):
         run(kit, job)
     [line] = [r.getMessage() for r in caplog.records if "attempt 1 failed" in r.getMessage()]
-    assert re.search(r"retrying at \S+ \S+: HTTP 500 Internal Server Error from POST ", line)
+    assert re.search(
+        r"retrying at \S+ \S+: HttpCallFailed: HTTP 500 Internal Server Error from POST ", line
+    )
     assert len(line) < EXCERPT_CHARS + 200 and "<html" not in line
 
 
