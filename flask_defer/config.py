@@ -72,6 +72,11 @@ DEFAULTS: dict[str, Any] = {
     # catch_up="all": at most this many missed ticks of one schedule run after
     # downtime (the newest); older ones are dropped with a warning.
     "DEFER_RECURRING_MAX_CATCH_UP": 100,
+    # A schedule no running code declares (removed from the code, or only declared by
+    # a release not deployed yet) is left alone this long, then orphaned: it stops
+    # ticking. Code that does not declare a schedule never stops it before that, so a
+    # rolling deploy keeps every schedule ticking. 0 orphans at once (not deploy-safe).
+    "DEFER_SCHEDULE_ORPHAN_GRACE": timedelta(hours=24),
     # -- the worker (``flask defer worker``) ---------------------------------------
     # Handler threads per worker process (``--concurrency`` overrides it).
     "DEFER_WORKER_CONCURRENCY": 4,
@@ -153,6 +158,7 @@ class DeferConfig:
     http_timeout: timedelta
     # -- recurring schedules --
     recurring_max_catch_up: int
+    schedule_orphan_grace: timedelta
     # -- the worker --
     worker_concurrency: int
     job_timeout: timedelta

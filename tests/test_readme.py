@@ -90,7 +90,8 @@ def written_default(value: object) -> str:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
         if seconds and seconds % 86400 == 0:
-            text = f"{seconds / 86400:g} days"
+            days = seconds / 86400
+            text = f"{days:g} day" if days == 1 else f"{days:g} days"
         elif seconds and seconds % 3600 == 0:
             text = f"{seconds / 3600:g} h"
         elif seconds >= 60 and seconds % 60 == 0:
