@@ -27,6 +27,11 @@ see ``store/write_lock``), and ``max_wait`` holds however many producers there a
 batching. In a rare race (a running
 batch finishing between another item's two steps) two pending batches of a key can
 coexist for a while: each item is still in exactly one of them, and both are delivered.
+
+**Why no deadlock with the worker (PostgreSQL).** Only the first statement, the append
+to slot 1, may wait for a row; after it the key's producers take turns under an
+advisory lock and pass over rows another transaction holds (``store/batches``), so a
+producer never waits for a batch row while holding one the worker's claim waits for.
 """
 
 from __future__ import annotations
