@@ -147,3 +147,22 @@ def test_the_jobs_dashboard_warns_of_a_late_schedule(ops: OpsApp) -> None:
     html = client.get("/defer/").get_data(as_text=True)
     assert 'data-defer-figure="late-schedules"' in html
     assert "1 recurring schedule</strong>" in html
+
+
+def test_the_jobs_dashboard_names_schedules_no_running_code_declares(ops: OpsApp) -> None:
+    client = signed_in(ops)
+    assert 'data-defer-figure="undeclared-schedules"' not in client.get("/defer/").get_data(
+        as_text=True
+    )
+    with ops.context():
+        rows = ops.defer.list_recurring()  # synced: declared just now
+        ticker = ops.app.extensions["defer"].recurring
+        table = ticker.store.table
+        with ticker.store.engine.begin() as conn:  # no running code declared them for an hour
+            conn.execute(update(table).values(declared_at=utcnow() - timedelta(hours=1)))
+    html = client.get("/defer/").get_data(as_text=True)
+    assert 'data-defer-figure="undeclared-schedules"' in html
+    count = len(rows)
+    noun = "recurring schedule" if count == 1 else "recurring schedules"
+    assert f"{count} {noun}</strong>" in html
+    assert "not declared by any running code" in html
