@@ -65,6 +65,7 @@ class Health:
     #: minutes (at most 50): removed from the code (orphaned when
     #: ``DEFER_SCHEDULE_ORPHAN_GRACE`` ends; ``defer.forget_recurring`` does it now), or
     #: declared only by a release that is not running. Nobody ticks them meanwhile.
+    #: The ids the process asking declares are never listed (it runs and declares them).
     undeclared_schedules: tuple[str, ...] = ()
 
     @classmethod

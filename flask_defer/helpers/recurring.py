@@ -279,12 +279,15 @@ class Ticker:
         is shorter. A worker re-declares its schedules every minute and ``run_due`` at
         every call, so a schedule listed here is one no running code knows: removed
         from the code (it is orphaned when the grace period ends), or its release is
-        not running anywhere.
+        not running anywhere. The ids this process declares are never listed: the
+        code asking runs and declares them.
         """
         if not self.active:
             return ()
         within = min(UNDECLARED_AFTER, self.orphan_grace)
-        return tuple(self.store.undeclared(before=now - within))
+        mine = {spec.id for spec in self.declarations.specs()}
+        found = self.store.undeclared(before=now - within, limit=50 + len(mine))
+        return tuple(schedule_id for schedule_id in found if schedule_id not in mine)[:50]
 
     # -- run-time control ------------------------------------------------------------------
 
