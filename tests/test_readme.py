@@ -126,3 +126,12 @@ def test_readme_links_and_images_point_at_files_that_exist() -> None:
     # docs/dashboard.md arrives with the dashboard.
     missing = [t for t in targets if not (README.parent / t).exists() and t != "docs/dashboard.md"]
     assert not missing, f"README links to missing files: {missing}"
+
+
+def test_readme_recurring_section_says_a_tick_job_is_at_least_once() -> None:
+    """Issue 28: exactly one job per tick, but a worker killed mid-run re-runs it."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("\n## Recurring jobs\n", 1)[1].split("\n## ", 1)[0]
+    flat = " ".join(section.split())
+    assert "Exactly one *job* per tick; the job itself runs **at least once**" in flat
+    assert "a slow handler cut off this way starts twice for one tick" in flat

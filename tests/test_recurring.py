@@ -10,6 +10,7 @@ from sqlalchemy import update
 
 from flask_defer import InvalidArgument, Job, NotConfigured, ScheduleNotFound, UnknownJob
 from flask_defer.ticks import TickTimer
+from flask_defer.timeutil import utcnow
 
 from .conftest import AppKit
 
@@ -430,3 +431,27 @@ def test_a_broken_schedule_row_is_logged_and_skipped_while_the_others_tick(
     assert "recurring schedule 'bad': could not write its tick" in caplog.text
     kit.defer.run_due(now=utc(2026, 3, 1, 10, 0, 1))
     assert [job.key for job in ran] == ["recurring:good:2026-03-01T10:00:00Z"]
+
+
+def test_a_tick_cut_off_by_a_killed_worker_runs_again_as_the_same_job(kit: AppKit) -> None:
+    """Exactly one job per tick; the job itself is at least once (README, issue 28).
+
+    A worker that claimed the tick's job and died (its lease lapsed) leaves the job to
+    run again: the handler starts twice for that tick, with the same key, and the
+    schedule writes no second job for it.
+    """
+    ran = record_runs(kit)
+    kit.defer.recurring("beat", "tick", every=60)
+    kit.defer.list_recurring()
+    ticker = kit.app.extensions["defer"].recurring
+    (row,) = kit.defer.list_recurring()
+    (job,) = ticker.materialise(row.next_run_at)
+    store = kit.app.extensions["defer"].store
+    (claimed,) = store.claim(  # its lease, judged by the wall clock, has lapsed
+        now=job.run_at, limit=1, token="killed", lease_until=utcnow() - timedelta(seconds=1)
+    )
+    assert claimed.id == job.id and claimed.attempts == 1  # started, then the worker died
+    kit.defer.run_due(now=row.next_run_at + timedelta(seconds=1))  # reclaimed, run again
+    assert [(j.id, j.attempts) for j in ran] == [(job.id, 2)]
+    assert ticker.materialise(row.next_run_at) == []
+    assert tick_keys(kit, "beat") == [job.key]
