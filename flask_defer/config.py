@@ -83,6 +83,11 @@ DEFAULTS: dict[str, Any] = {
     # catch_up="all": at most this many missed ticks of one schedule run after
     # downtime (the newest); older ones are dropped with a warning.
     "DEFER_RECURRING_MAX_CATCH_UP": 100,
+    # A schedule no running code declares (removed from the code, or only declared by
+    # a release not deployed yet) is left alone this long, then orphaned: it stops
+    # ticking. Code that does not declare a schedule never stops it before that, so a
+    # rolling deploy keeps every schedule ticking. 0 orphans at once (not deploy-safe).
+    "DEFER_SCHEDULE_ORPHAN_GRACE": timedelta(hours=24),
     # -- the worker (``flask defer worker``) ---------------------------------------
     # Handler threads per worker process (``--concurrency`` overrides it). A claim takes
     # at most this many jobs (one per idle thread), so it is also the claim's batch.
@@ -172,6 +177,7 @@ class DeferConfig:
     webhook_secrets: Mapping[str, tuple[bytes, ...]] = field(repr=False, hash=False)
     # -- recurring schedules --
     recurring_max_catch_up: int
+    schedule_orphan_grace: timedelta
     # -- the worker --
     worker_concurrency: int
     async_concurrency: int

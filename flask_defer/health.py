@@ -61,6 +61,12 @@ class Health:
     #: overdue, say because no worker runs). Counted in ``owed`` too: a tick that was
     #: never written is backlog as much as a job that was never run.
     late_schedules: int = 0
+    #: Ids of schedules, not orphaned, that no running code declared in the last ten
+    #: minutes (at most 50): removed from the code (orphaned when
+    #: ``DEFER_SCHEDULE_ORPHAN_GRACE`` ends; ``defer.forget_recurring`` does it now), or
+    #: declared only by a release that is not running. Nobody ticks them meanwhile.
+    #: The ids the process asking declares are never listed (it runs and declares them).
+    undeclared_schedules: tuple[str, ...] = ()
 
     @classmethod
     def from_counts(
@@ -72,6 +78,7 @@ class Health:
         unknown_handlers: int | None = None,
         late_schedules: int = 0,
         oldest_late_tick: datetime | None = None,
+        undeclared_schedules: tuple[str, ...] = (),
     ) -> Health:
         """Health from per-name counts; *unknown_handlers* defaults to the counts' own."""
         total = StatusCounts.total(parts)
@@ -107,6 +114,7 @@ class Health:
             by_name=tuple(by_name),
             lower_bounds=total.lower_bounds,
             late_schedules=late_schedules,
+            undeclared_schedules=undeclared_schedules,
         )
 
     @property
@@ -119,6 +127,7 @@ class Health:
         data = asdict(self)
         data["measured_at"] = self.measured_at.isoformat()
         data["lower_bounds"] = sorted(self.lower_bounds)
+        data["undeclared_schedules"] = list(self.undeclared_schedules)
         data["by_name"] = [
             {**asdict(h), "lower_bounds": sorted(h.lower_bounds)} for h in self.by_name
         ]

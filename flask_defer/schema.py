@@ -262,7 +262,7 @@ def define_schedules_table(metadata: MetaData, name: str = DEFAULT_SCHEDULES_TAB
 
     Plain SQLAlchemy types, like the jobs table (see the module docstring); the store
     runs its statements on :func:`typed_schedules_table`. Revision ``flask_defer_0002``
-    creates exactly this table.
+    creates this table, ``flask_defer_0006`` adds ``declared_at``.
     """
     if name in metadata.tables:
         return metadata.tables[name]
@@ -283,6 +283,9 @@ def define_schedules_table(metadata: MetaData, name: str = DEFAULT_SCHEDULES_TAB
         Column("last_run_at", DateTime(timezone=True), nullable=True),
         Column("created_at", DateTime(timezone=True), nullable=False),
         Column("updated_at", DateTime(timezone=True), nullable=False),
+        # When code declaring this id last synced it (revision flask_defer_0006): what
+        # the orphan grace period and health's "undeclared" figure are measured from.
+        Column("declared_at", DateTime(timezone=True), nullable=True),
     )
     c = table.c
     active = (c.paused == false()) & (c.orphaned == false())

@@ -189,15 +189,18 @@ class DeferState:
             # One pass over live and failed rows, bounded counts of settled ones.
             parts = self.store.counts_by_name(conn, now=at)
         late, oldest_late = 0, None
+        undeclared: tuple[str, ...] = ()
         if self.recurring is not None:
             found = self.recurring.late(at)
             late, oldest_late = found.count, found.oldest_tick
+            undeclared = self.recurring.undeclared(at)
         return Health.from_counts(
             parts,
             known_names=known,
             now=at,
             late_schedules=late,
             oldest_late_tick=oldest_late,
+            undeclared_schedules=undeclared,
         )
 
     # -- running -------------------------------------------------------------------

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from flask_defer import InvalidArgument, Job, JobStatus, UnknownJob
 
@@ -334,6 +335,125 @@ def test_appenders_beside_a_running_worker_never_wait_past_the_busy_timeout(
         f"\n{backend}: {len(waits)} appends beside a worker, wait p50 "
         f"{waits[len(waits) // 2] * 1000:.0f} ms, max {waits[-1] * 1000:.0f} ms"
     )
+
+
+def test_eight_producers_beside_a_worker_deliver_ten_thousand_items_exactly_once(
+    make_app: Callable[..., AppKit], backend: str
+) -> None:
+    """Issue 27: eight producers append 10,000 items to one hot key beside a real worker.
+
+    Batches of at most 50 items or half a second keep the worker claiming full and
+    due batches while producers retire due ones and open new ones. No append fails (on
+    PostgreSQL a producer could deadlock with the worker's claim, see
+    ``store/batches``), and the delivered batches hold every item exactly once. About
+    a minute on a busy 2-core machine; smaller windows make each item open its own
+    batch and cost several times more.
+    """
+    kit = make_app()
+    delivered: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    @kit.defer.job("digest")
+    def digest(job: Job) -> None:
+        with lock:
+            delivered.extend(tuple(item) for item in job.payload["items"])
+
+    producers, per_producer = 8, 1250
+    errors: list[BaseException] = []
+
+    def produce(producer: int) -> None:
+        with kit.app.app_context():
+            for n in range(per_producer):
+                try:
+                    kit.defer.batch(
+                        "digest", key="post:1", item=[producer, n], window=0.5, max_items=50
+                    )
+                    kit.db.session.commit()
+                except Exception as error:  # noqa: BLE001 - reported below
+                    kit.db.session.rollback()
+                    errors.append(error)
+
+    with kit.app.app_context():
+        kit.db.create_all()
+        worker = kit.defer.worker()
+    began = time.monotonic()
+    running = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    running.start()
+    try:
+        threads = [threading.Thread(target=produce, args=(p,)) for p in range(producers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    finally:
+        worker.stop()
+        running.join(60)
+    took = time.monotonic() - began
+    with kit.app.app_context():
+        kit.defer.run_due(now=datetime.now(UTC) + timedelta(hours=2))  # what is left
+        kit.db.session.remove()
+
+    assert not errors, errors[:3]
+    expected = [(p, n) for p in range(producers) for n in range(per_producer)]
+    assert len(delivered) == len(expected)  # nothing twice
+    assert sorted(delivered) == expected  # nothing lost
+    print(f"\n{backend}: {len(delivered)} items by {producers} producers in {took:.1f} s")
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_producer_never_waits_for_a_due_batch_the_worker_is_claiming(
+    make_app: Callable[..., AppKit], backend: str
+) -> None:
+    """PostgreSQL: a due batch whose row another transaction holds (the worker's claim
+    in progress) is passed over, not waited for: the item opens the key's next slot.
+
+    Waiting there to retire it is how a producer holding another batch row (one it had
+    retired or appended to, or only re-checked) closed a deadlock with the claim,
+    which locks due rows in run_at order (issue 27). SQLite has no row locks.
+    """
+    kit = make_app()
+    delivered: list[Any] = []
+
+    @kit.defer.job("digest")
+    def digest(job: Job) -> None:
+        delivered.extend(job.payload["items"])
+
+    now = datetime.now(UTC)
+    with kit.app.app_context():
+        kit.db.create_all()
+        first = kit.defer.batch("digest", key="post:1", item="first", window=0.001)
+        kit.db.session.commit()
+    time.sleep(0.01)  # the first batch is due now
+    table = kit.app.extensions["defer"].store.table
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with kit.app.app_context():
+                kit.defer.batch("digest", key="post:1", item="second", window=3600)
+                kit.db.session.commit()
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+        done.set()
+
+    engine = kit.app.extensions["defer"].store.engine
+    with engine.connect() as holder:
+        holder.execute(
+            select(table.c.id).where(table.c.id == first.job_id).with_for_update()
+        ).one()
+        producer = threading.Thread(target=produce)
+        producer.start()
+        passed_over = done.wait(3)  # the old code waited here until the holder ended
+        holder.rollback()
+    producer.join(30)
+    assert not errors, errors
+    assert passed_over, "the producer waited for the held batch row"
+    with kit.app.app_context():
+        keys = {job.key for job in kit.defer.list(name="digest")}
+        kit.defer.run_due(now=now + timedelta(hours=2))
+    assert keys == {"post:1", "post:1#2"}  # the held batch kept its slot; slot 2 opened
+    assert sorted(delivered) == ["first", "second"]
 
 
 def test_batching_runs_against_the_per_app_state_without_a_defer(database_url: str) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import inspect
 
 from flask_defer import Job, JobStatus
+from flask_defer.timeutil import utcnow
 
 from .conftest import AppKit
 
@@ -214,3 +216,36 @@ def test_schedules_lists_pauses_and_resumes(cli_kit: AppKit) -> None:
     assert (code, output.strip()) == (0, "schedule digest resumed")
     code, output = invoke(cli_kit, "schedules", "pause", "nope")
     assert code == 1 and "no recurring schedule has the id 'nope'" in output
+
+
+def test_schedules_forget_stops_a_schedule_no_code_declares_and_status_names_it(
+    make_app: Callable[..., AppKit],
+) -> None:
+    old = make_app()
+
+    @old.defer.job("send_email")
+    def send_email(job: Job) -> None:
+        pass
+
+    old.defer.recurring("old-report", "send_email", cron="0 9 * * *")
+    invoke(old, "install")
+    with old.app.app_context():
+        old.defer.list_recurring()  # the old release synced it
+        with old.db.engine.begin() as conn:  # ... and last ran a day and a half ago
+            ticker = old.app.extensions["defer"].recurring
+            table = ticker.store.table
+            conn.execute(table.update().values(declared_at=utcnow() - timedelta(hours=36)))
+    new = make_app(DEFER_SCHEDULE_ORPHAN_GRACE=timedelta(days=7))
+    code, output = invoke(new, "status")
+    assert code == 0 and "schedules not declared by running code: old-report" in output
+    code, output = invoke(new, "schedules", "forget", "old-report")
+    assert (code, output.strip()) == (
+        0,
+        "schedule old-report forgotten: orphaned, it no longer ticks",
+    )
+    code, output = invoke(new, "schedules", "forget", "old-report")
+    assert (code, output.strip()) == (0, "schedule old-report was already orphaned")
+    assert "old-report  send_email  0 9 * * * (UTC)  orphaned" in invoke(new, "schedules")[1]
+    assert "not declared" not in invoke(new, "status")[1]
+    code, output = invoke(old, "schedules", "forget", "old-report")
+    assert code == 2 and "declared by this code" in output

@@ -106,7 +106,8 @@ def written_default(value: object) -> str:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
         if seconds and seconds % 86400 == 0:
-            text = f"{seconds / 86400:g} days"
+            days = seconds / 86400
+            text = f"{days:g} day" if days == 1 else f"{days:g} days"
         elif seconds and seconds % 3600 == 0:
             text = f"{seconds / 3600:g} h"
         elif seconds >= 60 and seconds % 60 == 0:
@@ -263,3 +264,13 @@ def test_the_command_line_page_documents_every_command_and_flag() -> None:
                 if flag != "--help" and not re.search(rf"`[^`]*{re.escape(flag)}\b", text):
                     missing.append(f"{name} {flag}")
     assert not missing, f"docs/cli.md does not document {missing}"
+
+
+def test_the_recurring_section_says_a_tick_job_is_at_least_once() -> None:
+    """Issue 28: exactly one job per tick, but a worker killed mid-run re-runs it."""
+    page = next(p for p in PAGES if "\n## Recurring jobs\n" in p.read_text(encoding="utf-8"))
+    text = page.read_text(encoding="utf-8")
+    section = text.split("\n## Recurring jobs\n", 1)[1].split("\n## ", 1)[0]
+    flat = " ".join(section.split())
+    assert "Exactly one *job* per tick; the job itself runs **at least once**" in flat
+    assert "a slow handler cut off this way starts twice for one tick" in flat

@@ -9,6 +9,8 @@ import pytest
 from sqlalchemy import update
 
 from flask_defer import InvalidArgument, Job, NotConfigured, ScheduleNotFound, UnknownJob
+from flask_defer.ticks import TickTimer
+from flask_defer.timeutil import utcnow
 
 from .conftest import AppKit
 
@@ -143,7 +145,49 @@ def test_pause_writes_no_ticks_and_resume_runs_only_the_next_tick(kit: AppKit) -
     assert [job.run_at for job in ran] == [utc(2026, 3, 1, 10), utc(2026, 3, 1, 16)]
 
 
-def test_removing_the_declaration_orphans_the_schedule_and_stops_it(
+def test_old_code_run_due_beside_a_new_code_worker_writes_every_tick_exactly_once(
+    make_app: Any,
+) -> None:
+    """A rolling deploy: the new release declares ``beat``, the old one ``legacy``.
+
+    The new release's worker syncs once at its start and then writes due ticks; the old
+    release's ``run_due`` (a cron job still deployed) syncs at every call and runs
+    whatever is due. Neither stops the other's schedule: over 40 one-second ticks each
+    schedule's tick is written exactly once, by the release that declares it, and
+    every tick job runs once.
+    """
+    new, old = make_app(), make_app()
+    t0 = utc(2026, 3, 1, 10)
+    with new.app.app_context():
+        new.db.create_all()
+    ran = record_runs(new)
+    ran_old = record_runs(old)  # the old release knows the handler too
+    new.defer.recurring("beat", "tick", every=1, catch_up="all")
+    old.defer.recurring("legacy", "tick", every=1, catch_up="all")
+    with old.app.app_context():
+        old.defer.run_due(now=t0 - timedelta(milliseconds=500))  # the old release runs
+    with new.app.app_context():
+        ticker = new.app.extensions["defer"].recurring
+        timer = TickTimer(ticker, poll_interval=0.0)
+        timer.sync(t0 - timedelta(milliseconds=400))  # the new worker starts
+    for second in range(40):
+        at = t0 + timedelta(seconds=second)
+        with new.app.app_context():
+            timer.write_due(at)
+            new.defer.run_due(now=at + timedelta(milliseconds=100))
+        with old.app.app_context():
+            old.defer.run_due(now=at + timedelta(milliseconds=500))
+    with new.app.app_context():
+        expected = [f"2026-03-01T10:00:{s:02d}Z" for s in range(40)]
+        assert tick_keys(new, "beat") == [f"recurring:beat:{e}" for e in expected]
+        assert tick_keys(new, "legacy") == [f"recurring:legacy:{e}" for e in expected]
+        rows = {row.id: row for row in new.defer.list_recurring()}
+        assert not rows["beat"].orphaned and not rows["legacy"].orphaned
+    keys = [job.key for job in ran + ran_old]
+    assert len(keys) == len(set(keys)) == 80  # every tick job ran, none twice
+
+
+def test_a_schedule_gone_from_the_code_is_left_alone_then_orphaned_after_the_grace(
     make_app: Any,
 ) -> None:
     first = make_app()
@@ -152,26 +196,87 @@ def test_removing_the_declaration_orphans_the_schedule_and_stops_it(
         record_runs(first)
         first.defer.recurring("hourly", "tick", cron="0 * * * *")
         first.defer.run_due(now=utc(2026, 3, 1, 10))
-    # The next deploy no longer declares it.
+    # The next release no longer declares it (DEFER_SCHEDULE_ORPHAN_GRACE: 24 h).
     second = make_app()
     with second.app.app_context():
         ran = record_runs(second)
-        second.defer.run_due(now=utc(2026, 3, 1, 11))
+        second.defer.run_due(now=utc(2026, 3, 1, 10, 5))
+        assert second.defer.health(now=utc(2026, 3, 1, 10, 5)).undeclared_schedules == ()
+        second.defer.run_due(now=utc(2026, 3, 2, 9, 59))
         (row,) = second.defer.list_recurring()
-        assert row.id == "hourly" and row.orphaned and not row.paused
-        assert row.next_run_at == utc(2026, 3, 1, 11)  # kept, visible
-        second.defer.run_due(now=utc(2026, 3, 1, 14))
-        assert ran == []
+        assert not row.orphaned and row.next_run_at == utc(2026, 3, 1, 11)  # untouched
+        assert ran == []  # only code that declares a schedule writes its ticks
+        health = second.defer.health(now=utc(2026, 3, 2, 9, 59))
+        assert health.undeclared_schedules == ("hourly",)
+        assert health.as_dict()["undeclared_schedules"] == ["hourly"]
+        second.defer.run_due(now=utc(2026, 3, 2, 10, 0, 1))  # 24 h since its declaration
+        (row,) = second.defer.list_recurring()
+        assert row.orphaned and not row.paused
+        assert second.defer.health(now=utc(2026, 3, 2, 10, 1)).undeclared_schedules == ()
         assert tick_keys(second, "hourly") == ["recurring:hourly:2026-03-01T10:00:00Z"]
     # Declared again: it restarts from its next tick, without the orphaned hours.
     third = make_app()
     with third.app.app_context():
         ran = record_runs(third)
         third.defer.recurring("hourly", "tick", cron="0 * * * *", catch_up="all")
-        third.defer.run_due(now=utc(2026, 3, 1, 15, 30))
+        third.defer.run_due(now=utc(2026, 3, 2, 15, 30))
         assert ran == []
         (row,) = third.defer.list_recurring()
-        assert not row.orphaned and row.next_run_at == utc(2026, 3, 1, 16)
+        assert not row.orphaned and row.next_run_at == utc(2026, 3, 2, 16)
+
+
+def test_the_orphan_grace_period_is_a_setting(make_app: Any) -> None:
+    first = make_app()
+    with first.app.app_context():
+        first.db.create_all()
+        record_runs(first)
+        first.defer.recurring("hourly", "tick", cron="0 * * * *")
+        first.defer.run_due(now=utc(2026, 3, 1, 10))
+    second = make_app(DEFER_SCHEDULE_ORPHAN_GRACE=timedelta(minutes=5))
+    with second.app.app_context():
+        second.defer.run_due(now=utc(2026, 3, 1, 10, 4))
+        assert not second.defer.list_recurring()[0].orphaned
+        # Health's "lately" is the grace period when that is shorter than ten minutes.
+        assert second.defer.health(now=utc(2026, 3, 1, 10, 6)).undeclared_schedules == (
+            "hourly",
+        )
+        second.defer.run_due(now=utc(2026, 3, 1, 10, 6))
+        assert second.defer.list_recurring()[0].orphaned
+    for bad in (-1, "1h", None):
+        with pytest.raises(InvalidArgument, match="DEFER_SCHEDULE_ORPHAN_GRACE"):
+            make_app(DEFER_SCHEDULE_ORPHAN_GRACE=bad)
+
+
+def test_forget_recurring_orphans_an_undeclared_schedule_now(make_app: Any) -> None:
+    # Real time: the facade's calls sync at the current time.
+    first = make_app()
+    with first.app.app_context():
+        first.db.create_all()
+        record_runs(first)
+        first.defer.recurring("hourly", "tick", cron="0 * * * *")
+        first.defer.recurring("daily", "tick", cron="0 9 * * *")
+        first.defer.run_due()
+    second = make_app()
+    with second.app.app_context():
+        ran = record_runs(second)
+        second.defer.recurring("daily", "tick", cron="0 9 * * *")
+        with pytest.raises(InvalidArgument, match="declared by this code"):
+            second.defer.forget_recurring("daily")
+        with pytest.raises(ScheduleNotFound):
+            second.defer.forget_recurring("nope")
+        with pytest.raises(InvalidArgument, match="id"):
+            second.defer.forget_recurring("")
+        assert second.defer.forget_recurring("hourly") is True
+        assert second.defer.forget_recurring("hourly") is False
+        rows = {row.id: row for row in second.defer.list_recurring()}
+        assert rows["hourly"].orphaned and not rows["daily"].orphaned
+    # Even the release that still declares it no longer ticks it, until it restarts.
+    with first.app.app_context():
+        ticker = first.app.extensions["defer"].recurring
+        later = rows["hourly"].next_run_at + timedelta(days=1)
+        written = {job.key.split(":")[1] for job in ticker.materialise(later) if job.key}
+        assert written == {"daily"}
+    assert ran == []
 
 
 def test_interval_ticks_at_whole_multiples_of_the_interval(kit: AppKit) -> None:
@@ -326,3 +431,27 @@ def test_a_broken_schedule_row_is_logged_and_skipped_while_the_others_tick(
     assert "recurring schedule 'bad': could not write its tick" in caplog.text
     kit.defer.run_due(now=utc(2026, 3, 1, 10, 0, 1))
     assert [job.key for job in ran] == ["recurring:good:2026-03-01T10:00:00Z"]
+
+
+def test_a_tick_cut_off_by_a_killed_worker_runs_again_as_the_same_job(kit: AppKit) -> None:
+    """Exactly one job per tick; the job itself is at least once (README, issue 28).
+
+    A worker that claimed the tick's job and died (its lease lapsed) leaves the job to
+    run again: the handler starts twice for that tick, with the same key, and the
+    schedule writes no second job for it.
+    """
+    ran = record_runs(kit)
+    kit.defer.recurring("beat", "tick", every=60)
+    kit.defer.list_recurring()
+    ticker = kit.app.extensions["defer"].recurring
+    (row,) = kit.defer.list_recurring()
+    (job,) = ticker.materialise(row.next_run_at)
+    store = kit.app.extensions["defer"].store
+    (claimed,) = store.claim(  # its lease, judged by the wall clock, has lapsed
+        now=job.run_at, limit=1, token="killed", lease_until=utcnow() - timedelta(seconds=1)
+    )
+    assert claimed.id == job.id and claimed.attempts == 1  # started, then the worker died
+    kit.defer.run_due(now=row.next_run_at + timedelta(seconds=1))  # reclaimed, run again
+    assert [(j.id, j.attempts) for j in ran] == [(job.id, 2)]
+    assert ticker.materialise(row.next_run_at) == []
+    assert tick_keys(kit, "beat") == [job.key]

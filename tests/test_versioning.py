@@ -29,7 +29,7 @@ from .conftest import AppKit
 FIXTURES = Path(__file__).parent / "fixtures"
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 #: Every shipped revision, oldest first: what an upgrade from nothing applies.
-REVISIONS = [f"flask_defer_000{n}" for n in range(1, 6)]
+REVISIONS = [f"flask_defer_000{n}" for n in range(1, 7)]
 
 
 def build_0_1_0(engine: Engine) -> None:
@@ -381,6 +381,32 @@ def test_the_state_texts_revision_moves_joined_labels_into_their_columns_and_bac
     assert labels == {1: JOINED, 2: "Plain"}
     assert versioning.upgrade(legacy_engine) == REVISIONS[3:]
     assert versioning.check(legacy_engine).ok
+
+
+def test_the_declared_at_revision_starts_each_schedules_grace_at_its_last_change(
+    legacy_engine: Engine,
+) -> None:
+    _alembic_upgrade(legacy_engine, "flask_defer_0005")
+    changed = NOW - timedelta(hours=3)
+    with legacy_engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO defer_schedules (id, job_name, cron, tz, catch_up, paused, "
+                "orphaned, next_run_at, created_at, updated_at) VALUES ('nightly', "
+                "'send_email', '0 3 * * *', 'UTC', 'latest', :no, :no, :at, :at, :changed)"
+            ),
+            {"no": False, "at": NOW, "changed": changed},
+        )
+    assert versioning.upgrade(legacy_engine) == REVISIONS[5:]
+    table = Table("defer_schedules", MetaData(), autoload_with=legacy_engine)
+    with legacy_engine.connect() as conn:
+        declared, updated = conn.execute(select(table.c.declared_at, table.c.updated_at)).one()
+    assert declared == updated
+    assert versioning.check(legacy_engine).ok
+    _alembic_downgrade(legacy_engine, "flask_defer_0005")
+    columns = {c["name"] for c in inspect(legacy_engine).get_columns("defer_schedules")}
+    assert "declared_at" not in columns and "updated_at" in columns
+    assert versioning.upgrade(legacy_engine) == REVISIONS[5:]
 
 
 def test_an_app_without_db_on_an_older_schema_leaves_the_schedules_table_to_the_upgrade(

@@ -11,6 +11,7 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import update
 
+from flask_defer.recurrence import make_rule, make_spec
 from flask_defer.timeutil import utcnow
 
 from .dashboard_app import OpsApp, create_app
@@ -147,3 +148,22 @@ def test_the_jobs_dashboard_warns_of_a_late_schedule(ops: OpsApp) -> None:
     html = client.get("/defer/").get_data(as_text=True)
     assert 'data-defer-figure="late-schedules"' in html
     assert "1 recurring schedule</strong>" in html
+
+
+def test_the_jobs_dashboard_names_schedules_no_running_code_declares(ops: OpsApp) -> None:
+    client = signed_in(ops)
+    assert 'data-defer-figure="undeclared-schedules"' not in client.get("/defer/").get_data(
+        as_text=True
+    )
+    with ops.context():
+        ops.defer.list_recurring()  # synced: its own schedules are declared by it
+        ticker = ops.app.extensions["defer"].recurring
+        rule = make_rule("0 9 * * *", None, "UTC")
+        gone = make_spec("gone-report", "sync_invoices", rule, {}, "latest")
+        # Declared an hour ago by a release that no longer runs.
+        an_hour_ago = utcnow() - timedelta(hours=1)
+        ticker.store.sync([gone], now=an_hour_ago, orphan_grace=timedelta(days=1))
+    html = client.get("/defer/").get_data(as_text=True)
+    assert 'data-defer-figure="undeclared-schedules"' in html
+    assert "1 recurring schedule</strong>" in html
+    assert "not declared by any running code" in html

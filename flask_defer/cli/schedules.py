@@ -1,4 +1,4 @@
-"""``flask defer schedules [pause | resume]``: the recurring schedules."""
+"""``flask defer schedules [pause | resume | forget]``: the recurring schedules."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from .common import errors_to_exit_codes
 @with_appcontext
 @errors_to_exit_codes
 def schedules_command(ctx: click.Context, as_json: bool) -> None:
-    """List recurring schedules; pause or resume one."""
+    """List recurring schedules; pause, resume or forget one."""
     if ctx.invoked_subcommand is not None:
         return
     rows = current_defer().list_recurring()
@@ -65,6 +65,18 @@ def schedules_resume_command(schedule_id: str) -> None:
         click.echo(f"schedule {schedule_id} was not paused")
 
 
+@schedules_command.command("forget")
+@click.argument("schedule_id")
+@with_appcontext
+@errors_to_exit_codes
+def schedules_forget_command(schedule_id: str) -> None:
+    """Orphan a schedule removed from the code now (else after DEFER_SCHEDULE_ORPHAN_GRACE)."""
+    if current_defer().forget_recurring(schedule_id):
+        click.echo(f"schedule {schedule_id} forgotten: orphaned, it no longer ticks")
+    else:
+        click.echo(f"schedule {schedule_id} was already orphaned")
+
+
 def _schedule_dict(row: ScheduleRow) -> dict[str, Any]:
     return {
         "id": row.id,
@@ -76,4 +88,5 @@ def _schedule_dict(row: ScheduleRow) -> dict[str, Any]:
         "orphaned": row.orphaned,
         "next_run_at": row.next_run_at.isoformat(),
         "last_run_at": row.last_run_at.isoformat() if row.last_run_at else None,
+        "declared_at": row.declared_at.isoformat() if row.declared_at else None,
     }

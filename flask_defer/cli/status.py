@@ -43,6 +43,12 @@ def status_command(
         click.echo(f"{'oldest owed':<14}{age:>10}")
         click.echo(f"{'lapsed leases':<14}{health.lapsed_leases:>10}")
         click.echo(f"{'unknown names':<14}{health.unknown_handlers:>10}")
+        if health.undeclared_schedules:
+            # Schedules nobody ticks: gone from the code, or their release is not running.
+            click.echo(
+                "schedules not declared by running code: "
+                + ", ".join(health.undeclared_schedules)
+            )
         if health.by_name:
             click.echo()
             click.echo(f"{'NAME':<28}{'SCHEDULED':>10}{'OWED':>8}{'OLDEST':>10}{'FAILED':>8}")

@@ -39,6 +39,7 @@ class RecurringMethods(FacadeBase):
             self.registry,
             default_max_attempts=state.config.max_attempts,
             max_catch_up=state.config.recurring_max_catch_up,
+            orphan_grace=state.config.schedule_orphan_grace,
             on_written=lambda job: state.send(signals.job_scheduled, job=job),
         )
         if state.db is None and self._schema_at_head(state):
@@ -89,8 +90,9 @@ class RecurringMethods(FacadeBase):
     def list_recurring(self) -> list[ScheduleRow]:
         """Every schedule with its next and last tick, paused and orphaned flags, by id.
 
-        Orphaned schedules (declared once, no longer in code) are listed too: they are
-        kept and never tick until declared again.
+        Orphaned schedules (forgotten, or not declared by any code for
+        ``DEFER_SCHEDULE_ORPHAN_GRACE``) are listed too: they are kept and never tick
+        until declared again.
         """
         return self._ticker().list(utcnow())
 
@@ -110,6 +112,19 @@ class RecurringMethods(FacadeBase):
         """
         at = as_utc(now, "now") if now is not None else utcnow()
         return self._ticker("resume_recurring").resume(id, at)
+
+    def forget_recurring(self, id: str) -> bool:
+        """Stop the schedule *id*, gone from the code, now: True if this call orphaned it.
+
+        Code that does not declare a schedule never stops it (during a rolling deploy
+        the release that declares it keeps ticking it); it is orphaned by itself only
+        after ``DEFER_SCHEDULE_ORPHAN_GRACE`` without a declaration. This does it now.
+        The row is kept and listed; a process whose code declares the id again
+        restarts it from its next tick when it starts. Already orphaned → False;
+        unknown id → :class:`ScheduleNotFound`; an id this code declares →
+        :class:`InvalidArgument` (remove the ``defer.recurring(...)`` first, or pause).
+        """
+        return self._ticker("forget_recurring").forget(id, utcnow())
 
     def run_recurring_now(self, id: str) -> Job:
         """Write one extra job of schedule *id*, due now (the dashboard's "Run now").

@@ -27,6 +27,11 @@ see ``store/write_lock``), and ``max_wait`` holds however many producers there a
 batching. In a rare race (a running
 batch finishing between another item's two steps) two pending batches of a key can
 coexist for a while: each item is still in exactly one of them, and both are delivered.
+
+**Why no deadlock with the worker (PostgreSQL).** Only the first statement, the append
+to slot 1, may wait for a row; after it the key's producers take turns under an
+advisory lock and pass over rows another transaction holds (``store/batches``), so a
+producer never waits for a batch row while holding one the worker's claim waits for.
 """
 
 from __future__ import annotations
@@ -126,7 +131,7 @@ def batch(
 
     store = state.store
 
-    def append(conn: Connection, slot: int) -> BatchAppend | None:
+    def append(conn: Connection, slot: int, *, wait: bool = False) -> BatchAppend | None:
         return store.batch_append(
             conn,
             name=name,
@@ -135,10 +140,19 @@ def batch(
             now=arrived,
             max_items=max_items,
             debounce_until=debounce_until,
+            wait=wait,
         )
 
     with state.transactions.joined(writes=True) as conn:
-        # The open batch is nearly always in slot 1, or in slot 2 while slot 1 runs.
+        # The open batch is nearly always in slot 1, or in slot 2 while slot 1 runs. The
+        # first statement may wait for slot 1's row (other producers appending), as it
+        # holds no batch row yet; after it, on PostgreSQL, producers of this key take
+        # turns and no statement waits for a batch row while this one holds another
+        # (the deadlock with the worker's claim, see store/batches).
+        appended = append(conn, 1, wait=True)
+        if appended is not None:
+            return _batched(appended)
+        store.batch_lock(conn, name=name, key=key)
         for slot in (1, 2):
             appended = append(conn, slot)
             if appended is not None:

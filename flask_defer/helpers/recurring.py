@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -33,6 +33,14 @@ logger = logging.getLogger("flask_defer.recurring")
 
 #: Seconds a schedule whose tick could not be written is left alone before a retry.
 BROKEN_RETRY = 60.0
+
+#: Seconds between a running worker's records that its code still declares its
+#: schedules (``declared_at``); ``run_due`` records it at every call.
+DECLARED_REFRESH = 60.0
+
+#: Health lists a schedule as undeclared once no code has declared it for this long
+#: (or for the orphan grace period, if that is shorter): ten refreshes missed.
+UNDECLARED_AFTER = timedelta(minutes=10)
 
 
 class Declarations:
@@ -86,6 +94,7 @@ class Ticker:
         *,
         default_max_attempts: int,
         max_catch_up: int,
+        orphan_grace: timedelta = timedelta(hours=24),
         on_written: Callable[[Job], None] | None = None,
     ) -> None:
         self.store = store
@@ -93,6 +102,9 @@ class Ticker:
         self.registry = registry
         self.default_max_attempts = default_max_attempts
         self.max_catch_up = max_catch_up
+        #: How long a schedule no code declares keeps its row live before it is
+        #: orphaned (``DEFER_SCHEDULE_ORPHAN_GRACE``).
+        self.orphan_grace = orphan_grace
         #: Called with each job a tick (or "run now") wrote, after its commit: the
         #: state's ``job_scheduled`` signal, as for every other new job.
         self.on_written = on_written
@@ -100,25 +112,61 @@ class Ticker:
         self._table_exists: bool | None = None
         #: Schedules whose tick could not be written, skipped until this monotonic time.
         self._broken: dict[str, float] = {}
+        #: Monotonic time of the next refresh of ``declared_at`` (see materialise).
+        self._refresh_at = 0.0
+        #: Undeclared ids already logged by this process (logged once each).
+        self._told_undeclared: set[str] = set()
 
     # -- sync ---------------------------------------------------------------------------
 
     def sync(self, now: datetime) -> SyncResult:
-        """Copy the declarations into the table (new, changed, orphaned); see the store."""
+        """Copy this code's declarations into the table; leave the ids it does not declare.
+
+        See :meth:`ScheduleStore.sync`: an id this code does not declare is ticked by
+        the code that does, and orphaned only after ``DEFER_SCHEDULE_ORPHAN_GRACE``
+        without any declaration.
+        """
         version = self.declarations.version
         specs = self.declarations.specs()
         if not specs and not self._has_table():
             # An app without schedules on a database without the table: nothing to do.
             self._synced_version = version
             return SyncResult()
-        result = self.store.sync(specs, now=now)
+        result = self.store.sync(specs, now=now, orphan_grace=self.orphan_grace)
         self._synced_version = version
-        for schedule_id in result.orphaned:
-            logger.warning(
-                "recurring schedule %r is no longer declared: kept as orphaned, it stops ticking",
-                schedule_id,
-            )
+        self._refresh_at = time.monotonic() + DECLARED_REFRESH
+        self._log_orphaned(result.orphaned)
+        for schedule_id in result.undeclared:
+            if schedule_id not in self._told_undeclared:
+                self._told_undeclared.add(schedule_id)
+                logger.info(
+                    "recurring schedule %r is not declared by this code: left to the code "
+                    "that declares it (orphaned after %s without a declaration, "
+                    "DEFER_SCHEDULE_ORPHAN_GRACE)",
+                    schedule_id,
+                    self.orphan_grace,
+                )
         return result
+
+    def refresh(self, now: datetime) -> tuple[str, ...]:
+        """Record that this code still declares its schedules; orphan the long-undeclared."""
+        self._refresh_at = time.monotonic() + DECLARED_REFRESH
+        orphaned = self.store.refresh(
+            {spec.id for spec in self.declarations.specs()},
+            now=now,
+            orphan_grace=self.orphan_grace,
+        )
+        self._log_orphaned(orphaned)
+        return orphaned
+
+    def _log_orphaned(self, orphaned: tuple[str, ...]) -> None:
+        for schedule_id in orphaned:
+            logger.warning(
+                "recurring schedule %r was not declared by any code for %s "
+                "(DEFER_SCHEDULE_ORPHAN_GRACE): kept as orphaned, it stops ticking",
+                schedule_id,
+                self.orphan_grace,
+            )
 
     def ensure_synced(self, now: datetime) -> None:
         """Sync once per process, and again after a new declaration."""
@@ -141,14 +189,21 @@ class Ticker:
     def materialise(self, now: datetime) -> list[Job]:
         """Write the jobs of every tick due at *now*; return them.
 
-        Each due schedule is advanced with the store's compare-and-set; a schedule that
-        another worker advanced first is skipped (that worker wrote its ticks).
+        Only schedules this code declares: one it does not know (the other release's,
+        during a rolling deploy) is ticked by the code that declares it. Each due
+        schedule is advanced with the store's compare-and-set; a schedule that another
+        worker advanced first is skipped (that worker wrote its ticks). Every
+        :data:`DECLARED_REFRESH` seconds it first records that this code still declares
+        its schedules (:meth:`refresh`).
         """
         if not self.active:
             return []
+        if time.monotonic() >= self._refresh_at:
+            self.refresh(now)
+        declared = {spec.id for spec in self.declarations.specs()}
         written: list[Job] = []
         while True:
-            due = self.store.due(now=now)
+            due = self.store.due(now=now, ids=declared)
             progressed = False
             for row in due:
                 if self._broken.get(row.id, 0.0) > time.monotonic():
@@ -205,10 +260,10 @@ class Ticker:
         return self.store.advance(row, next_tick=steps.next_tick, ticks=ticks, now=now)
 
     def next_due(self) -> datetime | None:
-        """When the earliest live schedule ticks next (the worker's wake-up)."""
+        """When the earliest live schedule this code declares ticks next (the wake-up)."""
         if not self.active:
             return None
-        return self.store.next_due()
+        return self.store.next_due({spec.id for spec in self.declarations.specs()})
 
     def late(self, now: datetime) -> Late:
         """Live schedules whose tick is more than :data:`ON_TIME` overdue."""
@@ -216,6 +271,23 @@ class Ticker:
             return Late(0, None)
         count, oldest = self.store.late(before=now - ON_TIME)
         return Late(count, oldest)
+
+    def undeclared(self, now: datetime) -> tuple[str, ...]:
+        """Ids of live schedules no running code has declared lately (health shows them).
+
+        "Lately": within :data:`UNDECLARED_AFTER`, or the orphan grace period if that
+        is shorter. A worker re-declares its schedules every minute and ``run_due`` at
+        every call, so a schedule listed here is one no running code knows: removed
+        from the code (it is orphaned when the grace period ends), or its release is
+        not running anywhere. The ids this process declares are never listed: the
+        code asking runs and declares them.
+        """
+        if not self.active:
+            return ()
+        within = min(UNDECLARED_AFTER, self.orphan_grace)
+        mine = {spec.id for spec in self.declarations.specs()}
+        found = self.store.undeclared(before=now - within, limit=50 + len(mine))
+        return tuple(schedule_id for schedule_id in found if schedule_id not in mine)[:50]
 
     # -- run-time control ------------------------------------------------------------------
 
@@ -247,6 +319,20 @@ class Ticker:
             now=now,
             queue=spec.queue if spec else "default",
         )
+
+    def forget(self, schedule_id: str, now: datetime) -> bool:
+        """Orphan a schedule gone from the code now; False if it already was orphaned.
+
+        Refused for an id this code declares: the next sync would bring it back.
+        """
+        self.get(schedule_id, now)
+        if schedule_id in {spec.id for spec in self.declarations.specs()}:
+            raise InvalidArgument(
+                "id",
+                f"recurring schedule {schedule_id!r} is declared by this code; remove its "
+                "defer.recurring(...) first, or pause it",
+            )
+        return self.store.forget(schedule_id, now=now)
 
     def run_now(self, schedule_id: str, now: datetime) -> Job:
         """Write one extra job of the schedule, due now; its ticks are unchanged."""

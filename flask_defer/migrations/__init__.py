@@ -4,7 +4,8 @@
 first (``flask_defer_0001``) is the schema of 0.1.0, the second (``flask_defer_0002``)
 adds the recurring schedules table, the third (``flask_defer_0003``) the job history
 table, the fourth (``flask_defer_0004``) the Undo toast's state-text columns, the fifth
-(``flask_defer_0005``) the indexes health and the dashboard read alone. They run two
+(``flask_defer_0005``) the indexes health and the dashboard read alone, the sixth
+(``flask_defer_0006``) when code last declared each recurring schedule. They run two
 ways:
 
 * from the app's own Alembic / Flask-Migrate setup, by adding

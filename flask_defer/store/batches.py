@@ -2,6 +2,21 @@
 
 An append is a guarded update of the open batch or the insert of a new one, so items
 racing the worker's claim land in exactly one batch.
+
+**Lock order on PostgreSQL.** The worker's claim locks due rows in ``run_at`` order
+with ``FOR UPDATE SKIP LOCKED``, but SKIP LOCKED does not cover a row updated since the
+claim's snapshot: PostgreSQL then waits for whoever holds the newer version ("while
+locking updated version of tuple"). A producer walks a key's slots in slot order, so
+it could hold one batch row (retired or appended to, or only re-checked: an UPDATE
+that waited and then found the row no longer matching keeps its lock) and wait for
+another that the claim had locked first, while the claim waited for it: a deadlock
+between ``batch()`` and the worker. So on PostgreSQL a producer waits for a batch row
+only in its first statement, the append to the open batch of slot 1, while it holds
+no batch row; when that finds nothing it takes the key's advisory lock
+(:meth:`BatchStatements.batch_lock`, so producers of one key take turns on the slow
+path and do not race each other for rows there), and every later append and retire
+picks its row with ``FOR UPDATE SKIP LOCKED`` (a row the worker holds is being
+claimed: it takes no more items, and the next slot is used).
 """
 
 from __future__ import annotations
@@ -14,6 +29,7 @@ from sqlalchemy import (
     Connection,
     String,
     Text,
+    bindparam,
     case,
     cast,
     func,
@@ -39,6 +55,21 @@ _PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), ma
 class BatchStatements(HistoryStatements):
     """Batch appends: items joining one pending job per (name, key) window."""
 
+    def batch_lock(self, conn: Connection, *, name: str, key: str) -> None:
+        """PostgreSQL: take the (name, key) batch lock for the rest of *conn*'s transaction.
+
+        Producers of one key then append one after the other, as they would queue for
+        the open batch's row anyway, and the slot statements below never wait for each
+        other's rows. A transaction-level advisory lock, released at commit or
+        rollback; a hash collision only makes two keys take turns. SQLite has one
+        writer at a time and needs nothing.
+        """
+        if self.is_postgres:
+            conn.execute(
+                select(func.pg_advisory_xact_lock(func.hashtextextended(bindparam("k"), 0))),
+                {"k": f"{self.table.name}\x1f{name}\x1f{key}"},
+            )
+
     def batch_append(
         self,
         conn: Connection,
@@ -49,8 +80,13 @@ class BatchStatements(HistoryStatements):
         now: datetime,
         max_items: int | None,
         debounce_until: datetime | None,
+        wait: bool = False,
     ) -> BatchAppend | None:
         """Append one item to the pending batch job *name* holding *key*, in one statement.
+
+        PostgreSQL: a row another transaction holds is passed over (None), unless
+        *wait*, which only a statement holding no batch row yet may ask for (see the
+        module docstring).
 
         The guard (``status = 'pending'`` and, with *max_items*, "not full yet") makes
         the append and the worker's claim exclusive: an item lands in a batch before it
@@ -123,7 +159,7 @@ class BatchStatements(HistoryStatements):
         values["run_at"] = run_at
         stmt = (
             update(t)
-            .where(*conditions)
+            .where(*(conditions if wait else self._unlocked_row(conditions)))
             .values(values)
             .returning(t.c.id, t.c.run_at, t.c.queue, count_after)
         )
@@ -145,17 +181,39 @@ class BatchStatements(HistoryStatements):
         the slot, instead of every later item locking it.
         """
         t = self.table
+        conditions = [
+            t.c.key == key,
+            t.c.name == name,
+            t.c.status == JobStatus.PENDING.value,
+            t.c.run_at <= now,
+        ]
         stmt = (
             update(t)
-            .where(
-                t.c.key == key,
-                t.c.name == name,
-                t.c.status == JobStatus.PENDING.value,
-                t.c.run_at <= now,
-            )
+            .where(*self._unlocked_row(conditions))
             .values(key=t.c.key + literal_column("'#due-'") + cast(t.c.id, String()))
         )
         return bool(conn.execute(stmt).rowcount)
+
+    def _unlocked_row(self, conditions: list[ColumnElement[bool]]) -> list[ColumnElement[bool]]:
+        """PostgreSQL: *conditions* narrowed to the one matching row no one else holds.
+
+        ``id = (SELECT id ... LIMIT 1 FOR UPDATE SKIP LOCKED)``: one row at most (the
+        live-key index allows one pending row per key), skipped rather than waited
+        for when another transaction (the worker's claim) holds it, so the producer
+        never waits while holding another batch row (see the module docstring).
+        SQLite: unchanged (one writer at a time, no row locks).
+        """
+        if not self.is_postgres:
+            return conditions
+        t = self.table
+        row = (
+            select(t.c.id)
+            .where(*conditions)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
+        return [t.c.id == row, *conditions]
 
     def hold_claim(self, conn: Connection, job: Job) -> bool:
         """Lock a claimed job's row in the caller's transaction; False if the claim is lost.

@@ -5,89 +5,36 @@ guarded statement: ``UPDATE ... SET next_run_at = :new WHERE id = :id AND
 next_run_at = :old`` in the same transaction as the tick's job insert. Two workers
 that read the same due schedule both try; the database lets exactly one of them
 match the old tick, and the other writes nothing.
+
+Deploy-safe like unknown handlers: a process only syncs and ticks the ids its code
+declares, so during a rolling deploy the release that does not know a schedule leaves
+its row alone and the release that declares it writes every tick. A schedule stops
+(is orphaned) only when told to (:meth:`ScheduleStore.forget`) or after no code has
+declared it for the grace period (``declared_at``, kept fresh by every sync and by a
+running worker's :meth:`ScheduleStore.refresh`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections.abc import Collection, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import (
-    ColumnElement,
-    Engine,
-    Table,
-    and_,
-    false,
-    func,
-    select,
-    true,
-    update,
-)
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import ColumnElement, Engine, Table, and_, false, func, select, true, update
 
 from ..errors import JobExists
 from ..jobs import Job
-from ..recurrence import CatchUp, RecurringSpec, Rule
 from ..schema import typed_schedules_table
 from .records import NewJob
+from .schedule_sync import ScheduleRow, ScheduleSync, SyncResult
+
+__all__ = ["ScheduleRow", "ScheduleStore", "SyncResult"]
 
 if TYPE_CHECKING:
     from . import JobStore
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduleRow:
-    """One row of the schedules table, as ``defer.list_recurring()`` returns it."""
-
-    id: str
-    job_name: str
-    cron: str | None
-    every: timedelta | None
-    tz: str
-    payload: Any
-    catch_up: CatchUp
-    paused: bool
-    #: True when no ``defer.recurring(...)`` declares this id any more: kept, shown,
-    #: and never ticks until it is declared again.
-    orphaned: bool
-    next_run_at: datetime
-    last_run_at: datetime | None
-
-    @property
-    def rule(self) -> Rule:
-        """The stored rule (what the last sync copied from the declaration)."""
-        return Rule(cron=self.cron, every=self.every, tz=self.tz)
-
-    @classmethod
-    def from_row(cls, row: Any) -> ScheduleRow:
-        every = row["every_seconds"]
-        return cls(
-            id=row["id"],
-            job_name=row["job_name"],
-            cron=row["cron"],
-            every=timedelta(seconds=every) if every is not None else None,
-            tz=row["tz"],
-            payload=row["payload"],
-            catch_up=row["catch_up"],
-            paused=bool(row["paused"]),
-            orphaned=bool(row["orphaned"]),
-            next_run_at=row["next_run_at"],
-            last_run_at=row["last_run_at"],
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class SyncResult:
-    """What one sync changed: ids added, whose rule changed, newly orphaned."""
-
-    added: tuple[str, ...] = ()
-    changed: tuple[str, ...] = ()
-    orphaned: tuple[str, ...] = ()
-
-
-class ScheduleStore:
+class ScheduleStore(ScheduleSync):
     """Reads and writes of the schedules table; tick jobs go through the job store."""
 
     def __init__(self, engine: Engine, table: Table, jobs: JobStore) -> None:
@@ -105,97 +52,20 @@ class ScheduleStore:
         with self.engine.connect() as conn:
             return bool(self.engine.dialect.has_table(conn, self.table.name))
 
-    # -- sync: the declarations in code are the source of truth ----------------------
-
-    def sync(self, specs: Sequence[RecurringSpec], *, now: datetime) -> SyncResult:
-        """Make the table match *specs*: add new ids, copy changed fields, orphan the rest.
-
-        A new schedule (and one declared again after being orphaned) starts at its first
-        tick at or after *now*. A changed rule restarts from *now* too, guarded on the
-        old rule, so a second process syncing the same change cannot move an already
-        advanced schedule back and run a tick twice.
-        """
-        # Long on purpose: one immediate transaction reads the table once and writes the
-        # adds, guarded restarts and orphans against that read; split, each part would
-        # need the connection and the read rows handed along.
-        t = self.table
-        added: list[str] = []
-        changed: list[str] = []
-        with self.jobs.begin_immediate() as conn:
-            existing = {
-                row.id: row
-                for row in (ScheduleRow.from_row(r) for r in conn.execute(select(t)).mappings())
-            }
-            for spec in specs:
-                values = _declared_values(spec)
-                old = existing.get(spec.id)
-                if old is None:
-                    first = spec.rule.first_at_or_after(now)
-                    stmt = (
-                        self._dialect_insert()(t)
-                        .values(
-                            id=spec.id,
-                            **values,
-                            paused=False,
-                            orphaned=False,
-                            next_run_at=first,
-                            created_at=now,
-                            updated_at=now,
-                        )
-                        .on_conflict_do_nothing(index_elements=[t.c.id])
-                        .returning(t.c.id)
-                    )
-                    if conn.execute(stmt).first() is not None:
-                        added.append(spec.id)
-                    continue
-                declared_rule = (spec.rule.cron, spec.rule.every, spec.rule.tz)
-                if (old.cron, old.every, old.tz) != declared_rule or old.orphaned:
-                    restarted = conn.execute(
-                        update(t)
-                        .where(t.c.id == spec.id, self._same_rule(old))
-                        .values(
-                            **values,
-                            orphaned=False,
-                            next_run_at=spec.rule.first_at_or_after(now),
-                            updated_at=now,
-                        )
-                    ).rowcount
-                    if restarted:
-                        changed.append(spec.id)
-                    continue
-                if (old.job_name, old.payload, old.catch_up) != (
-                    spec.job_name,
-                    spec.payload,
-                    spec.catch_up,
-                ):
-                    conn.execute(
-                        update(t)
-                        .where(t.c.id == spec.id)
-                        .values(
-                            job_name=spec.job_name,
-                            payload=spec.payload,
-                            catch_up=spec.catch_up,
-                            updated_at=now,
-                        )
-                    )
-            declared = {spec.id for spec in specs}
-            gone = [i for i, row in existing.items() if i not in declared and not row.orphaned]
-            if gone:
-                conn.execute(
-                    update(t)
-                    .where(t.c.id.in_(gone), t.c.orphaned == false())
-                    .values(orphaned=True, updated_at=now)
-                )
-        return SyncResult(tuple(added), tuple(changed), tuple(gone))
-
     # -- ticks ------------------------------------------------------------------------
 
-    def due(self, *, now: datetime, limit: int = 100) -> list[ScheduleRow]:
-        """Live schedules whose next tick is at or before *now*, earliest first."""
+    def due(self, *, now: datetime, ids: Collection[str], limit: int = 100) -> list[ScheduleRow]:
+        """Live schedules among *ids* whose next tick is at or before *now*, earliest first.
+
+        *ids* are the schedules the caller's code declares: a process never ticks one
+        it does not know (the other release of a rolling deploy ticks it).
+        """
+        if not ids:
+            return []
         t = self.table
         stmt = (
             select(t)
-            .where(self._active(), t.c.next_run_at <= now)
+            .where(self._active(), t.c.next_run_at <= now, t.c.id.in_(sorted(ids)))
             .order_by(t.c.next_run_at)
             .limit(limit)
         )
@@ -238,10 +108,17 @@ class ScheduleStore:
                     continue
         return written
 
-    def next_due(self) -> datetime | None:
-        """The earliest next tick of any live schedule (uses the partial index)."""
+    def next_due(self, ids: Collection[str]) -> datetime | None:
+        """The earliest next tick of the live schedules among *ids* (the partial index)."""
+        if not ids:
+            return None
         t = self.table
-        stmt = select(t.c.next_run_at).where(self._active()).order_by(t.c.next_run_at).limit(1)
+        stmt = (
+            select(t.c.next_run_at)
+            .where(self._active(), t.c.id.in_(sorted(ids)))
+            .order_by(t.c.next_run_at)
+            .limit(1)
+        )
         with self.engine.connect() as conn:
             value: datetime | None = conn.execute(stmt).scalar()
         return value
@@ -320,28 +197,3 @@ class ScheduleStore:
         # The same expression as the partial index's WHERE, so the planner can use it.
         t = self.table
         return and_(t.c.paused == false(), t.c.orphaned == false())
-
-    def _same_rule(self, old: ScheduleRow) -> ColumnElement[bool]:
-        t = self.table
-        every = old.every.total_seconds() if old.every is not None else None
-        return and_(
-            t.c.cron.is_(None) if old.cron is None else t.c.cron == old.cron,
-            t.c.every_seconds.is_(None) if every is None else t.c.every_seconds == every,
-            t.c.tz == old.tz,
-            t.c.orphaned == (true() if old.orphaned else false()),
-        )
-
-    def _dialect_insert(self) -> Any:
-        return postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
-
-
-def _declared_values(spec: RecurringSpec) -> dict[str, Any]:
-    every = spec.rule.every
-    return {
-        "job_name": spec.job_name,
-        "cron": spec.rule.cron,
-        "every_seconds": every.total_seconds() if every is not None else None,
-        "tz": spec.rule.tz,
-        "payload": spec.payload,
-        "catch_up": spec.catch_up,
-    }
