@@ -542,6 +542,42 @@ def test_the_state_endpoint_answers_the_owners_jobs_only(mail: MailApp) -> None:
     }
 
 
+ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "0",
+        "-1",
+        str(2**63),
+        "9" * 5000,
+        "١",  # an Arabic-Indic one: int() reads it as job 1
+        "arabic-indic own id",  # the real id in Arabic-Indic digits
+        "²",  # a superscript two: str.isdigit() says yes, int() raises
+        "１",  # a fullwidth one
+        "1e3",
+        "abc",
+        "+1",
+        " 1",
+        "1_0",
+        "",
+    ],
+    ids=lambda value: value if value.isascii() and len(value) < 30 else ascii(value)[:30],
+)
+def test_the_state_endpoint_ignores_values_that_are_not_ids(mail: MailApp, hostile: str) -> None:
+    client = mail.app.test_client()
+    first = send(client)
+    second = send(client)
+    if hostile == "arabic-indic own id":
+        hostile = str(first).translate(ARABIC_INDIC)
+    response = client.get("/defer/toasts/state", query_string=[("id", hostile), ("id", second)])
+    assert response.status_code == 200
+    # Only the well-formed own id is answered, even where the hostile value names
+    # another of this owner's jobs in another script.
+    assert [job["id"] for job in response.get_json()["jobs"]] == [second]
+
+
 def hold(client: FlaskClient, job_id: int, seconds: float, token: str | None) -> Any:
     headers = {"X-CSRFToken": token} if token else {}
     return client.post(f"/defer/hold/{job_id}", data={"seconds": seconds}, headers=headers)

@@ -40,6 +40,8 @@ from .toasts import page_of_fragment_request, toast_context
 
 #: At most this many ids in one state request (a page shows a handful of toasts).
 MAX_WATCHED = 50
+#: The most digits a job id can have (``MAX_JOB_ID`` has 19).
+MAX_ID_DIGITS = len(str(MAX_JOB_ID))
 
 
 def register(blueprint: Blueprint) -> None:
@@ -69,23 +71,39 @@ def toasts_fragment() -> ResponseReturnValue:
     )
 
 
+def watched_ids(values: list[str]) -> list[int]:
+    """The job ids among the first :data:`MAX_WATCHED` ``id`` values, in order, once each.
+
+    Only a plain ASCII decimal from 1 to :data:`~flask_defer.undo.MAX_JOB_ID` is an id;
+    anything else (``0``, ``-1``, ``1e3``, ``abc``, a number past 64 bits, digits of
+    another script such as ``١`` or ``²``, which ``int()`` would read or choke on) is
+    ignored, exactly like an id that does not exist. The length check comes first, so
+    a value of thousands of digits is never converted at all.
+    """
+    ids: list[int] = []
+    for raw in values[:MAX_WATCHED]:
+        if 0 < len(raw) <= MAX_ID_DIGITS and raw.isascii() and raw.isdigit():
+            number = int(raw)
+            if 1 <= number <= MAX_JOB_ID:
+                ids.append(number)
+    return list(dict.fromkeys(ids))
+
+
 def toast_states() -> ResponseReturnValue:
     """What the server knows about the watched jobs: ``{"jobs": [{id, key, status, state,
-    text, seconds_left}]}``.
+    text, seconds_left}]}``; always 200 for a well-formed request.
 
     Ids that are not the current owner's are left out, exactly like ids that do not
-    exist; the page stops watching them.
+    exist, and so is every value that is not an id at all (see :func:`watched_ids`);
+    the page stops watching them.
     """
     defer = current_defer()
     owner = defer.current_owner()
-    ids: list[int] = []
-    for raw in request.args.getlist("id")[:MAX_WATCHED]:
-        if raw.isdigit() and 1 <= int(raw) <= MAX_JOB_ID:
-            ids.append(int(raw))
+    ids = watched_ids(request.args.getlist("id"))
     now = utcnow()
     found: list[dict[str, Any]] = []
     if owner is not None:
-        for job_id in dict.fromkeys(ids):
+        for job_id in ids:
             job = defer.get(job_id)
             if job is None or job.owner != owner:
                 continue
