@@ -706,6 +706,66 @@ def test_every_blueprint_response_forbids_foreign_frames(make_mail: Callable[...
     assert "Content-Security-Policy" not in mail.app.test_client().get("/").headers
 
 
+def every_blueprint_request(mail: MailApp, client: FlaskClient) -> dict[str, Any]:
+    """A response of every route and method of the blueprint, and of its error paths.
+
+    Built from the app's URL map, so a route added later is walked too.
+    """
+    job_id = send(client)
+    plain_id = send(client)
+    token = token_of(client)
+    values = {"job_id": job_id, "schedule_id": "no-such-schedule", "filename": "defer/defer.js"}
+    responses: dict[str, Any] = {}
+    for rule in mail.app.url_map.iter_rules():
+        if not rule.endpoint.startswith("defer."):
+            continue
+        path = rule.build({name: values[name] for name in rule.arguments})[1]
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            headers = {**HTMX, "X-CSRFToken": token} if method == "POST" else {}
+            form = {"seconds": "1", "delay": "60"} if method == "POST" else None
+            responses[f"{method} {path}"] = client.open(
+                path, method=method, headers=headers, data=form
+            )
+    responses |= {
+        "303 (plain-form Undo)": client.post(f"/defer/undo/{plain_id}", data={"csrf_token": token}),
+        "404 (no route)": client.get("/defer/no-such-page"),
+        "404 (no asset)": client.get("/defer/static/defer/no-such.js"),
+        "404 (unknown id)": client.post(
+            "/defer/undo/999999", headers={**HTMX, "X-CSRFToken": token}
+        ),
+        "405": client.get(f"/defer/undo/{job_id}"),
+        "400 (no CSRF token)": client.post(f"/defer/hold/{job_id}", data={"seconds": "1"}),
+        "JSON": client.get(f"/defer/toasts/state?id={job_id}"),
+    }
+    return responses
+
+
+def test_every_route_of_the_blueprint_sends_nosniff_and_frame_headers(
+    make_mail: Callable[..., MailApp],
+) -> None:
+    mail = make_mail(DEBUG=True, DEFER_METRICS=True)  # debug opens the dashboard
+    responses = every_blueprint_request(mail, mail.app.test_client())
+    assert len(responses) > 25
+    statuses = set()
+    for what, response in responses.items():
+        statuses.add(response.status_code)
+        assert response.headers.get("X-Content-Type-Options") == "nosniff", what
+        assert response.headers.get("Content-Security-Policy") == "frame-ancestors 'self'", what
+        assert response.headers.get("X-Frame-Options") == "SAMEORIGIN", what
+        response.close()
+    assert {200, 303, 400, 404, 405} <= statuses  # pages, redirects and errors alike
+    # A refused dashboard (no auth hook outside debug mode) too.
+    closed = make_mail().app.test_client().get("/defer/")
+    assert closed.status_code == 403
+    assert closed.headers.get("X-Content-Type-Options") == "nosniff"
+    assert closed.headers.get("X-Frame-Options") == "SAMEORIGIN"
+    # The app's own pages, and paths that only begin like the prefix, are left alone.
+    for path in ("/", "/deferred", "/inbox"):
+        response = mail.app.test_client().get(path)
+        assert "X-Content-Type-Options" not in response.headers, path
+        assert "Content-Security-Policy" not in response.headers, path
+
+
 def test_frame_ancestors_is_configurable(make_mail: Callable[..., MailApp]) -> None:
     mail = make_mail(DEBUG=True, DEFER_FRAME_ANCESTORS="'self' https://admin.example.com")
     response = mail.app.test_client().get("/defer/")
