@@ -542,6 +542,27 @@ def test_the_state_endpoint_answers_the_owners_jobs_only(mail: MailApp) -> None:
     }
 
 
+HOSTILE_LABEL = "<img src=x onerror=\"document.title='pwned'\"> & <script>alert(1)</script>"
+
+
+def test_the_state_json_escapes_html_in_labels(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client, label=HOSTILE_LABEL, undone_label=HOSTILE_LABEL)
+    response = client.get(f"/defer/toasts/state?id={job_id}")
+    body = response.get_data(as_text=True)
+    assert response.mimetype == "application/json"
+    for raw in "<>&'":
+        assert raw not in body, raw
+    assert "\\u003cscript\\u003e" in body and "\\u0026" in body
+    # ... and any JSON parser reads the label back exactly.
+    assert response.get_json()["jobs"][0]["text"] == HOSTILE_LABEL
+    token = token_of(client)
+    client.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token})
+    undone = client.get(f"/defer/toasts/state?id={job_id}")
+    assert "<" not in undone.get_data(as_text=True)
+    assert undone.get_json()["jobs"][0]["text"] == HOSTILE_LABEL
+
+
 ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
 
 

@@ -19,7 +19,6 @@ from flask import (
     Blueprint,
     abort,
     flash,
-    jsonify,
     redirect,
     render_template,
     request,
@@ -35,7 +34,7 @@ from .access import current_defer
 from .csrf import csrf_token, field_name, require_csrf
 from .i18n import format_seconds, gettext, locale_tag
 from .redirects import path_of, safe_local_target
-from .responses import is_htmx, no_store
+from .responses import is_htmx, no_store, safe_json
 from .toasts import page_of_fragment_request, toast_context
 
 #: At most this many ids in one state request (a page shows a handful of toasts).
@@ -118,7 +117,7 @@ def toast_states() -> ResponseReturnValue:
                     "seconds_left": round(job.undo_seconds_left(now), 3),
                 }
             )
-    return no_store(jsonify(jobs=found))
+    return no_store(safe_json(jobs=found))
 
 
 def undo(job_id: int) -> ResponseReturnValue:
@@ -173,10 +172,10 @@ def hold(job_id: int) -> ResponseReturnValue:
     except JobNotPending:
         current = defer.get(job_id)
         state = ToastState.of(current, utcnow()) if current is not None else ToastState.UNDONE
-        return no_store((jsonify(state=state.value), 409))
+        return no_store(safe_json(409, state=state.value))
     left = job.undo_seconds_left(now)
     capped = left < seconds - 0.05
-    answer = jsonify(state=ToastState.OPEN.value, seconds_left=round(left, 3), capped=capped)
+    answer = safe_json(state=ToastState.OPEN.value, seconds_left=round(left, 3), capped=capped)
     return no_store(answer)
 
 
