@@ -289,6 +289,14 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         :class:`JobNotFound`. ``owner`` restricts the cancel to that owner's job; a job
         of another owner counts as not found.
 
+        ``actor`` says who cancels, for the history. With one (an operator: the
+        dashboard passes the signed-in operator, ``flask defer cancel`` passes
+        ``cli``), the cancel takes the owner's Undo path: the job's :meth:`on_undo`
+        hooks run in the cancel's transaction (a hook that raises rolls it back), and
+        the owner's open toast says "Cancelled by an operator." Without one, the
+        cancel is the app's own (``app``) and runs no hooks: the code that cancels
+        does its own bookkeeping.
+
         By default the cancel runs and commits a transaction of its own.
         ``commit=False`` runs the same guarded statement in ``db.session``'s current
         transaction and leaves the commit to the caller, so a business change and the

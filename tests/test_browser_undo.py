@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from playwright.sync_api import BrowserContext, Page, expect
@@ -451,6 +452,59 @@ def test_pending_rows_follow_their_job_without_a_reload(
     expect(row).to_contain_text("Sent")
     assert_not_reloaded(page)
     assert page.evaluate("window.__settled") == [{"id": job_id, "key": None, "status": "done"}]
+
+
+def test_an_operators_cancel_reaches_the_open_toast_within_a_second(
+    live: Live, open_page: Callable[..., Page]
+) -> None:
+    undone: list[int] = []
+    live.mail.defer.on_undo("send_email")(lambda job: undone.append(job.id))
+    page = open_page("/?window=30&undone_label=Sending+undone.")
+    job_id = send(page)
+    mark_page(page)
+    record_state_changes(page)
+    item = toast(page, job_id)
+    expect(item.get_by_role("button", name="Undo")).to_be_visible()
+    # What the dashboard's Cancel and `flask defer cancel` call: an operator's cancel.
+    with live.mail.context():
+        assert live.mail.defer.cancel(job_id, actor="dashboard") is True
+    cancelled_at = time.time()
+    expect(item).to_have_attribute("data-defer-state", "undone", timeout=3000)
+    seen = first_seen(page, job_id, "undone")
+    assert seen is not None and seen - cancelled_at < 1.5
+    expect(item.locator("[data-defer-text]")).to_have_text("Cancelled by an operator.")
+    expect(item.get_by_role("button", name="Undo")).to_have_count(0)  # no Undo to offer
+    expect(page.locator("[data-defer-announcer]")).to_have_text("Cancelled by an operator.")
+    assert page.evaluate("window.__settled") == [
+        {"id": job_id, "key": None, "status": "cancelled"}
+    ]
+    assert undone == [job_id]  # the app's undo hooks ran, as for the owner's Undo
+    assert_not_reloaded(page)
+
+
+def test_hostile_labels_are_shown_as_text_and_never_run(
+    live: Live, open_page: Callable[..., Page]
+) -> None:
+    hostile = "<img src=x onerror=\"window.__pwned=1\"><script>window.__pwned=2</script>"
+    query = urlencode({"window": "1", "label": hostile, "done_label": hostile + " sent"})
+    page = open_page(f"/?{query}")
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    job_id = send(page)
+    item = toast(page, job_id)
+    text = item.locator("[data-defer-text]")
+    expect(text).to_have_text(hostile)  # rendered by the server: literally
+    # The label reaches the page again through the state JSON once the job ran.
+    expect(item).to_have_attribute("data-defer-state", "waiting", timeout=3000)
+    time.sleep(max((live.job(job_id).run_at - utcnow()).total_seconds(), 0))
+    assert live.run_due().done == 1
+    expect(item).to_have_attribute("data-defer-state", "done", timeout=2000)
+    expect(text).to_have_text(hostile + " sent")
+    expect(page.locator("[data-defer-announcer]")).to_have_text(hostile + " sent")
+    page.wait_for_timeout(300)
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator(".defer-toasts img, .defer-toasts script").count() == 0
+    assert dialogs == []
 
 
 def test_a_german_browser_reads_german_toasts(live: Live, open_page: Callable[..., Page]) -> None:

@@ -599,6 +599,42 @@ def test_the_state_endpoint_ignores_values_that_are_not_ids(mail: MailApp, hosti
     assert [job["id"] for job in response.get_json()["jobs"]] == [second]
 
 
+def test_a_dashboard_cancel_runs_the_undo_hooks_and_tells_the_owner(
+    make_mail: Callable[..., MailApp],
+) -> None:
+    mail = make_mail(DEBUG=True)  # debug mode opens the dashboard without an auth hook
+    undone: list[int] = []
+    mail.defer.on_undo("send_email")(lambda job: undone.append(job.id))
+    alice = mail.app.test_client()
+    job_id = send(alice, undone_label="Sending undone.")
+    german = send(alice)
+    operator = mail.app.test_client()
+    token = token_of(operator, "/defer/")
+    for each in (job_id, german):
+        response = operator.post(
+            f"/defer/jobs/{each}/cancel", headers={**HTMX, "X-CSRFToken": token}
+        )
+        assert response.status_code == 200
+    assert undone == [job_id, german]  # the same hooks as the owner's Undo
+    with mail.context():
+        assert mail.defer.history(job_id)[-1].event == "cancelled"
+    [answer] = states(alice, job_id)
+    assert answer["state"] == "undone" and answer["status"] == "cancelled"
+    assert answer["text"] == "Cancelled by an operator."  # not "Sending undone."
+    response = alice.get(f"/defer/toasts/state?id={german}", headers={"Accept-Language": "de"})
+    assert response.get_json()["jobs"][0]["text"] == "Von einem Operator abgebrochen."
+    response = alice.get(f"/defer/toasts/state?id={german}", headers={"Accept-Language": "fr"})
+    assert response.get_json()["jobs"][0]["text"] == "Annulé par un opérateur."
+    # A late click on Undo says who got there first, and runs nothing again.
+    undo = alice.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token_of(alice)})
+    assert "Cancelled by an operator." in undo.get_data(as_text=True)
+    assert undone == [job_id, german]
+    # The owner's own Undo still reads as theirs.
+    own = send(alice, undone_label="Sending undone.")
+    alice.post(f"/defer/undo/{own}", headers={**HTMX, "X-CSRFToken": token_of(alice)})
+    assert states(alice, own)[0]["text"] == "Sending undone."
+
+
 def hold(client: FlaskClient, job_id: int, seconds: float, token: str | None) -> Any:
     headers = {"X-CSRFToken": token} if token else {}
     return client.post(f"/defer/hold/{job_id}", data={"seconds": seconds}, headers=headers)

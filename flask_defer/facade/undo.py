@@ -48,6 +48,11 @@ class UndoMethods(FacadeBase):
     def on_undo(self, name: str) -> Callable[[UndoHook], UndoHook]:
         """Run the decorated ``hook(job)`` when a job called *name* is undone.
 
+        Undone by its owner (:meth:`undo`) or cancelled by an operator
+        (:meth:`cancel` with an ``actor``: the dashboard, ``flask defer cancel``);
+        :meth:`history` says which. The app's own :meth:`cancel` without an actor
+        runs no hooks.
+
         The hook runs in the Undo's transaction, after the cancel and before the
         commit (with a ``db``, that is ``db.session``'s transaction): restoring a
         soft-deleted row and cancelling its purge commit together or not at all. If

@@ -29,7 +29,14 @@ from flask.typing import ResponseReturnValue
 from ..errors import InvalidArgument, JobNotFound, JobNotPending
 from ..jobs import Job
 from ..timeutil import utcnow
-from ..undo import MAX_JOB_ID, ToastState, announcement, state_text
+from ..undo import (
+    MAX_JOB_ID,
+    ToastState,
+    UndoOutcome,
+    announcement,
+    cancelling_operator,
+    state_text,
+)
 from .access import current_defer
 from .csrf import csrf_token, field_name, require_csrf
 from .i18n import format_seconds, gettext, locale_tag
@@ -113,11 +120,23 @@ def toast_states() -> ResponseReturnValue:
                     "key": job.key,
                     "status": job.status.value,
                     "state": state.value,
-                    "text": state_text(job, state, gettext),
+                    "text": toast_text(job, state),
                     "seconds_left": round(job.undo_seconds_left(now), 3),
                 }
             )
     return no_store(safe_json(jobs=found))
+
+
+def toast_text(job: Job, state: ToastState) -> str:
+    """*job*'s toast text in *state*, translated; for a cancelled job, says by whom.
+
+    Only a cancelled job costs a second lookup (its history, by the job's id), and a
+    page asks about it once: it stops watching a settled job.
+    """
+    operator = None
+    if state is ToastState.UNDONE:
+        operator = cancelling_operator(current_defer().history(job.id))
+    return state_text(job, state, gettext, operator=operator)
 
 
 def undo(job_id: int) -> ResponseReturnValue:
@@ -133,6 +152,10 @@ def undo(job_id: int) -> ResponseReturnValue:
         abort(404)
     job = defer.get(job_id)
     text = outcome.describe(job, gettext)
+    if outcome is UndoOutcome.ALREADY_UNDONE and job is not None:
+        # An operator got there first: say so rather than "Already undone."
+        if cancelling_operator(defer.history(job.id)) is not None:
+            text = toast_text(job, ToastState.UNDONE)
     if is_htmx():
         state = ToastState.of(job, utcnow()) if job is not None else ToastState.UNDONE
         return no_store(

@@ -7,8 +7,9 @@
  * failed or undone.
  *
  * Cost: while some element is waiting, it asks GET <state-url>?id=… every 250 ms
- * (750 ms after 20 s of waiting), and stops as soon as nothing waits; an idle page
- * makes no requests. When a job settles it fires `defer:settled` on <body>
+ * (750 ms after 20 s of waiting); while some are open (an operator may cancel the job
+ * meanwhile, or it may settle otherwise), every 750 ms; it stops as soon as nothing is
+ * open or waiting, so an idle page makes no requests. When a job settles it fires `defer:settled` on <body>
  * (detail: id, key, status), so app fragments can hx-trigger="defer:settled from:body".
  *
  * Hovering or focusing an open toast holds its countdown and asks the server (POST
@@ -28,6 +29,7 @@
   var TICK_MS = 200;
   var POLL_FAST_MS = 250;
   var POLL_SLOW_MS = 750;
+  var POLL_OPEN_MS = 750;
   var FAST_FOR_MS = 20000;
   var HOLD_BEAT_MS = 1000;
   var HOLD_SLACK_S = 1.5; // the server's window outlives a missed heartbeat
@@ -209,6 +211,7 @@
       }
       update(el);
       startTicking();
+      schedulePoll();
     } else if (state === "waiting") {
       schedulePoll();
     } else if (SETTLED[state] && isToast(el)) {
@@ -303,19 +306,42 @@
     return ids;
   }
 
+  /* The open ones too: what the server knows of them can change without this page
+     (an operator's cancel), and their owner must learn it while the toast is up. */
+  function openIds() {
+    var ids = [];
+    each(watched(), function (el) {
+      var id = el.getAttribute("data-defer-watch");
+      if (el.__defer && stateOf(el) === "open" && !el.getAttribute("data-defer-busy") &&
+          ids.indexOf(id) === -1) { ids.push(id); }
+    });
+    return ids;
+  }
+
+  function watchedIds() {
+    var ids = waitingIds();
+    openIds().forEach(function (id) { if (ids.indexOf(id) === -1) { ids.push(id); } });
+    return ids;
+  }
+
   function schedulePoll() {
     if (pollTimer !== null || pollInFlight) { return; }
-    if (!waitingIds().length) { waitingSince = null; return; }
+    var waiting = waitingIds().length > 0;
+    if (!waiting) { waitingSince = null; }
+    if (!waiting && !openIds().length) { return; }
     if (document.visibilityState === "hidden") { return; } // resumed on visibilitychange
-    if (waitingSince === null) { waitingSince = now(); }
-    var delay = now() - waitingSince < FAST_FOR_MS ? POLL_FAST_MS : POLL_SLOW_MS;
+    var delay = POLL_OPEN_MS;
+    if (waiting) {
+      if (waitingSince === null) { waitingSince = now(); }
+      delay = now() - waitingSince < FAST_FOR_MS ? POLL_FAST_MS : POLL_SLOW_MS;
+    }
     pollTimer = setTimeout(poll, delay);
   }
 
   function poll() {
     pollTimer = null;
     var r = region();
-    var ids = waitingIds();
+    var ids = watchedIds();
     if (!r || !ids.length || !window.fetch) { waitingSince = null; return; }
     pollInFlight = true;
     var url = r.getAttribute("data-defer-state-url") + "?" +
@@ -335,10 +361,14 @@
     jobs.forEach(function (job) { byId[String(job.id)] = job; });
     each(watched(), function (el) {
       var id = el.getAttribute("data-defer-watch");
-      if (ids.indexOf(id) === -1 || stateOf(el) !== "waiting") { return; }
+      var state = stateOf(el);
+      if (ids.indexOf(id) === -1 || (state !== "waiting" && state !== "open")) { return; }
+      // An Undo is being asked: its answer decides, not this poll.
+      if (el.getAttribute("data-defer-busy")) { return; }
       var job = byId[id];
-      // Gone, or not this owner's any more (signed out): stop asking about it.
-      if (!job) { el.removeAttribute("data-defer-watch"); return; }
+      // Gone, or not this owner's any more (signed out): stop asking about it (an
+      // open one keeps counting down and is asked about again once it waits).
+      if (!job) { if (state === "waiting") { el.removeAttribute("data-defer-watch"); } return; }
       if (SETTLED[job.state]) { settle(el, job); }
     });
   }
