@@ -507,6 +507,102 @@ def test_hostile_labels_are_shown_as_text_and_never_run(
     assert dialogs == []
 
 
+PHONE = {"viewport": {"width": 375, "height": 740}, "is_mobile": True, "has_touch": True}
+DESKTOP = {"viewport": {"width": 1280, "height": 800}}
+
+
+def covered_by_toasts(page: Page, selector: str) -> list[str]:
+    """The visible toast parts (toasts, the "more" button) that overlap *selector*'s box."""
+    return list(
+        page.evaluate(
+            """(selector) => {
+                const target = document.querySelector(selector).getBoundingClientRect();
+                const parts = [...document.querySelectorAll('.defer-toast, .defer-toasts__more')]
+                    .filter(e => e.getClientRects().length);
+                return parts.filter(e => {
+                    const r = e.getBoundingClientRect();
+                    return !(r.right <= target.left || r.left >= target.right
+                             || r.bottom <= target.top || r.top >= target.bottom);
+                }).map(e => e.className);
+            }""",
+            selector,
+        )
+    )
+
+
+@pytest.mark.parametrize("layout", ["phone", "desktop"])
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_stacked_toasts_leave_the_send_button_clear_and_collapse_on_a_phone(
+    live: Live,
+    new_browser_context: Callable[..., BrowserContext],
+    artifacts: Path,
+    layout: str,
+    scheme: str,
+) -> None:
+    # A short viewport: the compose form's buttons sit where the stack is drawn.
+    options = {**(PHONE if layout == "phone" else DESKTOP)}
+    options["viewport"] = {**options["viewport"], "height": 560}  # type: ignore[dict-item]
+    page = new_browser_context(**options, color_scheme=scheme).new_page()
+    page.goto(live.url + "/?window=120")
+    ids = [send(page, htmx=True) for _ in range(3)]
+    visible = page.locator(".defer-toast:visible")
+    more = page.locator("[data-defer-more]")
+    if layout == "phone":
+        # One toast, the newest, and a count of the others that expands them.
+        expect(visible).to_have_count(1)
+        expect(visible.first).to_have_attribute("data-defer-toast", str(ids[-1]))
+        expect(more).to_have_text("+2 more")
+        expect(more).to_have_attribute("aria-expanded", "false")
+        page.screenshot(path=str(artifacts / f"toasts-collapsed-{layout}-{scheme}.png"))
+        more.click()
+        expect(visible).to_have_count(3)
+        expect(more).to_have_attribute("aria-expanded", "true")
+        expect(more).to_have_text("Show fewer")
+        # Expanded, the taller stack pads the page as much: the end still scrolls clear.
+        page.wait_for_timeout(100)
+        page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+        page.wait_for_timeout(100)
+        assert covered_by_toasts(page, "#send") == []
+        page.screenshot(path=str(artifacts / f"toasts-expanded-{layout}-{scheme}.png"))
+        more.click()
+        expect(visible).to_have_count(1)
+    else:
+        expect(visible).to_have_count(3)  # a desktop has room for the stack
+        expect(more).to_be_hidden()
+    # The page's end scrolls clear of the stack: its Send button is never under a toast.
+    page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+    page.wait_for_timeout(100)
+    assert covered_by_toasts(page, "#send") == []
+    assert covered_by_toasts(page, "#send-htmx") == []
+    page.screenshot(path=str(artifacts / f"toasts-scrolled-{layout}-{scheme}.png"))
+    # Z still undoes the newest, and the count follows.
+    page.locator("body").press("z")
+    expect(page.locator('[data-defer-outcome="undone"]')).to_have_count(1)
+    assert live.job(ids[-1]).status is JobStatus.CANCELLED
+
+
+@pytest.mark.parametrize("layout", ["phone", "desktop"])
+def test_the_pending_page_always_has_a_way_back(
+    live: Live, new_browser_context: Callable[..., BrowserContext], layout: str
+) -> None:
+    page = new_browser_context(**(PHONE if layout == "phone" else DESKTOP)).new_page()
+    page.goto(live.url + "/?window=60")
+    send(page)
+    # Opened directly (a bookmark, a new tab): no referrer, the link goes home.
+    page.goto(live.url + "/defer/pending")
+    back = page.locator("#defer-back-link")
+    expect(back).to_have_text("← Back to the app")
+    expect(back).to_be_in_viewport()
+    back.click()
+    expect(page).to_have_url(live.url + "/")
+    # Reached from a page of the app: back to that page.
+    page.goto(live.url + "/inbox")
+    page.evaluate("location.href = '/defer/pending'")
+    expect(page.locator("#defer-back-link")).to_have_text("← Back")
+    page.locator("#defer-back-link").click()
+    expect(page).to_have_url(live.url + "/inbox")
+
+
 def test_a_german_browser_reads_german_toasts(live: Live, open_page: Callable[..., Page]) -> None:
     page = open_page("/?window=30", locale="de-DE")
     job_id = send(page)

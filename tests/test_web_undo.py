@@ -411,7 +411,7 @@ def test_pending_page_lists_the_owners_undoable_and_scheduled_jobs(mail: MailApp
     html = client.get(
         "/defer/pending", headers={"Referer": "http://localhost/inbox?page=2"}
     ).get_data(as_text=True)
-    assert '<a href="/inbox?page=2">← Back</a>' in html
+    assert '<a href="/inbox?page=2" id="defer-back-link">← Back</a>' in html
     assert "Message sent" in html and "Undo possible for" in html
     assert "Publish post" in html and "Runs in" in html and "2 h" in html
     assert "Secret" not in html and f"defer-pending-{foreign.id}" not in html
@@ -716,8 +716,10 @@ def test_a_german_browser_reads_german_toasts_and_pages(mail: MailApp) -> None:
     announce = "Nachricht gesendet. Drücken Sie Z zum Rückgängigmachen."
     assert f'data-defer-text-announce="{announce}"' in html
     assert 'data-defer-locale="de"' in html
+    assert 'data-defer-text-more="+{count} weitere"' in html  # the collapsed stack
     pending = client.get("/defer/pending", headers=german).get_data(as_text=True)
     assert "Ausstehende Aktionen" in pending and '<html lang="de">' in pending
+    assert "← Zurück zur App</a>" in pending  # no referrer: the way back goes home
     token = token_of(client)
     answer = client.post(
         f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token, **german}

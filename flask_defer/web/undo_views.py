@@ -214,7 +214,20 @@ def pending_page() -> ResponseReturnValue:
             now=now,
             csrf_token=csrf_token() if jobs else "",
             csrf_field=field_name(),
-            back_url=path_of(request.referrer, request.host_url),
+            **_way_back(defer.config.dashboard_home_url),
             locale=locale_tag(),
         )
     )
+
+
+def _way_back(home_url: str | None) -> dict[str, Any]:
+    """Where the pending page's back link goes: the page the visitor came from, else home.
+
+    A person who opened ``/defer/pending`` from a bookmark, a notification or a new tab
+    has no referrer; the link then goes to ``DEFER_DASHBOARD_HOME_URL`` or the site's
+    root, so the page is never a dead end on a phone without a back button in view.
+    """
+    came_from = path_of(request.referrer, request.host_url)
+    if came_from and came_from != url_for("defer.pending"):
+        return {"back_url": came_from, "back_home": False}
+    return {"back_url": home_url or (request.script_root + "/"), "back_home": True}

@@ -306,13 +306,16 @@
     return ids;
   }
 
-  /* The open ones too: what the server knows of them can change without this page
-     (an operator's cancel), and their owner must learn it while the toast is up. */
+  /* Open toasts too: what the server knows of them can change without this page (an
+     operator's cancel), and their owner must learn it while the toast is up. Only
+     toasts, whose window is seconds long: a pending page's row of a job due next
+     week would otherwise keep an idle page asking for a week. */
   function openIds() {
     var ids = [];
     each(watched(), function (el) {
       var id = el.getAttribute("data-defer-watch");
-      if (el.__defer && stateOf(el) === "open" && !el.getAttribute("data-defer-busy") &&
+      if (el.__defer && isToast(el) && stateOf(el) === "open" &&
+          !el.getAttribute("data-defer-busy") &&
           ids.indexOf(id) === -1) { ids.push(id); }
     });
     return ids;
@@ -672,6 +675,79 @@
     }).catch(function () { /* keep what is shown; the next refresh corrects it */ });
   }
 
+  /* ---- the stack on small screens: collapsed, and never over the page's end ---- */
+
+  var NARROW = "(max-width: 30rem)";
+  var expanded = false;
+  var basePadding = null;
+
+  function liveToasts() {
+    var l = list();
+    if (!l) { return []; }
+    return Array.prototype.filter.call(l.querySelectorAll(".defer-toast"), function (t) {
+      return !t.classList.contains("defer-toast--leaving");
+    });
+  }
+
+  /* On a phone, show the newest toast and "+2 more" for the others (a tap expands
+     them); then pad the body by the stack's height, so the page's last rows and its
+     Send button can be scrolled clear of it. */
+  function layoutStack() {
+    var r = region();
+    if (!r) { return; }
+    var toasts = liveToasts();
+    var more = r.querySelector("[data-defer-more]");
+    var narrow = window.matchMedia ? window.matchMedia(NARROW).matches : false;
+    var collapse = narrow && toasts.length > 1;
+    if (toasts.length < 2) { expanded = false; }
+    toasts.forEach(function (t, i) {
+      t.classList.toggle("defer-toast--stacked", i < toasts.length - 1);
+    });
+    r.classList.toggle("defer-toasts--collapsed", collapse && !expanded);
+    if (more) {
+      more.hidden = !collapse;
+      more.setAttribute("aria-expanded", expanded ? "true" : "false");
+      var text = expanded ? more.getAttribute("data-defer-text-fewer")
+        : (more.getAttribute("data-defer-text-more") || "+{count}")
+            .replace("{count}", formatNumber(toasts.length - 1));
+      if (more.textContent !== text) { more.textContent = text; }
+    }
+    padBody(r, toasts.length > 0);
+  }
+
+  function padBody(r, any) {
+    var body = document.body;
+    if (basePadding === null) {
+      basePadding = parseFloat(getComputedStyle(body).paddingBottom) || 0;
+    }
+    if (!any) { body.style.paddingBottom = ""; return; }
+    var box = r.getBoundingClientRect();
+    var gap = Math.max(window.innerHeight - box.bottom, 0);
+    body.style.paddingBottom = Math.ceil(basePadding + box.height + 2 * gap) + "px";
+  }
+
+  function watchStack() {
+    var r = region();
+    var l = list();
+    if (!r || !l) { return; }
+    var queued = false;
+    function soon() {
+      if (queued) { return; }
+      queued = true;
+      requestAnimationFrame(function () { queued = false; layoutStack(); });
+    }
+    new MutationObserver(soon).observe(l, {
+      childList: true, subtree: true, attributes: true, attributeFilter: ["class"]
+    });
+    if (window.ResizeObserver) { new ResizeObserver(soon).observe(l); }
+    window.addEventListener("resize", soon);
+    var more = r.querySelector("[data-defer-more]");
+    if (more) {
+      more.addEventListener("click", function () { expanded = !expanded; layoutStack(); });
+    }
+    layoutStack();
+  }
+
   /* ---- wiring ---- */
 
   function start() {
@@ -683,6 +759,7 @@
       if (close) { dismiss(close.closest(".defer-toast")); }
     });
     initAll(document, navigationAnchor());
+    watchStack();
     var entries = performance.getEntriesByType ? performance.getEntriesByType("navigation") : [];
     if (entries[0] && entries[0].type === "back_forward") { refresh(); }
   }
