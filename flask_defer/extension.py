@@ -330,7 +330,10 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         running, so they could not be stopped. At least one of ``key_prefix``, ``name``
         or ``owner`` is required; ``status`` narrows further (the dashboard passes its
         status filter, so a bulk cancel never reaches rows the operator did not see).
-        ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
+        ``commit=False`` joins the caller's transaction, as for :meth:`cancel`. With an
+        ``actor`` (an operator, as for :meth:`cancel`), every cancelled job's
+        :meth:`on_undo` hooks run in the same transaction; one that raises rolls back
+        the whole bulk cancel.
         """
         return operations.cancel_many(
             self._state(), filters, checked_actor(actor), commit=commit

@@ -288,6 +288,17 @@ def cancel_many(
         )
     where = job_filter(filters)
     commit = checked_commit(commit)
+    if is_operator(actor):
+        # An operator's bulk cancel runs each job's on_undo hooks, as one cancel does,
+        # all in one transaction: a hook that raises leaves every job pending.
+        with state.transactions.hooked("cancel_many", commit=commit) as conn:
+            jobs, in_flight = state.store.cancel_many_jobs(
+                conn, where, now=utcnow(), actor=actor
+            )
+            for job in jobs:
+                for hook in state.undo_hooks.for_name(job.name):
+                    hook(job)
+        return {"cancelled": len(jobs), "in_flight": in_flight}
     with state.transactions.control("cancel_many", commit=commit) as conn:
         cancelled, in_flight = state.store.cancel_many(conn, where, now=utcnow(), actor=actor)
     return {"cancelled": cancelled, "in_flight": in_flight}

@@ -281,6 +281,40 @@ def test_an_operators_cancel_by_key_runs_the_hooks_in_the_callers_transaction(
     assert mail.defer.history(job.id)[-1].actor == "app"
 
 
+def test_an_operators_bulk_cancel_runs_each_jobs_undo_hooks(mail: AppKit) -> None:
+    undone: list[int] = []
+    mail.defer.on_undo("send_email")(lambda job: undone.append(job.id))
+    first = undoable(mail, key="booking:9:a")
+    second = undoable(mail, key="booking:9:b")
+    other = undoable(mail, key="booking:10:a")
+    outcome = mail.defer.cancel_many(key_prefix="booking:9:", actor="cli")
+    assert outcome == {"cancelled": 2, "in_flight": 0}
+    assert sorted(undone) == sorted([first.id, second.id])
+    assert mail.defer.history(first.id)[-1].actor == "cli"
+    assert mail.defer.get(other.id).status is JobStatus.PENDING  # type: ignore[union-attr]
+    # The app's own bulk cancel runs none.
+    assert mail.defer.cancel_many(key_prefix="booking:10:") == {"cancelled": 1, "in_flight": 0}
+    assert other.id not in undone
+
+
+def test_a_failing_hook_leaves_every_job_of_an_operators_bulk_cancel_pending(
+    mail: AppKit,
+) -> None:
+    seen: list[int] = []
+
+    @mail.defer.on_undo("send_email")
+    def restore(job: Job) -> None:
+        seen.append(job.id)
+        if len(seen) == 2:
+            raise RuntimeError("cannot restore")
+
+    jobs = [undoable(mail, key=f"booking:9:{n}") for n in range(3)]
+    with pytest.raises(RuntimeError, match="cannot restore"):
+        mail.defer.cancel_many(key_prefix="booking:9:", actor="dashboard")
+    for job in jobs:
+        assert mail.defer.get(job.id).status is JobStatus.PENDING  # type: ignore[union-attr]
+
+
 def test_a_failing_hook_rolls_an_operators_cancel_back(mail: AppKit) -> None:
     @mail.defer.on_undo("send_email")
     def restore(job: Job) -> None:
