@@ -5,7 +5,8 @@ not the owner's answers 404 exactly like an id that does not exist.
 
 How a page learns an outcome: while one of its toasts (or pending rows) is *waiting*,
 ``defer.js`` asks ``GET /toasts/state?id=…`` a few times a second, one primary-key
-lookup per id, and stops as soon as nothing waits. A plain request-response costs a
+lookup per id (an open toast is asked about too, less often, so an operator's cancel
+reaches it), and stops as soon as nothing is open or waiting. A plain request-response costs a
 sync WSGI server a thread for a few milliseconds; a server-sent event stream would
 hold one thread per waiting tab for the whole wait (unbounded while no worker runs),
 which is what ``DESIGN`` rules out. An idle page asks nothing.
