@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from flask import Flask
 
-from . import operations
+from . import cancels, operations
 from . import versioning_hooks as _versioning_hooks
 from .config import DeferConfig
 from .errors import JobNotFound
@@ -313,7 +313,7 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         take it. ``job_cancelled`` is sent after the commit, never on a rollback.
         Needs a ``db`` (:class:`InvalidArgument` naming ``commit`` otherwise).
         """
-        return operations.cancel(
+        return cancels.cancel(
             self._state(), id, key, owner, checked_actor(actor), commit=commit
         )
 
@@ -335,7 +335,7 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         :meth:`on_undo` hooks run in the same transaction; one that raises rolls back
         the whole bulk cancel.
         """
-        return operations.cancel_many(
+        return cancels.cancel_many(
             self._state(), filters, checked_actor(actor), commit=commit
         )
 

@@ -1,7 +1,8 @@
 """``Defer``'s Undo methods: owners, undoable jobs, holds, the Undo itself, toasts.
 
 The facade of the Undo UI: the blueprint's toast and Undo views call only these. The
-rules (the guarded hold, the outcome of an Undo) live in :mod:`flask_defer.operations`.
+rules live in :mod:`flask_defer.operations` (the guarded hold) and
+:mod:`flask_defer.cancels` (the Undo, its hooks and its outcome).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from .. import operations
+from .. import cancels, operations
 from ..errors import InvalidArgument
 from ..jobs import Job
 from ..owner import OwnerLoader, resolve_owner
@@ -155,7 +156,7 @@ class UndoMethods(FacadeBase):
         propagates and the caller rolls back.
         The history records it as ``undone`` by the owner.
         """
-        return operations.undo(self._state(), id, key, owner, commit=commit)
+        return cancels.undo(self._state(), id, key, owner, commit=commit)
 
     def toasts(
         self,
