@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from flask import Flask
 
-from . import operations
+from . import cancels, operations
 from . import versioning_hooks as _versioning_hooks
 from .config import DeferConfig
 from .errors import JobNotFound
@@ -289,6 +289,14 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         :class:`JobNotFound`. ``owner`` restricts the cancel to that owner's job; a job
         of another owner counts as not found.
 
+        ``actor`` says who cancels, for the history. With one (an operator: the
+        dashboard passes the signed-in operator, ``flask defer cancel`` passes
+        ``cli``), the cancel takes the owner's Undo path: the job's :meth:`on_undo`
+        hooks run in the cancel's transaction (a hook that raises rolls it back), and
+        the owner's open toast says "Cancelled by an operator." Without one, the
+        cancel is the app's own (``app``) and runs no hooks: the code that cancels
+        does its own bookkeeping.
+
         By default the cancel runs and commits a transaction of its own.
         ``commit=False`` runs the same guarded statement in ``db.session``'s current
         transaction and leaves the commit to the caller, so a business change and the
@@ -305,7 +313,7 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         take it. ``job_cancelled`` is sent after the commit, never on a rollback.
         Needs a ``db`` (:class:`InvalidArgument` naming ``commit`` otherwise).
         """
-        return operations.cancel(
+        return cancels.cancel(
             self._state(), id, key, owner, checked_actor(actor), commit=commit
         )
 
@@ -322,9 +330,12 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         running, so they could not be stopped. At least one of ``key_prefix``, ``name``
         or ``owner`` is required; ``status`` narrows further (the dashboard passes its
         status filter, so a bulk cancel never reaches rows the operator did not see).
-        ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
+        ``commit=False`` joins the caller's transaction, as for :meth:`cancel`. With an
+        ``actor`` (an operator, as for :meth:`cancel`), every cancelled job's
+        :meth:`on_undo` hooks run in the same transaction; one that raises rolls back
+        the whole bulk cancel.
         """
-        return operations.cancel_many(
+        return cancels.cancel_many(
             self._state(), filters, checked_actor(actor), commit=commit
         )
 

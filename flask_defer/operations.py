@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
-from . import signals
 from .bulk import build_new_jobs
 from .errors import InvalidArgument, JobNotFound, JobNotPending
 from .execution import Clock
@@ -20,7 +19,7 @@ from .jobs import Job, JobStatus
 from .state import DeferState
 from .store import JobFilter
 from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
-from .undo import MAX_JOB_ID, WAITING_HORIZON, Toast, UndoOutcome
+from .undo import MAX_JOB_ID, WAITING_HORIZON, Toast
 from .validation import (
     DEFAULT_ACTOR,
     checked_commit,
@@ -185,48 +184,6 @@ def worker(
     return state.worker(concurrency=concurrency, queues=names, burst=bool(burst), clock=clock)
 
 
-def cancel(
-    state: DeferState,
-    job_id: Any,
-    key: Any,
-    owner: str | None,
-    actor: str = DEFAULT_ACTOR,
-    *,
-    commit: bool = True,
-) -> bool:
-    """pending → cancelled and True; anything else unchanged and False; unknown raises.
-
-    ``commit=False`` runs the same guarded statement in the caller's transaction
-    (see :meth:`~flask_defer.transactions.Transactions.caller`).
-    """
-    job_id, key = identity(job_id, key)
-    commit = checked_commit(commit)
-    with state.transactions.control("cancel", commit=commit) as conn:
-        cancelled = state.store.cancel(
-            conn, now=utcnow(), job_id=job_id, key=key, owner=owner, actor=actor
-        )
-        if cancelled is None:
-            state.refused(conn, job_id, key, owner)
-            return False
-    state.send_when_committed(signals.job_cancelled, commit=commit, job=cancelled)
-    return True
-
-
-def cancel_many(
-    state: DeferState, filters: Filters, actor: str = DEFAULT_ACTOR, *, commit: bool = True
-) -> dict[str, int]:
-    """Cancel matching pending jobs; ``{"cancelled": n, "in_flight": m}``."""
-    if all(filters.get(name) is None for name in ("key_prefix", "name", "owner")):
-        raise InvalidArgument(
-            "key_prefix", "give key_prefix, name or owner; refusing to cancel every job"
-        )
-    where = job_filter(filters)
-    commit = checked_commit(commit)
-    with state.transactions.control("cancel_many", commit=commit) as conn:
-        cancelled, in_flight = state.store.cancel_many(conn, where, now=utcnow(), actor=actor)
-    return {"cancelled": cancelled, "in_flight": in_flight}
-
-
 def reschedule(
     state: DeferState,
     job_id: Any,
@@ -301,44 +258,6 @@ def count(state: DeferState, filters: Filters, *, limit: int | None = None) -> i
     where = job_filter(filters)
     with state.transactions.joined() as conn:
         return state.store.count(conn, where, limit=limit)
-
-
-def undo(
-    state: DeferState, job_id: Any, key: Any, owner: str | None, *, commit: bool = True
-) -> UndoOutcome:
-    """The user's Undo: guarded cancel plus ``on_undo`` hooks in one transaction on
-    ``db.session``: its own, committed here (``commit=True``), or the caller's."""
-    job_id, key = identity(job_id, key)
-    checked_owner = checked_text(owner, "owner")
-    commit = checked_commit(commit)
-    if job_id is not None and not 1 <= job_id <= MAX_JOB_ID:
-        raise JobNotFound(job_id)
-    with state.transactions.hooked("undo", commit=commit) as conn:
-        cancelled: Job | None = None
-        # A failed attempt can put the job back to pending between the cancel and
-        # the read below; cancelling again then is right, so try a few times.
-        for _ in range(3):
-            # The owner undid it: the history names them, not "app".
-            cancelled = state.store.cancel(
-                conn,
-                now=utcnow(),
-                job_id=job_id,
-                key=key,
-                owner=checked_owner,
-                actor=checked_owner or DEFAULT_ACTOR,
-                event="undone",
-            )
-            if cancelled is not None:
-                break
-            existing = state.refused(conn, job_id, key, checked_owner)
-            if existing.status is not JobStatus.PENDING:
-                return UndoOutcome.for_status(existing.status)
-        if cancelled is None:
-            return UndoOutcome.RUNNING
-        for hook in state.undo_hooks.for_name(cancelled.name):
-            hook(cancelled)
-    state.send_when_committed(signals.job_cancelled, commit=commit, job=cancelled)
-    return UndoOutcome.UNDONE
 
 
 def toasts(

@@ -8,11 +8,12 @@ renders it, and ``defer.undo()`` callers branch on it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .jobs import Job, JobStatus
+from .jobs import Job, JobEvent, JobStatus
+from .validation import DEFAULT_ACTOR
 
 #: The largest id a job can have (a signed 64-bit integer on both backends); larger
 #: numbers in a URL are answered "not found" instead of overflowing the driver.
@@ -120,14 +121,38 @@ class ToastState(enum.StrEnum):
         return self in (ToastState.DONE, ToastState.FAILED, ToastState.UNDONE)
 
 
-def state_text(job: Job, state: ToastState, translate: Translate | None = None) -> str:
+def cancelling_operator(events: Sequence[JobEvent]) -> str | None:
+    """Who cancelled the job, from its history, when that was an operator; else None.
+
+    None when the owner undid it (``undone``), when the app's own code cancelled it
+    (actor ``app``), or when nothing says (no cancel recorded, ``DEFER_HISTORY`` off).
+    """
+    for event in reversed(events):
+        if event.event == "undone":
+            return None
+        if event.event == "cancelled":
+            return None if event.actor == DEFAULT_ACTOR else event.actor
+    return None
+
+
+def state_text(
+    job: Job,
+    state: ToastState,
+    translate: Translate | None = None,
+    *,
+    operator: str | None = None,
+) -> str:
     """The toast's text in *state*: the job's own text for it, else a neutral default.
 
     No default claims an outcome before the server knows it: an unlabelled open toast
     reads "Action scheduled", a waiting one "In progress…"; "Done" only ever comes from
-    a row that is done.
+    a row that is done. A job an *operator* cancelled (see :func:`cancelling_operator`)
+    reads "Cancelled by an operator.", never the owner's "Sending undone.": the owner
+    did nothing.
     """
     t = translate or _identity
+    if state is ToastState.UNDONE and operator is not None:
+        return t("Cancelled by an operator.")
     if state is ToastState.OPEN:
         return job.label or t("Action scheduled")
     if state is ToastState.WAITING:

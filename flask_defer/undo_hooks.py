@@ -6,8 +6,10 @@ or not at all. ``@defer.on_undo("name")`` registers such a hook; ``defer.undo(id
 cancels the job and runs its hooks in one transaction on ``db.session``, then commits.
 A hook that raises rolls the cancel back too. This module keeps the registry.
 
-``defer.cancel`` does not run hooks: it is the operator's "stop this job", while
-``defer.undo`` is the user's "take back what I just did".
+An operator's cancel (``defer.cancel(..., actor=...)``: the dashboard, ``flask defer
+cancel``) runs the same hooks through the same code: for the app, a job an operator
+stopped is as undone as one its owner took back, and a "Sending…" message must not
+stay so forever. The app's own ``defer.cancel()`` without an actor runs none.
 """
 
 from __future__ import annotations

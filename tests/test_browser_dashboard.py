@@ -89,8 +89,24 @@ def test_filter_open_a_failed_job_and_retry_it(
     expect(page.locator(".defer-dl")).to_contain_text("3 of 3")
     expect(page.locator("pre.defer-code").first).to_contain_text('"account": 4711')
 
-    # Retry it: the answer arrives in place and the page refreshes its own state.
+    # Retry it: it asks first (dismissed: nothing happens), then acts once accepted;
+    # the answer arrives in place and the page refreshes its own state.
     page.evaluate("window.__notReloaded = true")
+    asked: list[str] = []
+
+    def answer(accept: bool) -> Callable[[Any], None]:
+        def handle(dialog: Any) -> None:
+            asked.append(dialog.message)
+            dialog.accept() if accept else dialog.dismiss()
+
+        return handle
+
+    page.once("dialog", answer(False))
+    page.get_by_role("button", name="Retry").click()
+    expect(page.locator("#defer-job")).to_have_attribute("data-defer-status", "failed")
+    page.wait_for_timeout(300)  # proving an absence: no request went out
+    assert live.ops.job(failed_id).status is JobStatus.FAILED
+    page.once("dialog", answer(True))
     page.get_by_role("button", name="Retry").click()
     expect(page.locator("#defer-outcome")).to_have_text(
         f"Job {failed_id} is pending again, due now, attempts reset."
@@ -101,6 +117,7 @@ def test_filter_open_a_failed_job_and_retry_it(
     assert page.evaluate("window.__notReloaded === true")
     job = live.ops.job(failed_id)
     assert job.status is JobStatus.PENDING and job.attempts == 0
+    assert asked == [f"Retry job {failed_id} ({job.name})? It runs again now, attempts reset."] * 2
 
     # Back to the filtered list: the job has left the failed filter.
     page.get_by_role("link", name="← Jobs").click()
@@ -125,6 +142,32 @@ def test_the_list_refreshes_itself_without_a_reload(
         "data-defer-status", "cancelled", timeout=5000
     )
     assert page.evaluate("window.__notReloaded === true")
+
+
+def test_run_now_asks_first_and_acts_only_once_confirmed(
+    live: Live, operator_page: Callable[..., Page]
+) -> None:
+    page = operator_page()
+    job_id = live.jobs.scheduled[0]
+    before = live.ops.job(job_id)
+    row = page.locator(f"#defer-row-{job_id}")
+    asked: list[str] = []
+
+    def dismiss(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.dismiss()
+
+    page.once("dialog", dismiss)
+    row.get_by_role("button", name="Run now").click()
+    page.wait_for_timeout(300)  # proving an absence: no request went out
+    assert live.ops.job(job_id).run_at == before.run_at
+    assert asked == [f"Run job {job_id} ({before.name}) now? A worker starts it at once."]
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name="Run now").click()
+    expect(page.locator("#defer-outcome")).to_have_text(
+        f"Job {job_id} is due now; a worker will start it."
+    )
+    assert live.ops.job(job_id).run_at < before.run_at
 
 
 def test_a_refused_action_says_what_really_happened(
@@ -258,7 +301,8 @@ def test_the_job_history_timeline(
     expect(items.nth(2).locator("pre.defer-traceback")).to_be_visible()
     expect(items.nth(2).locator("pre.defer-traceback")).to_contain_text("in _post_invoices")
 
-    # The operator retries it: the timeline grows in place with who did it.
+    # The operator retries it (and confirms): the timeline grows in place with who did it.
+    page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Retry").click()
     expect(items).to_have_count(8)
     expect(items.nth(7)).to_contain_text("Retried by an operator")

@@ -307,6 +307,44 @@ def assert_no_text_spills(page: Page, where: str) -> None:
     assert spilled == [], f"{where}: text spills out of {spilled}"
 
 
+def assert_links_in_view(page: Page, where: str) -> None:
+    """Every link of the dashboard's header rows lies in the viewport (they wrap)."""
+    outside = page.evaluate(
+        """() => [...document.querySelectorAll(
+                '.defer-dash__header a, .defer-back a, .defer-dash__meta a')]
+            .filter(a => a.getClientRects().length)
+            .filter(a => { const r = a.getBoundingClientRect();
+                           return r.left < 0 || r.right > innerWidth; })
+            .map(a => a.textContent.trim())"""
+    )
+    assert outside == [], f"{where}: links off screen: {outside}"
+
+
+def assert_scrolling_panels_hint_at_more(page: Page, where: str) -> None:
+    """A panel whose table scrolls sideways draws an edge shadow that says so."""
+    silent = page.evaluate(
+        """() => [...document.querySelectorAll('.defer-panel')]
+            .filter(p => p.scrollWidth > p.clientWidth + 1)
+            .filter(p => !getComputedStyle(p).backgroundImage.includes('radial-gradient'))
+            .map(p => p.className + ' ' + p.scrollWidth + '>' + p.clientWidth)"""
+    )
+    assert silent == [], f"{where}: these panels scroll sideways without a hint: {silent}"
+
+
+def assert_panel_titles_whole(page: Page, where: str) -> None:
+    """The by-name table's title ("Nach Aufgabenname größter Rückstand zuerst") is
+    shown whole at rest, not cut off at its panel's edge."""
+    cut = page.evaluate(
+        """(text) => [...document.querySelectorAll('.defer-panel *')]
+            .filter(e => e.children.length === 0 && e.textContent.trim() === text)
+            .filter(e => e.getBoundingClientRect().right >
+                         e.closest('.defer-panel').getBoundingClientRect().right + 0.5)
+            .map(e => e.tagName)""",
+        "größter Rückstand zuerst",
+    )
+    assert cut == [], f"{where}: the by-name title is cut off: {cut}"
+
+
 @pytest.mark.docs_screenshot
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_the_german_dashboard_fits_its_long_words_and_passes_axe(
@@ -331,6 +369,10 @@ def test_the_german_dashboard_fits_its_long_words_and_passes_axe(
         expect(page.locator("html")).to_have_attribute("lang", "de")
         assert_fits(page, width, where)
         assert_no_text_spills(page, where)
+        assert_links_in_view(page, where)
+        assert_scrolling_panels_hint_at_more(page, where)
+        if path == "/defer/":
+            assert_panel_titles_whole(page, where)
         if layout == "desktop":
             # A desktop has room for every column: no table scrolls inside its panel.
             scrolled = page.evaluate(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from playwright.sync_api import BrowserContext, Page, expect
@@ -453,6 +454,155 @@ def test_pending_rows_follow_their_job_without_a_reload(
     assert page.evaluate("window.__settled") == [{"id": job_id, "key": None, "status": "done"}]
 
 
+def test_an_operators_cancel_reaches_the_open_toast_within_a_second(
+    live: Live, open_page: Callable[..., Page]
+) -> None:
+    undone: list[int] = []
+    live.mail.defer.on_undo("send_email")(lambda job: undone.append(job.id))
+    page = open_page("/?window=30&undone_label=Sending+undone.")
+    job_id = send(page)
+    mark_page(page)
+    record_state_changes(page)
+    item = toast(page, job_id)
+    expect(item.get_by_role("button", name="Undo")).to_be_visible()
+    # What the dashboard's Cancel and `flask defer cancel` call: an operator's cancel.
+    with live.mail.context():
+        assert live.mail.defer.cancel(job_id, actor="dashboard") is True
+    cancelled_at = time.time()
+    expect(item).to_have_attribute("data-defer-state", "undone", timeout=3000)
+    seen = first_seen(page, job_id, "undone")
+    assert seen is not None and seen - cancelled_at < 1.5
+    expect(item.locator("[data-defer-text]")).to_have_text("Cancelled by an operator.")
+    expect(item.get_by_role("button", name="Undo")).to_have_count(0)  # no Undo to offer
+    expect(page.locator("[data-defer-announcer]")).to_have_text("Cancelled by an operator.")
+    assert page.evaluate("window.__settled") == [
+        {"id": job_id, "key": None, "status": "cancelled"}
+    ]
+    assert undone == [job_id]  # the app's undo hooks ran, as for the owner's Undo
+    assert_not_reloaded(page)
+
+
+def test_hostile_labels_are_shown_as_text_and_never_run(
+    live: Live, open_page: Callable[..., Page]
+) -> None:
+    hostile = "<img src=x onerror=\"window.__pwned=1\"><script>window.__pwned=2</script>"
+    query = urlencode({"window": "1", "label": hostile, "done_label": hostile + " sent"})
+    page = open_page(f"/?{query}")
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    job_id = send(page)
+    item = toast(page, job_id)
+    text = item.locator("[data-defer-text]")
+    expect(text).to_have_text(hostile)  # rendered by the server: literally
+    # The label reaches the page again through the state JSON once the job ran.
+    expect(item).to_have_attribute("data-defer-state", "waiting", timeout=3000)
+    time.sleep(max((live.job(job_id).run_at - utcnow()).total_seconds(), 0))
+    assert live.run_due().done == 1
+    expect(item).to_have_attribute("data-defer-state", "done", timeout=2000)
+    expect(text).to_have_text(hostile + " sent")
+    expect(page.locator("[data-defer-announcer]")).to_have_text(hostile + " sent")
+    page.wait_for_timeout(300)
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator(".defer-toasts img, .defer-toasts script").count() == 0
+    assert dialogs == []
+
+
+PHONE = {"viewport": {"width": 375, "height": 740}, "is_mobile": True, "has_touch": True}
+DESKTOP = {"viewport": {"width": 1280, "height": 800}}
+
+
+def covered_by_toasts(page: Page, selector: str) -> list[str]:
+    """The visible toast parts (toasts, the "more" button) that overlap *selector*'s box."""
+    return list(
+        page.evaluate(
+            """(selector) => {
+                const target = document.querySelector(selector).getBoundingClientRect();
+                const parts = [...document.querySelectorAll('.defer-toast, .defer-toasts__more')]
+                    .filter(e => e.getClientRects().length);
+                return parts.filter(e => {
+                    const r = e.getBoundingClientRect();
+                    return !(r.right <= target.left || r.left >= target.right
+                             || r.bottom <= target.top || r.top >= target.bottom);
+                }).map(e => e.className);
+            }""",
+            selector,
+        )
+    )
+
+
+@pytest.mark.parametrize("layout", ["phone", "desktop"])
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_stacked_toasts_leave_the_send_button_clear_and_collapse_on_a_phone(
+    live: Live,
+    new_browser_context: Callable[..., BrowserContext],
+    artifacts: Path,
+    layout: str,
+    scheme: str,
+) -> None:
+    # A short viewport: the compose form's buttons sit where the stack is drawn.
+    options = {**(PHONE if layout == "phone" else DESKTOP)}
+    options["viewport"] = {**options["viewport"], "height": 560}  # type: ignore[dict-item]
+    page = new_browser_context(**options, color_scheme=scheme).new_page()
+    page.goto(live.url + "/?window=120")
+    ids = [send(page, htmx=True) for _ in range(3)]
+    visible = page.locator(".defer-toast:visible")
+    more = page.locator("[data-defer-more]")
+    if layout == "phone":
+        # One toast, the newest, and a count of the others that expands them.
+        expect(visible).to_have_count(1)
+        expect(visible.first).to_have_attribute("data-defer-toast", str(ids[-1]))
+        expect(more).to_have_text("+2 more")
+        expect(more).to_have_attribute("aria-expanded", "false")
+        page.screenshot(path=str(artifacts / f"toasts-collapsed-{layout}-{scheme}.png"))
+        more.click()
+        expect(visible).to_have_count(3)
+        expect(more).to_have_attribute("aria-expanded", "true")
+        expect(more).to_have_text("Show fewer")
+        # Expanded, the taller stack pads the page as much: the end still scrolls clear.
+        page.wait_for_timeout(100)
+        page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+        page.wait_for_timeout(100)
+        assert covered_by_toasts(page, "#send") == []
+        page.screenshot(path=str(artifacts / f"toasts-expanded-{layout}-{scheme}.png"))
+        more.click()
+        expect(visible).to_have_count(1)
+    else:
+        expect(visible).to_have_count(3)  # a desktop has room for the stack
+        expect(more).to_be_hidden()
+    # The page's end scrolls clear of the stack: its Send button is never under a toast.
+    page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+    page.wait_for_timeout(100)
+    assert covered_by_toasts(page, "#send") == []
+    assert covered_by_toasts(page, "#send-htmx") == []
+    page.screenshot(path=str(artifacts / f"toasts-scrolled-{layout}-{scheme}.png"))
+    # Z still undoes the newest, and the count follows.
+    page.locator("body").press("z")
+    expect(page.locator('[data-defer-outcome="undone"]')).to_have_count(1)
+    assert live.job(ids[-1]).status is JobStatus.CANCELLED
+
+
+@pytest.mark.parametrize("layout", ["phone", "desktop"])
+def test_the_pending_page_always_has_a_way_back(
+    live: Live, new_browser_context: Callable[..., BrowserContext], layout: str
+) -> None:
+    page = new_browser_context(**(PHONE if layout == "phone" else DESKTOP)).new_page()
+    page.goto(live.url + "/?window=60")
+    send(page)
+    # Opened directly (a bookmark, a new tab): no referrer, the link goes home.
+    page.goto(live.url + "/defer/pending")
+    back = page.locator("#defer-back-link")
+    expect(back).to_have_text("← Back to the app")
+    expect(back).to_be_in_viewport()
+    back.click()
+    expect(page).to_have_url(live.url + "/")
+    # Reached from a page of the app: back to that page.
+    page.goto(live.url + "/inbox")
+    page.evaluate("location.href = '/defer/pending'")
+    expect(page.locator("#defer-back-link")).to_have_text("← Back")
+    page.locator("#defer-back-link").click()
+    expect(page).to_have_url(live.url + "/inbox")
+
+
 def test_a_german_browser_reads_german_toasts(live: Live, open_page: Callable[..., Page]) -> None:
     page = open_page("/?window=30", locale="de-DE")
     job_id = send(page)
@@ -473,6 +623,9 @@ def test_a_click_that_loses_the_race_says_too_late(
     page = open_page("/?window=30")
     running_id = send(page)
     ran_id = send(page)
+    # The page would learn within a second that the second job ran (and drop its Undo);
+    # this click comes first: the page's state requests do not get through.
+    page.route("**/defer/toasts/state*", lambda route: route.abort())
     # A worker claims the first job and runs the second one while both toasts show.
     running = live.job(running_id)
     with live.mail.context():
@@ -662,6 +815,9 @@ def toasts_in_every_state(live: Live, page: Page, path: str) -> None:
         expect(toast(page, job_id)).to_have_attribute("data-defer-state", "waiting")
     summary = live.run_due(now=due)
     assert (summary.done, summary.failed) == (1, 1)
+    more = page.locator("[data-defer-more]")
+    if more.is_visible():
+        more.click()  # a phone collapses the stack: show every toast
     toast(page, undone).get_by_role("button", name="Undo").click()
     expect(toast(page, done)).to_have_attribute("data-defer-state", "done", timeout=1000)
     expect(toast(page, failed)).to_have_attribute("data-defer-state", "failed", timeout=1000)

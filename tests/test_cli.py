@@ -90,6 +90,17 @@ def test_cancel_by_id_key_and_prefix_with_exit_codes(cli_kit: AppKit) -> None:
     assert code == 1 and "no job with id 99999" in output
 
 
+def test_cancel_runs_the_jobs_undo_hooks_as_the_cli(cli_kit: AppKit) -> None:
+    invoke(cli_kit, "install")
+    undone: list[int] = []
+    cli_kit.defer.on_undo("send_email")(lambda job: undone.append(job.id))
+    job = schedule(cli_kit, delay=60)
+    assert invoke(cli_kit, "cancel", str(job.id))[0] == 0
+    assert undone == [job.id]
+    with cli_kit.context():
+        assert cli_kit.defer.history(job.id)[-1].actor == "cli"
+
+
 def test_cancel_without_arguments_names_the_cli_options_and_exits_2(cli_kit: AppKit) -> None:
     invoke(cli_kit, "install")
     code, output = invoke(cli_kit, "cancel")

@@ -227,6 +227,105 @@ def test_a_failing_on_undo_hook_rolls_the_cancel_back(mail: AppKit) -> None:
     assert mail.db.session.execute(select(restorations.c.job)).scalars().all() == []
 
 
+@pytest.mark.parametrize("actor", ["dashboard", "cli", "ops@example.com"])
+def test_an_operators_cancel_runs_the_undo_hooks_and_names_the_operator(
+    mail: AppKit, actor: str
+) -> None:
+    restorations = _restorations(mail)
+
+    @mail.defer.on_undo("send_email")
+    def restore(job: Job) -> None:
+        mail.db.session.execute(restorations.insert().values(job=str(job.id)))
+
+    job = undoable(mail)
+    assert mail.defer.cancel(job.id, actor=actor) is True
+    mail.db.session.remove()
+    assert mail.db.session.execute(select(restorations.c.job)).scalars().all() == [str(job.id)]
+    last = mail.defer.history(job.id)[-1]
+    assert (last.event, last.actor) == ("cancelled", actor)
+    # A second cancel changes nothing and runs nothing; the owner's Undo neither.
+    assert mail.defer.cancel(job.id, actor=actor) is False
+    assert mail.defer.undo(job.id, owner="alice") is UndoOutcome.ALREADY_UNDONE
+    assert mail.db.session.execute(select(restorations.c.job)).scalars().all() == [str(job.id)]
+    # A running job is refused, and its hooks do not run.
+    running = undoable(mail)
+    mail.defer.store.claim(
+        now=running.run_at, limit=1, token="t" * 32,
+        lease_until=running.run_at + timedelta(seconds=30),
+    )
+    assert mail.defer.cancel(running.id, actor=actor) is False
+    assert mail.defer.get(running.id).status is JobStatus.RUNNING  # type: ignore[union-attr]
+    assert mail.db.session.execute(select(restorations.c.job)).scalars().all() == [str(job.id)]
+    with pytest.raises(JobNotFound):
+        mail.defer.cancel(999_999, actor=actor)
+
+
+def test_an_operators_cancel_by_key_runs_the_hooks_in_the_callers_transaction(
+    mail: AppKit,
+) -> None:
+    restorations = _restorations(mail)
+
+    @mail.defer.on_undo("send_email")
+    def restore(job: Job) -> None:
+        mail.db.session.execute(restorations.insert().values(job=str(job.id)))
+
+    job = undoable(mail, key="message:7:send")
+    assert mail.defer.cancel(key="message:7:send", actor="dashboard", commit=False) is True
+    assert mail.db.session.execute(select(restorations.c.job)).scalars().all() == [str(job.id)]
+    mail.db.session.rollback()  # takes back the cancel and the hook's write together
+    assert mail.defer.get(job.id).status is JobStatus.PENDING  # type: ignore[union-attr]
+    assert mail.db.session.execute(select(restorations.c.job)).scalars().all() == []
+    # The app's own cancel (no actor) does its own bookkeeping: no hooks.
+    assert mail.defer.cancel(key="message:7:send") is True
+    assert mail.db.session.execute(select(restorations.c.job)).scalars().all() == []
+    assert mail.defer.history(job.id)[-1].actor == "app"
+
+
+def test_an_operators_bulk_cancel_runs_each_jobs_undo_hooks(mail: AppKit) -> None:
+    undone: list[int] = []
+    mail.defer.on_undo("send_email")(lambda job: undone.append(job.id))
+    first = undoable(mail, key="booking:9:a")
+    second = undoable(mail, key="booking:9:b")
+    other = undoable(mail, key="booking:10:a")
+    outcome = mail.defer.cancel_many(key_prefix="booking:9:", actor="cli")
+    assert outcome == {"cancelled": 2, "in_flight": 0}
+    assert sorted(undone) == sorted([first.id, second.id])
+    assert mail.defer.history(first.id)[-1].actor == "cli"
+    assert mail.defer.get(other.id).status is JobStatus.PENDING  # type: ignore[union-attr]
+    # The app's own bulk cancel runs none.
+    assert mail.defer.cancel_many(key_prefix="booking:10:") == {"cancelled": 1, "in_flight": 0}
+    assert other.id not in undone
+
+
+def test_a_failing_hook_leaves_every_job_of_an_operators_bulk_cancel_pending(
+    mail: AppKit,
+) -> None:
+    seen: list[int] = []
+
+    @mail.defer.on_undo("send_email")
+    def restore(job: Job) -> None:
+        seen.append(job.id)
+        if len(seen) == 2:
+            raise RuntimeError("cannot restore")
+
+    jobs = [undoable(mail, key=f"booking:9:{n}") for n in range(3)]
+    with pytest.raises(RuntimeError, match="cannot restore"):
+        mail.defer.cancel_many(key_prefix="booking:9:", actor="dashboard")
+    for job in jobs:
+        assert mail.defer.get(job.id).status is JobStatus.PENDING  # type: ignore[union-attr]
+
+
+def test_a_failing_hook_rolls_an_operators_cancel_back(mail: AppKit) -> None:
+    @mail.defer.on_undo("send_email")
+    def restore(job: Job) -> None:
+        raise RuntimeError("cannot restore")
+
+    job = undoable(mail)
+    with pytest.raises(RuntimeError, match="cannot restore"):
+        mail.defer.cancel(job.id, actor="dashboard")
+    assert mail.defer.get(job.id).status is JobStatus.PENDING  # type: ignore[union-attr]
+
+
 def test_on_undo_refuses_a_bad_name(mail: AppKit) -> None:
     with pytest.raises(InvalidArgument):
         mail.defer.on_undo("")

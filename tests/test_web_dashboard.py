@@ -55,7 +55,10 @@ def signed_in(ops: OpsApp, user: str = "admin") -> FlaskClient:
 
 def token_of(client: FlaskClient, path: str = "/defer/") -> str:
     html = client.get(path).get_data(as_text=True)
-    found = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    # A form's field, or the token htmx sends with every action of the page.
+    found = re.search(r'name="csrf_token" value="([^"]+)"', html) or re.search(
+        r'"X-CSRFToken": "([^"]+)"', html
+    )
     assert found, "no CSRF token on the page"
     return found.group(1)
 
@@ -330,7 +333,13 @@ def test_actions_without_a_valid_csrf_token_are_refused(
 
 
 #: Destructive actions whose URL answers a GET with a confirm page (no JavaScript).
-CONFIRMED_PATHS = {"/defer/jobs/{id}/cancel", "/defer/jobs/cancel", "/defer/jobs/retry"}
+CONFIRMED_PATHS = {
+    "/defer/jobs/{id}/cancel",
+    "/defer/jobs/{id}/run-now",
+    "/defer/jobs/{id}/retry",
+    "/defer/jobs/cancel",
+    "/defer/jobs/retry",
+}
 
 
 def test_a_get_never_acts_destructive_ones_answer_with_a_confirm_page(
@@ -364,6 +373,50 @@ def test_cancel_without_javascript_asks_first_then_cancels_from_the_confirm_form
     )
     assert follow_flash(client, done) == f"ok: Job {job_id} cancelled."
     assert ops.job(job_id).status is JobStatus.CANCELLED
+
+
+@pytest.mark.parametrize(
+    ("action", "seeded", "question", "done"),
+    [
+        (
+            "run-now",
+            "scheduled",
+            "Run job {id} (publish_post, key post:93:publish) now?",
+            "ok: Job {id} is due now; a worker will start it.",
+        ),
+        (
+            "retry",
+            "failed",
+            "Retry job {id} ({name}",
+            "ok: Job {id} is pending again, due now, attempts reset.",
+        ),
+    ],
+)
+def test_run_now_and_retry_ask_first_with_and_without_javascript(
+    ops: OpsApp, jobs: Seeded, action: str, seeded: str, question: str, done: str
+) -> None:
+    client = signed_in(ops)
+    job_id = getattr(jobs, seeded)[0]
+    before = ops.job(job_id)
+    page = client.get(f"/defer/jobs/{job_id}").get_data(as_text=True)
+    # The button's form GETs the confirm page without JavaScript; htmx asks and POSTs.
+    pattern = rf'<form[^>]*action="/defer/jobs/{job_id}/{action}"[^>]*>(.*?)</form>'
+    form = re.search(pattern, page, re.S)
+    assert form and 'method="get"' in form.group(0) and "hx-confirm=" in form.group(0)
+    assert "csrf_token" not in form.group(1)  # the GET carries no token to leak
+    confirm = client.get(f"/defer/jobs/{job_id}/{action}?next=/defer/jobs/{job_id}")
+    html = confirm.get_data(as_text=True)
+    assert confirm.status_code == 200
+    assert question.format(id=job_id, name=before.name) in html
+    assert ops.job(job_id) == before  # asking changed nothing
+    token = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert token and f'action="/defer/jobs/{job_id}/{action}"' in html
+    acted = client.post(
+        f"/defer/jobs/{job_id}/{action}", data={"csrf_token": token.group(1), "next": "/defer/"}
+    )
+    assert follow_flash(client, acted) == done.format(id=job_id)
+    assert ops.job(job_id) != before
+    assert client.get(f"/defer/jobs/999999/{action}").status_code == 404
 
 
 def test_bulk_actions_without_javascript_confirm_with_the_same_filters(

@@ -411,7 +411,7 @@ def test_pending_page_lists_the_owners_undoable_and_scheduled_jobs(mail: MailApp
     html = client.get(
         "/defer/pending", headers={"Referer": "http://localhost/inbox?page=2"}
     ).get_data(as_text=True)
-    assert '<a href="/inbox?page=2">← Back</a>' in html
+    assert '<a href="/inbox?page=2" id="defer-back-link">← Back</a>' in html
     assert "Message sent" in html and "Undo possible for" in html
     assert "Publish post" in html and "Runs in" in html and "2 h" in html
     assert "Secret" not in html and f"defer-pending-{foreign.id}" not in html
@@ -542,6 +542,99 @@ def test_the_state_endpoint_answers_the_owners_jobs_only(mail: MailApp) -> None:
     }
 
 
+HOSTILE_LABEL = "<img src=x onerror=\"document.title='pwned'\"> & <script>alert(1)</script>"
+
+
+def test_the_state_json_escapes_html_in_labels(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    job_id = send(client, label=HOSTILE_LABEL, undone_label=HOSTILE_LABEL)
+    response = client.get(f"/defer/toasts/state?id={job_id}")
+    body = response.get_data(as_text=True)
+    assert response.mimetype == "application/json"
+    for raw in "<>&'":
+        assert raw not in body, raw
+    assert "\\u003cscript\\u003e" in body and "\\u0026" in body
+    # ... and any JSON parser reads the label back exactly.
+    assert response.get_json()["jobs"][0]["text"] == HOSTILE_LABEL
+    token = token_of(client)
+    client.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token})
+    undone = client.get(f"/defer/toasts/state?id={job_id}")
+    assert "<" not in undone.get_data(as_text=True)
+    assert undone.get_json()["jobs"][0]["text"] == HOSTILE_LABEL
+
+
+ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "0",
+        "-1",
+        str(2**63),
+        "9" * 5000,
+        "١",  # an Arabic-Indic one: int() reads it as job 1
+        "arabic-indic own id",  # the real id in Arabic-Indic digits
+        "²",  # a superscript two: str.isdigit() says yes, int() raises
+        "１",  # a fullwidth one
+        "1e3",
+        "abc",
+        "+1",
+        " 1",
+        "1_0",
+        "",
+    ],
+    ids=lambda value: value if value.isascii() and len(value) < 30 else ascii(value)[:30],
+)
+def test_the_state_endpoint_ignores_values_that_are_not_ids(mail: MailApp, hostile: str) -> None:
+    client = mail.app.test_client()
+    first = send(client)
+    second = send(client)
+    if hostile == "arabic-indic own id":
+        hostile = str(first).translate(ARABIC_INDIC)
+    response = client.get("/defer/toasts/state", query_string=[("id", hostile), ("id", second)])
+    assert response.status_code == 200
+    # Only the well-formed own id is answered, even where the hostile value names
+    # another of this owner's jobs in another script.
+    assert [job["id"] for job in response.get_json()["jobs"]] == [second]
+
+
+def test_a_dashboard_cancel_runs_the_undo_hooks_and_tells_the_owner(
+    make_mail: Callable[..., MailApp],
+) -> None:
+    mail = make_mail(DEBUG=True)  # debug mode opens the dashboard without an auth hook
+    undone: list[int] = []
+    mail.defer.on_undo("send_email")(lambda job: undone.append(job.id))
+    alice = mail.app.test_client()
+    job_id = send(alice, undone_label="Sending undone.")
+    german = send(alice)
+    operator = mail.app.test_client()
+    token = token_of(operator)  # the same session token the dashboard sends
+    for each in (job_id, german):
+        response = operator.post(
+            f"/defer/jobs/{each}/cancel", headers={**HTMX, "X-CSRFToken": token}
+        )
+        assert response.status_code == 200
+    assert undone == [job_id, german]  # the same hooks as the owner's Undo
+    with mail.context():
+        assert mail.defer.history(job_id)[-1].event == "cancelled"
+    [answer] = states(alice, job_id)
+    assert answer["state"] == "undone" and answer["status"] == "cancelled"
+    assert answer["text"] == "Cancelled by an operator."  # not "Sending undone."
+    response = alice.get(f"/defer/toasts/state?id={german}", headers={"Accept-Language": "de"})
+    assert response.get_json()["jobs"][0]["text"] == "Von einem Operator abgebrochen."
+    response = alice.get(f"/defer/toasts/state?id={german}", headers={"Accept-Language": "fr"})
+    assert response.get_json()["jobs"][0]["text"] == "Annulé par un opérateur."
+    # A late click on Undo says who got there first, and runs nothing again.
+    undo = alice.post(f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token_of(alice)})
+    assert "Cancelled by an operator." in undo.get_data(as_text=True)
+    assert undone == [job_id, german]
+    # The owner's own Undo still reads as theirs.
+    own = send(alice, undone_label="Sending undone.")
+    alice.post(f"/defer/undo/{own}", headers={**HTMX, "X-CSRFToken": token_of(alice)})
+    assert states(alice, own)[0]["text"] == "Sending undone."
+
+
 def hold(client: FlaskClient, job_id: int, seconds: float, token: str | None) -> Any:
     headers = {"X-CSRFToken": token} if token else {}
     return client.post(f"/defer/hold/{job_id}", data={"seconds": seconds}, headers=headers)
@@ -623,8 +716,10 @@ def test_a_german_browser_reads_german_toasts_and_pages(mail: MailApp) -> None:
     announce = "Nachricht gesendet. Drücken Sie Z zum Rückgängigmachen."
     assert f'data-defer-text-announce="{announce}"' in html
     assert 'data-defer-locale="de"' in html
+    assert 'data-defer-text-more="+{count} weitere"' in html  # the collapsed stack
     pending = client.get("/defer/pending", headers=german).get_data(as_text=True)
     assert "Ausstehende Aktionen" in pending and '<html lang="de">' in pending
+    assert "← Zurück zur App</a>" in pending  # no referrer: the way back goes home
     token = token_of(client)
     answer = client.post(
         f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token, **german}
@@ -668,6 +763,66 @@ def test_every_blueprint_response_forbids_foreign_frames(make_mail: Callable[...
         response.close()
     # The app's own pages are the app's business.
     assert "Content-Security-Policy" not in mail.app.test_client().get("/").headers
+
+
+def every_blueprint_request(mail: MailApp, client: FlaskClient) -> dict[str, Any]:
+    """A response of every route and method of the blueprint, and of its error paths.
+
+    Built from the app's URL map, so a route added later is walked too.
+    """
+    job_id = send(client)
+    plain_id = send(client)
+    token = token_of(client)
+    values = {"job_id": job_id, "schedule_id": "no-such-schedule", "filename": "defer/defer.js"}
+    responses: dict[str, Any] = {}
+    for rule in mail.app.url_map.iter_rules():
+        if not rule.endpoint.startswith("defer."):
+            continue
+        path = rule.build({name: values[name] for name in rule.arguments})[1]
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            headers = {**HTMX, "X-CSRFToken": token} if method == "POST" else {}
+            form = {"seconds": "1", "delay": "60"} if method == "POST" else None
+            responses[f"{method} {path}"] = client.open(
+                path, method=method, headers=headers, data=form
+            )
+    responses |= {
+        "303 (plain-form Undo)": client.post(f"/defer/undo/{plain_id}", data={"csrf_token": token}),
+        "404 (no route)": client.get("/defer/no-such-page"),
+        "404 (no asset)": client.get("/defer/static/defer/no-such.js"),
+        "404 (unknown id)": client.post(
+            "/defer/undo/999999", headers={**HTMX, "X-CSRFToken": token}
+        ),
+        "405": client.get(f"/defer/undo/{job_id}"),
+        "400 (no CSRF token)": client.post(f"/defer/hold/{job_id}", data={"seconds": "1"}),
+        "JSON": client.get(f"/defer/toasts/state?id={job_id}"),
+    }
+    return responses
+
+
+def test_every_route_of_the_blueprint_sends_nosniff_and_frame_headers(
+    make_mail: Callable[..., MailApp],
+) -> None:
+    mail = make_mail(DEBUG=True, DEFER_METRICS=True)  # debug opens the dashboard
+    responses = every_blueprint_request(mail, mail.app.test_client())
+    assert len(responses) > 25
+    statuses = set()
+    for what, response in responses.items():
+        statuses.add(response.status_code)
+        assert response.headers.get("X-Content-Type-Options") == "nosniff", what
+        assert response.headers.get("Content-Security-Policy") == "frame-ancestors 'self'", what
+        assert response.headers.get("X-Frame-Options") == "SAMEORIGIN", what
+        response.close()
+    assert {200, 303, 400, 404, 405} <= statuses  # pages, redirects and errors alike
+    # A refused dashboard (no auth hook outside debug mode) too.
+    closed = make_mail().app.test_client().get("/defer/")
+    assert closed.status_code == 403
+    assert closed.headers.get("X-Content-Type-Options") == "nosniff"
+    assert closed.headers.get("X-Frame-Options") == "SAMEORIGIN"
+    # The app's own pages, and paths that only begin like the prefix, are left alone.
+    for path in ("/", "/deferred", "/inbox"):
+        response = mail.app.test_client().get(path)
+        assert "X-Content-Type-Options" not in response.headers, path
+        assert "Content-Security-Policy" not in response.headers, path
 
 
 def test_frame_ancestors_is_configurable(make_mail: Callable[..., MailApp]) -> None:

@@ -1,7 +1,8 @@
 """``Defer``'s Undo methods: owners, undoable jobs, holds, the Undo itself, toasts.
 
 The facade of the Undo UI: the blueprint's toast and Undo views call only these. The
-rules (the guarded hold, the outcome of an Undo) live in :mod:`flask_defer.operations`.
+rules live in :mod:`flask_defer.operations` (the guarded hold) and
+:mod:`flask_defer.cancels` (the Undo, its hooks and its outcome).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from .. import operations
+from .. import cancels, operations
 from ..errors import InvalidArgument
 from ..jobs import Job
 from ..owner import OwnerLoader, resolve_owner
@@ -47,6 +48,11 @@ class UndoMethods(FacadeBase):
 
     def on_undo(self, name: str) -> Callable[[UndoHook], UndoHook]:
         """Run the decorated ``hook(job)`` when a job called *name* is undone.
+
+        Undone by its owner (:meth:`undo`) or cancelled by an operator
+        (:meth:`cancel` with an ``actor``: the dashboard, ``flask defer cancel``);
+        :meth:`history` says which. The app's own :meth:`cancel` without an actor
+        runs no hooks.
 
         The hook runs in the Undo's transaction, after the cancel and before the
         commit (with a ``db``, that is ``db.session``'s transaction): restoring a
@@ -150,7 +156,7 @@ class UndoMethods(FacadeBase):
         propagates and the caller rolls back.
         The history records it as ``undone`` by the owner.
         """
-        return operations.undo(self._state(), id, key, owner, commit=commit)
+        return cancels.undo(self._state(), id, key, owner, commit=commit)
 
     def toasts(
         self,

@@ -93,25 +93,34 @@ class ControlStatements(HistoryStatements):
         self, conn: Connection, where: JobFilter, *, now: datetime, actor: str = "app"
     ) -> tuple[int, int]:
         """Cancel every pending job matching *where*; return (cancelled, still running)."""
+        cancelled, in_flight = self.cancel_many_jobs(conn, where, now=now, actor=actor)
+        return len(cancelled), in_flight
+
+    def cancel_many_jobs(
+        self, conn: Connection, where: JobFilter, *, now: datetime, actor: str = "app"
+    ) -> tuple[list[Job], int]:
+        """Like :meth:`cancel_many`, with the cancelled jobs as they now are (for the
+        ``on_undo`` hooks an operator's bulk cancel runs)."""
         t = self.table
         condition = self._filter(where)
-        gone = conn.execute(
-            update(t)
-            .where(condition, t.c.status == JobStatus.PENDING.value)
-            .values(self._settle_values(JobStatus.CANCELLED, now))
-            .returning(t.c.id, t.c.attempts)
-        ).all()
+        gone = [
+            Job.from_row(row)
+            for row in conn.execute(
+                update(t)
+                .where(condition, t.c.status == JobStatus.PENDING.value)
+                .values(self._settle_values(JobStatus.CANCELLED, now))
+                .returning(*t.c)
+            ).mappings()
+        ]
         self.record_events(
-            conn,
-            [HistoryEvent(int(i), "cancelled", now, actor, attempts) for i, attempts in gone],
+            conn, [HistoryEvent(job.id, "cancelled", now, actor, job.attempts) for job in gone]
         )
-        cancelled = len(gone)
         in_flight = conn.execute(
             select(func.count())
             .select_from(t)
             .where(condition, t.c.status == JobStatus.RUNNING.value)
         ).scalar_one()
-        return int(cancelled), int(in_flight)
+        return gone, int(in_flight)
 
     def reschedule(
         self,

@@ -18,6 +18,7 @@ from ..jobs import Job
 from ..resources import static_dir, templates_dir
 from . import dashboard, undo_views
 from .csrf import csrf_token
+from .headers import security_headers
 from .toasts import defer_toasts
 
 #: The event htmx fires on ``body`` when a response carries ``HX-Trigger: defer-toasts``;
@@ -25,12 +26,12 @@ from .toasts import defer_toasts
 REFRESH_EVENT = "defer-toasts"
 
 
-def create_blueprint(frame_ancestors: str | None = "'self'") -> Blueprint:
+def create_blueprint() -> Blueprint:
     """A fresh ``defer`` blueprint (one per app, so each app may mount it elsewhere).
 
-    Every response of it says who may frame it (``DEFER_FRAME_ANCESTORS``): an Undo
-    button or a dashboard action shown in a stranger's invisible frame is a click
-    the user never meant (clickjacking).
+    Its security headers (``nosniff``, ``frame-ancestors``) are added by
+    :func:`init_web` for every path under the prefix, 404s included
+    (:mod:`.headers`).
     """
     blueprint = Blueprint(
         "defer",
@@ -42,34 +43,13 @@ def create_blueprint(frame_ancestors: str | None = "'self'") -> Blueprint:
     undo_views.register(blueprint)
     # -- the operator dashboard and metrics --
     dashboard.register(blueprint)
-    if frame_ancestors is not None:
-        blueprint.after_request(_frame_guard(frame_ancestors))
     return blueprint
-
-
-def _frame_guard(sources: str) -> Any:
-    """An after-request hook adding ``frame-ancestors`` (and X-Frame-Options) headers."""
-    directive = f"frame-ancestors {sources}"
-    # X-Frame-Options, for browsers without CSP level 2, can only say "same origin"
-    # or "nowhere"; a list of hosts is left to the CSP header alone.
-    legacy = {"'self'": "SAMEORIGIN", "'none'": "DENY"}.get(sources.strip())
-
-    def guard(response: Response) -> Response:
-        policy = response.headers.get("Content-Security-Policy")
-        if not policy:
-            response.headers["Content-Security-Policy"] = directive
-        elif "frame-ancestors" not in policy:
-            response.headers["Content-Security-Policy"] = f"{policy.rstrip('; ')}; {directive}"
-        if legacy is not None:
-            response.headers.setdefault("X-Frame-Options", legacy)
-        return response
-
-    return guard
 
 
 def init_web(app: Flask, config: DeferConfig) -> None:
     """Register the blueprint, the Jinja globals and the htmx refresh trigger on *app*."""
-    app.register_blueprint(create_blueprint(config.frame_ancestors), url_prefix=config.url_prefix)
+    app.register_blueprint(create_blueprint(), url_prefix=config.url_prefix)
+    app.after_request(security_headers(config.url_prefix, config.frame_ancestors))
     app.add_template_global(defer_toasts, "defer_toasts")
     app.add_template_global(csrf_token, "defer_csrf_token")
     signals.job_scheduled.connect(_note_new_toast, sender=app)

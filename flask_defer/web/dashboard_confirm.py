@@ -1,14 +1,17 @@
-"""The confirm step of the dashboard's destructive actions, for browsers without JavaScript.
+"""The confirm step of the dashboard's actions on jobs, for browsers without JavaScript.
 
 With JavaScript, htmx asks first (``hx-confirm``) and POSTs the action. Without it, the
 action's button submits a GET to the same URL, which answers with this page: what is
-about to happen, and a POST form that does it. So a cancel is never one stray click
-away, and the POST endpoints stay exactly as they are for scripts and htmx.
+about to happen, and a POST form that does it. So a cancel, a "Run now" (which starts
+a job hours early) or a retry (which runs a failed one again, with its effects) is
+never one stray click away, and the POST endpoints stay exactly as they are for
+scripts and htmx. Only reschedule, whose form already asks for a time, acts at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from flask import Blueprint, abort, render_template, request, url_for
 from flask.typing import ResponseReturnValue
@@ -25,14 +28,58 @@ def register(blueprint: Blueprint) -> None:
     """Add the GET confirm pages beside the POST actions they confirm."""
     for rule, endpoint, view in (
         ("/jobs/<int:job_id>/cancel", "dashboard_cancel_confirm", confirm_cancel),
+        ("/jobs/<int:job_id>/run-now", "dashboard_run_now_confirm", confirm_run_now),
+        ("/jobs/<int:job_id>/retry", "dashboard_retry_confirm", confirm_retry),
         ("/jobs/cancel", "dashboard_cancel_many_confirm", confirm_cancel_many),
         ("/jobs/retry", "dashboard_retry_many_confirm", confirm_retry_many),
     ):
         blueprint.add_url_rule(rule, endpoint, view, methods=["GET"])
 
 
-def confirm_cancel(job_id: int) -> ResponseReturnValue:
-    """Ask before cancelling one job (404 for an unknown id)."""
+@dataclass(frozen=True, slots=True)
+class JobQuestion:
+    """What a confirm page for one job asks; catalogue messages (marked ``N_``).
+
+    ``question`` has ``{id}`` and ``{name}``, ``keyed`` also ``{key}`` (for a job with
+    a key, which is how most operators know it).
+    """
+
+    question: str
+    keyed: str
+    detail: str
+    endpoint: str
+    button: str
+    danger: bool
+
+
+CANCEL = JobQuestion(
+    N_("Cancel job {id} ({name})?"),
+    N_("Cancel job {id} ({name}, key {key})?"),
+    N_("A cancelled job never runs; it cannot be undone from here."),
+    "defer.dashboard_cancel",
+    N_("Yes, cancel it"),
+    danger=True,
+)
+RUN_NOW = JobQuestion(
+    N_("Run job {id} ({name}) now?"),
+    N_("Run job {id} ({name}, key {key}) now?"),
+    N_("It becomes due now, ahead of its time: a worker starts it at once."),
+    "defer.dashboard_run_now",
+    N_("Yes, run it now"),
+    danger=False,
+)
+RETRY = JobQuestion(
+    N_("Retry job {id} ({name})?"),
+    N_("Retry job {id} ({name}, key {key})?"),
+    N_("It becomes pending, due now, with its attempts reset: it runs again."),
+    "defer.dashboard_retry",
+    N_("Yes, retry it"),
+    danger=False,
+)
+
+
+def _confirm_job(job_id: int, asked: JobQuestion) -> ResponseReturnValue:
+    """The confirm page of *asked* for one job (404 for an unknown id)."""
     require_operator()
     if not 1 <= job_id <= MAX_JOB_ID:
         abort(404)
@@ -40,19 +87,32 @@ def confirm_cancel(job_id: int) -> ResponseReturnValue:
     if job is None:
         abort(404)
     if job.key:
-        question = gettext(
-            "Cancel job {id} ({name}, key {key})?", id=job.id, name=job.name, key=job.key
-        )
+        question = gettext(asked.keyed, id=job.id, name=job.name, key=job.key)
     else:
-        question = gettext("Cancel job {id} ({name})?", id=job.id, name=job.name)
+        question = gettext(asked.question, id=job.id, name=job.name)
     return _page(
         question=question,
-        detail=gettext("A cancelled job never runs; it cannot be undone from here."),
-        action=url_for("defer.dashboard_cancel", job_id=job.id),
-        button=gettext("Yes, cancel it"),
-        danger=True,
+        detail=gettext(asked.detail),
+        action=url_for(asked.endpoint, job_id=job.id),
+        button=gettext(asked.button),
+        danger=asked.danger,
         query=None,
     )
+
+
+def confirm_cancel(job_id: int) -> ResponseReturnValue:
+    """Ask before cancelling one job (404 for an unknown id)."""
+    return _confirm_job(job_id, CANCEL)
+
+
+def confirm_run_now(job_id: int) -> ResponseReturnValue:
+    """Ask before making one job due now (404 for an unknown id)."""
+    return _confirm_job(job_id, RUN_NOW)
+
+
+def confirm_retry(job_id: int) -> ResponseReturnValue:
+    """Ask before retrying one failed job (404 for an unknown id)."""
+    return _confirm_job(job_id, RETRY)
 
 
 def _confirm_bulk(

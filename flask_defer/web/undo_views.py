@@ -5,7 +5,8 @@ not the owner's answers 404 exactly like an id that does not exist.
 
 How a page learns an outcome: while one of its toasts (or pending rows) is *waiting*,
 ``defer.js`` asks ``GET /toasts/state?id=…`` a few times a second, one primary-key
-lookup per id, and stops as soon as nothing waits. A plain request-response costs a
+lookup per id (an open toast is asked about too, less often, so an operator's cancel
+reaches it), and stops as soon as nothing is open or waiting. A plain request-response costs a
 sync WSGI server a thread for a few milliseconds; a server-sent event stream would
 hold one thread per waiting tab for the whole wait (unbounded while no worker runs),
 which is what ``DESIGN`` rules out. An idle page asks nothing.
@@ -19,7 +20,6 @@ from flask import (
     Blueprint,
     abort,
     flash,
-    jsonify,
     redirect,
     render_template,
     request,
@@ -30,16 +30,25 @@ from flask.typing import ResponseReturnValue
 from ..errors import InvalidArgument, JobNotFound, JobNotPending
 from ..jobs import Job
 from ..timeutil import utcnow
-from ..undo import MAX_JOB_ID, ToastState, announcement, state_text
+from ..undo import (
+    MAX_JOB_ID,
+    ToastState,
+    UndoOutcome,
+    announcement,
+    cancelling_operator,
+    state_text,
+)
 from .access import current_defer
 from .csrf import csrf_token, field_name, require_csrf
 from .i18n import format_seconds, gettext, locale_tag
 from .redirects import path_of, safe_local_target
-from .responses import is_htmx, no_store
+from .responses import is_htmx, no_store, safe_json
 from .toasts import page_of_fragment_request, toast_context
 
 #: At most this many ids in one state request (a page shows a handful of toasts).
 MAX_WATCHED = 50
+#: The most digits a job id can have (``MAX_JOB_ID`` has 19).
+MAX_ID_DIGITS = len(str(MAX_JOB_ID))
 
 
 def register(blueprint: Blueprint) -> None:
@@ -69,23 +78,39 @@ def toasts_fragment() -> ResponseReturnValue:
     )
 
 
+def watched_ids(values: list[str]) -> list[int]:
+    """The job ids among the first :data:`MAX_WATCHED` ``id`` values, in order, once each.
+
+    Only a plain ASCII decimal from 1 to :data:`~flask_defer.undo.MAX_JOB_ID` is an id;
+    anything else (``0``, ``-1``, ``1e3``, ``abc``, a number past 64 bits, digits of
+    another script such as ``١`` or ``²``, which ``int()`` would read or choke on) is
+    ignored, exactly like an id that does not exist. The length check comes first, so
+    a value of thousands of digits is never converted at all.
+    """
+    ids: list[int] = []
+    for raw in values[:MAX_WATCHED]:
+        if 0 < len(raw) <= MAX_ID_DIGITS and raw.isascii() and raw.isdigit():
+            number = int(raw)
+            if 1 <= number <= MAX_JOB_ID:
+                ids.append(number)
+    return list(dict.fromkeys(ids))
+
+
 def toast_states() -> ResponseReturnValue:
     """What the server knows about the watched jobs: ``{"jobs": [{id, key, status, state,
-    text, seconds_left}]}``.
+    text, seconds_left}]}``; always 200 for a well-formed request.
 
     Ids that are not the current owner's are left out, exactly like ids that do not
-    exist; the page stops watching them.
+    exist, and so is every value that is not an id at all (see :func:`watched_ids`);
+    the page stops watching them.
     """
     defer = current_defer()
     owner = defer.current_owner()
-    ids: list[int] = []
-    for raw in request.args.getlist("id")[:MAX_WATCHED]:
-        if raw.isdigit() and 1 <= int(raw) <= MAX_JOB_ID:
-            ids.append(int(raw))
+    ids = watched_ids(request.args.getlist("id"))
     now = utcnow()
     found: list[dict[str, Any]] = []
     if owner is not None:
-        for job_id in dict.fromkeys(ids):
+        for job_id in ids:
             job = defer.get(job_id)
             if job is None or job.owner != owner:
                 continue
@@ -96,11 +121,23 @@ def toast_states() -> ResponseReturnValue:
                     "key": job.key,
                     "status": job.status.value,
                     "state": state.value,
-                    "text": state_text(job, state, gettext),
+                    "text": toast_text(job, state),
                     "seconds_left": round(job.undo_seconds_left(now), 3),
                 }
             )
-    return no_store(jsonify(jobs=found))
+    return no_store(safe_json(jobs=found))
+
+
+def toast_text(job: Job, state: ToastState) -> str:
+    """*job*'s toast text in *state*, translated; for a cancelled job, says by whom.
+
+    Only a cancelled job costs a second lookup (its history, by the job's id), and a
+    page asks about it once: it stops watching a settled job.
+    """
+    operator = None
+    if state is ToastState.UNDONE:
+        operator = cancelling_operator(current_defer().history(job.id))
+    return state_text(job, state, gettext, operator=operator)
 
 
 def undo(job_id: int) -> ResponseReturnValue:
@@ -116,6 +153,10 @@ def undo(job_id: int) -> ResponseReturnValue:
         abort(404)
     job = defer.get(job_id)
     text = outcome.describe(job, gettext)
+    if outcome is UndoOutcome.ALREADY_UNDONE and job is not None:
+        # An operator got there first: say so rather than "Already undone."
+        if cancelling_operator(defer.history(job.id)) is not None:
+            text = toast_text(job, ToastState.UNDONE)
     if is_htmx():
         state = ToastState.of(job, utcnow()) if job is not None else ToastState.UNDONE
         return no_store(
@@ -155,10 +196,10 @@ def hold(job_id: int) -> ResponseReturnValue:
     except JobNotPending:
         current = defer.get(job_id)
         state = ToastState.of(current, utcnow()) if current is not None else ToastState.UNDONE
-        return no_store((jsonify(state=state.value), 409))
+        return no_store(safe_json(409, state=state.value))
     left = job.undo_seconds_left(now)
     capped = left < seconds - 0.05
-    answer = jsonify(state=ToastState.OPEN.value, seconds_left=round(left, 3), capped=capped)
+    answer = safe_json(state=ToastState.OPEN.value, seconds_left=round(left, 3), capped=capped)
     return no_store(answer)
 
 
@@ -174,7 +215,20 @@ def pending_page() -> ResponseReturnValue:
             now=now,
             csrf_token=csrf_token() if jobs else "",
             csrf_field=field_name(),
-            back_url=path_of(request.referrer, request.host_url),
+            **_way_back(defer.config.dashboard_home_url),
             locale=locale_tag(),
         )
     )
+
+
+def _way_back(home_url: str | None) -> dict[str, Any]:
+    """Where the pending page's back link goes: the page the visitor came from, else home.
+
+    A person who opened ``/defer/pending`` from a bookmark, a notification or a new tab
+    has no referrer; the link then goes to ``DEFER_DASHBOARD_HOME_URL`` or the site's
+    root, so the page is never a dead end on a phone without a back button in view.
+    """
+    came_from = path_of(request.referrer, request.host_url)
+    if came_from and came_from != url_for("defer.pending"):
+        return {"back_url": came_from, "back_home": False}
+    return {"back_url": home_url or (request.script_root + "/"), "back_home": True}

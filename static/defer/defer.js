@@ -7,8 +7,9 @@
  * failed or undone.
  *
  * Cost: while some element is waiting, it asks GET <state-url>?id=… every 250 ms
- * (750 ms after 20 s of waiting), and stops as soon as nothing waits; an idle page
- * makes no requests. When a job settles it fires `defer:settled` on <body>
+ * (750 ms after 20 s of waiting); while some are open (an operator may cancel the job
+ * meanwhile, or it may settle otherwise), every 750 ms; it stops as soon as nothing is
+ * open or waiting, so an idle page makes no requests. When a job settles it fires `defer:settled` on <body>
  * (detail: id, key, status), so app fragments can hx-trigger="defer:settled from:body".
  *
  * Hovering or focusing an open toast holds its countdown and asks the server (POST
@@ -28,6 +29,7 @@
   var TICK_MS = 200;
   var POLL_FAST_MS = 250;
   var POLL_SLOW_MS = 750;
+  var POLL_OPEN_MS = 750;
   var FAST_FOR_MS = 20000;
   var HOLD_BEAT_MS = 1000;
   var HOLD_SLACK_S = 1.5; // the server's window outlives a missed heartbeat
@@ -209,6 +211,7 @@
       }
       update(el);
       startTicking();
+      schedulePoll();
     } else if (state === "waiting") {
       schedulePoll();
     } else if (SETTLED[state] && isToast(el)) {
@@ -303,19 +306,45 @@
     return ids;
   }
 
+  /* Open toasts too: what the server knows of them can change without this page (an
+     operator's cancel), and their owner must learn it while the toast is up. Only
+     toasts, whose window is seconds long: a pending page's row of a job due next
+     week would otherwise keep an idle page asking for a week. */
+  function openIds() {
+    var ids = [];
+    each(watched(), function (el) {
+      var id = el.getAttribute("data-defer-watch");
+      if (el.__defer && isToast(el) && stateOf(el) === "open" &&
+          !el.getAttribute("data-defer-busy") &&
+          ids.indexOf(id) === -1) { ids.push(id); }
+    });
+    return ids;
+  }
+
+  function watchedIds() {
+    var ids = waitingIds();
+    openIds().forEach(function (id) { if (ids.indexOf(id) === -1) { ids.push(id); } });
+    return ids;
+  }
+
   function schedulePoll() {
     if (pollTimer !== null || pollInFlight) { return; }
-    if (!waitingIds().length) { waitingSince = null; return; }
+    var waiting = waitingIds().length > 0;
+    if (!waiting) { waitingSince = null; }
+    if (!waiting && !openIds().length) { return; }
     if (document.visibilityState === "hidden") { return; } // resumed on visibilitychange
-    if (waitingSince === null) { waitingSince = now(); }
-    var delay = now() - waitingSince < FAST_FOR_MS ? POLL_FAST_MS : POLL_SLOW_MS;
+    var delay = POLL_OPEN_MS;
+    if (waiting) {
+      if (waitingSince === null) { waitingSince = now(); }
+      delay = now() - waitingSince < FAST_FOR_MS ? POLL_FAST_MS : POLL_SLOW_MS;
+    }
     pollTimer = setTimeout(poll, delay);
   }
 
   function poll() {
     pollTimer = null;
     var r = region();
-    var ids = waitingIds();
+    var ids = watchedIds();
     if (!r || !ids.length || !window.fetch) { waitingSince = null; return; }
     pollInFlight = true;
     var url = r.getAttribute("data-defer-state-url") + "?" +
@@ -335,10 +364,14 @@
     jobs.forEach(function (job) { byId[String(job.id)] = job; });
     each(watched(), function (el) {
       var id = el.getAttribute("data-defer-watch");
-      if (ids.indexOf(id) === -1 || stateOf(el) !== "waiting") { return; }
+      var state = stateOf(el);
+      if (ids.indexOf(id) === -1 || (state !== "waiting" && state !== "open")) { return; }
+      // An Undo is being asked: its answer decides, not this poll.
+      if (el.getAttribute("data-defer-busy")) { return; }
       var job = byId[id];
-      // Gone, or not this owner's any more (signed out): stop asking about it.
-      if (!job) { el.removeAttribute("data-defer-watch"); return; }
+      // Gone, or not this owner's any more (signed out): stop asking about it (an
+      // open one keeps counting down and is asked about again once it waits).
+      if (!job) { if (state === "waiting") { el.removeAttribute("data-defer-watch"); } return; }
       if (SETTLED[job.state]) { settle(el, job); }
     });
   }
@@ -642,6 +675,79 @@
     }).catch(function () { /* keep what is shown; the next refresh corrects it */ });
   }
 
+  /* ---- the stack on small screens: collapsed, and never over the page's end ---- */
+
+  var NARROW = "(max-width: 30rem)";
+  var expanded = false;
+  var basePadding = null;
+
+  function liveToasts() {
+    var l = list();
+    if (!l) { return []; }
+    return Array.prototype.filter.call(l.querySelectorAll(".defer-toast"), function (t) {
+      return !t.classList.contains("defer-toast--leaving");
+    });
+  }
+
+  /* On a phone, show the newest toast and "+2 more" for the others (a tap expands
+     them); then pad the body by the stack's height, so the page's last rows and its
+     Send button can be scrolled clear of it. */
+  function layoutStack() {
+    var r = region();
+    if (!r) { return; }
+    var toasts = liveToasts();
+    var more = r.querySelector("[data-defer-more]");
+    var narrow = window.matchMedia ? window.matchMedia(NARROW).matches : false;
+    var collapse = narrow && toasts.length > 1;
+    if (toasts.length < 2) { expanded = false; }
+    toasts.forEach(function (t, i) {
+      t.classList.toggle("defer-toast--stacked", i < toasts.length - 1);
+    });
+    r.classList.toggle("defer-toasts--collapsed", collapse && !expanded);
+    if (more) {
+      more.hidden = !collapse;
+      more.setAttribute("aria-expanded", expanded ? "true" : "false");
+      var text = expanded ? more.getAttribute("data-defer-text-fewer")
+        : (more.getAttribute("data-defer-text-more") || "+{count}")
+            .replace("{count}", formatNumber(toasts.length - 1));
+      if (more.textContent !== text) { more.textContent = text; }
+    }
+    padBody(r, toasts.length > 0);
+  }
+
+  function padBody(r, any) {
+    var body = document.body;
+    if (basePadding === null) {
+      basePadding = parseFloat(getComputedStyle(body).paddingBottom) || 0;
+    }
+    if (!any) { body.style.paddingBottom = ""; return; }
+    var box = r.getBoundingClientRect();
+    var gap = Math.max(window.innerHeight - box.bottom, 0);
+    body.style.paddingBottom = Math.ceil(basePadding + box.height + 2 * gap) + "px";
+  }
+
+  function watchStack() {
+    var r = region();
+    var l = list();
+    if (!r || !l) { return; }
+    var queued = false;
+    function soon() {
+      if (queued) { return; }
+      queued = true;
+      requestAnimationFrame(function () { queued = false; layoutStack(); });
+    }
+    new MutationObserver(soon).observe(l, {
+      childList: true, subtree: true, attributes: true, attributeFilter: ["class"]
+    });
+    if (window.ResizeObserver) { new ResizeObserver(soon).observe(l); }
+    window.addEventListener("resize", soon);
+    var more = r.querySelector("[data-defer-more]");
+    if (more) {
+      more.addEventListener("click", function () { expanded = !expanded; layoutStack(); });
+    }
+    layoutStack();
+  }
+
   /* ---- wiring ---- */
 
   function start() {
@@ -653,6 +759,7 @@
       if (close) { dismiss(close.closest(".defer-toast")); }
     });
     initAll(document, navigationAnchor());
+    watchStack();
     var entries = performance.getEntriesByType ? performance.getEntriesByType("navigation") : [];
     if (entries[0] && entries[0].type === "back_forward") { refresh(); }
   }
