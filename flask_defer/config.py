@@ -89,11 +89,9 @@ DEFAULTS: dict[str, Any] = {
     # rolling deploy keeps every schedule ticking. 0 orphans at once (not deploy-safe).
     "DEFER_SCHEDULE_ORPHAN_GRACE": timedelta(hours=24),
     # -- the worker (``flask defer worker``) ---------------------------------------
-    # Handler threads per worker process (``--concurrency`` overrides it). A claim takes
-    # at most this many jobs (one per idle thread), so it is also the claim's batch.
+    # Handler threads per worker process (--concurrency); a claim takes one per idle one.
     "DEFER_WORKER_CONCURRENCY": 10,
-    # Coroutine (``async def``) handlers run on one event loop per worker and hold no
-    # thread while they await; at most this many run at once.
+    # async def handlers running at once on a worker's event loop (they hold no thread).
     "DEFER_ASYNC_CONCURRENCY": 100,
     # How long a handler may run when its ``@defer.job(timeout=...)`` says nothing;
     # past it the attempt counts as failed and the worker stops waiting for it.
