@@ -90,7 +90,7 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_SCHEDULE_ORPHAN_GRACE": timedelta(hours=24),
     # -- the worker (``flask defer worker``) ---------------------------------------
     # Handler threads per worker process (--concurrency); a claim takes one per idle one.
-    "DEFER_WORKER_CONCURRENCY": 10,
+    "DEFER_WORKER_CONCURRENCY": 20,
     # async def handlers running at once on a worker's event loop (they hold no thread).
     "DEFER_ASYNC_CONCURRENCY": 100,
     # How long a handler may run when its ``@defer.job(timeout=...)`` says nothing;

@@ -94,6 +94,9 @@ class HandlerPool:
         self._tasks: set[Task] = set()
         self._threads: list[_PoolThread] = []
         self.abandoned_threads = 0
+        #: A moving average of the handlers' run time in seconds (the worker's claim
+        #: waits a moment for more free threads when jobs are this short).
+        self.run_time = 0.0
 
     def start(self) -> None:
         """Start the threads (once; :meth:`close` asks them to exit)."""
@@ -220,6 +223,7 @@ class HandlerPool:
             was_ours = task.state == "running"
             if was_ours:
                 task.state = "finished"  # no longer expires nor withdraws
+                self.run_time += (time.monotonic() - task.started_at - self.run_time) / 8
         try:
             if was_ours or isinstance(outcome, PendingAck):
                 self._on_done(outcome, was_ours)
@@ -231,21 +235,34 @@ class HandlerPool:
             self._on_free()
 
 
-def warn_if_connections_short(engine: Any, needed: int) -> None:
-    """Warn when *engine*'s connection pool cannot give the worker *needed* connections.
+def warn_if_connections_short(engine: Any, threads: int) -> None:
+    """Tell the operator when *engine*'s pool cannot serve every handler thread at once.
 
-    Handler threads that wait for a connection hold their jobs' leases idle; the
-    setting to change (``SQLALCHEMY_ENGINE_OPTIONS``) is named in the warning.
+    The worker's own loop, heartbeat and flusher need a connection each; a handler
+    thread needs one only while its handler uses the database. Short of the worker's
+    own is a warning (it stalls); short of one per thread is a note: handlers that all
+    use the database at once then wait their turn for a connection, holding their
+    jobs' leases. The setting to change (``SQLALCHEMY_ENGINE_OPTIONS``) is named.
     """
     pool: Any = engine.pool
     size = getattr(pool, "size", None)
     overflow = getattr(pool, "_max_overflow", 0)
     if not callable(size) or overflow < 0:
         return  # not a QueuePool, or unbounded overflow
-    if size() + overflow < needed:
-        logger.warning(
-            "the engine's pool allows %d connections but this worker may need %d; "
-            "raise pool_size/max_overflow (SQLALCHEMY_ENGINE_OPTIONS)",
-            size() + overflow,
-            needed,
-        )
+    allowed = size() + overflow
+    if allowed >= threads + OWN_CONNECTIONS:
+        return
+    level = logging.WARNING if allowed < OWN_CONNECTIONS + 1 else logging.INFO
+    logger.log(
+        level,
+        "the engine's pool allows %d connections and this worker has %d handler threads "
+        "(plus %d connections of its own): handlers using the database at once may wait "
+        "for one; raise pool_size/max_overflow (SQLALCHEMY_ENGINE_OPTIONS) to avoid it",
+        allowed,
+        threads,
+        OWN_CONNECTIONS,
+    )
+
+
+#: Connections the worker itself holds: its loop's claims, the heartbeat, the flusher.
+OWN_CONNECTIONS = 3

@@ -68,6 +68,10 @@ class Waker:
         self._reconnect_delay = 0.1
         self._ever_listened = False
         self.notifications = 0
+        # Set by wake() until the loop takes the wake: one syscall per wake-up, not per
+        # finished handler. Cleared before the socket is drained, and a wait that finds
+        # it set returns at once, so a wake is never lost between the two.
+        self._woken = False
 
     @property
     def listening(self) -> bool:
@@ -94,6 +98,9 @@ class Waker:
         writer = self._writer
         if writer is None:
             return
+        if self._woken:
+            return  # a wake is on its way already: handlers finishing together send one
+        self._woken = True
         try:
             writer.send(b"\0")
         except (BlockingIOError, OSError):
@@ -106,6 +113,10 @@ class Waker:
         if self._selector is None:
             raise RuntimeError("Waker.start() first")
         deadline = time.monotonic() + max(timeout, 0.0)
+        if self._woken and self._reader is not None:
+            self._woken = False
+            self._drain_local()
+            return Wake.LOCAL
         while True:
             if self._open_listener is not None and self._listener is None:
                 if time.monotonic() >= self._reconnect_at and self._try_listen():
@@ -116,6 +127,7 @@ class Waker:
                 remaining = min(remaining, max(self._reconnect_at - time.monotonic(), 0.0))
             ready = {key.data for key, _ in self._selector.select(max(remaining, 0.0))}
             if "local" in ready:
+                self._woken = False
                 self._drain_local()
                 return Wake.LOCAL
             if "listener" in ready and self._receive_notifications():

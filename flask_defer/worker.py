@@ -118,6 +118,7 @@ class Worker:
         # While the last claim found a full batch, claim again only once half the pool
         # is free: the claim's round trip then overlaps the other half's handlers.
         self._backlog = False
+        self._claim_time = 0.0  # a moving average of a claim's round trip, in seconds
         self.maintenance = Maintenance(store, options.maintenance, clock, actor=self.actor)
         # The same heartbeat as run_due's, over the pool's claimed jobs.
         self._heartbeat = LeaseHeartbeat(store, options.lease, clock, self._in_flight)
@@ -148,7 +149,7 @@ class Worker:
             self._heartbeat.start()
             # Each handler thread acknowledges on its own connection; the loop, the
             # heartbeat and the maintenance lock need one each.
-            warn_if_connections_short(self.store.engine, self.options.concurrency + 3)
+            warn_if_connections_short(self.store.engine, self.options.concurrency)
             self.ticks.sync(self.clock())
             logger.info(
                 "worker %s started: %d thread(s), queues %s, %s%s",
@@ -210,8 +211,11 @@ class Worker:
         free = self._free()
         claimed = 0
         if free and free >= self._claim_threshold():
+            free = self._gather_free(free)
             limit = min(free, opts.claim_batch)
+            began = time.monotonic()
             jobs = self.runner.claim(now, limit, queues=opts.queues)
+            self._claim_time += (time.monotonic() - began - self._claim_time) / 8
             for job in jobs:
                 self._start(job)
             claimed = len(jobs)
@@ -283,6 +287,20 @@ class Worker:
         since, self._reported = now.since(self._reported), now
         if since.ran:
             logger.info("%s in the last %g s", _summary_text(since), PROGRESS_INTERVAL)
+
+    def _gather_free(self, free: int) -> int:
+        """Under a backlog of short jobs, wait a moment for the rest of the pool to free.
+
+        A claim costs about the same for one job as for a pool's worth, so when the
+        running handlers are likely to end sooner than a claim takes (their average
+        run time is shorter), waiting up to one claim's time for them makes the claim
+        larger and the claims fewer. The wait is bounded, so a long job never holds the
+        other threads idle for more than that moment.
+        """
+        if not self._backlog or free >= self.pool.size or self.pool.run_time >= self._claim_time:
+            return free
+        self.pool.wait_idle(self._claim_time)
+        return self._free()
 
     def _claim_threshold(self) -> int:
         """Free threads worth a claim: half the pool while the backlog lasts, else one."""

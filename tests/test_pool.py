@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.pool import QueuePool
 
 from flask_defer.execution import Outcome
 from flask_defer.jobs import Job, JobStatus
-from flask_defer.pool import HandlerPool
+from flask_defer.pool import HandlerPool, warn_if_connections_short
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -75,3 +81,29 @@ def test_a_job_withdrawn_before_a_thread_took_it_never_runs() -> None:
         assert ran == [1]
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize(
+    ("pool_size", "overflow", "level"),
+    [(2, 0, logging.WARNING), (5, 10, logging.INFO), (20, 10, None)],
+)
+def test_a_pool_short_of_connections_is_a_note_and_short_of_the_workers_own_a_warning(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    pool_size: int,
+    overflow: int,
+    level: int | None,
+) -> None:
+    engine = create_engine(
+        f"sqlite:///{tmp_path / 'pool.db'}",
+        poolclass=QueuePool,
+        pool_size=pool_size,
+        max_overflow=overflow,
+    )
+    try:
+        with caplog.at_level(logging.INFO, logger="flask_defer"):
+            warn_if_connections_short(engine, 20)
+    finally:
+        engine.dispose()
+    levels = [r.levelno for r in caplog.records if "pool allows" in r.getMessage()]
+    assert levels == ([] if level is None else [level])

@@ -185,6 +185,12 @@ class AckStatements(HistoryStatements):
         at = stamp(now)
         owned: set[int] = set()
         with self.begin_immediate() as conn:
+            # The driver's cursor, inside the same transaction: one small UPDATE per row
+            # keeps its compare-and-set, and SQLAlchemy's per-call bookkeeping cost more
+            # than the UPDATE itself (profiled: ~60 of ~75 µs per row).
+            dbapi = conn.connection.driver_connection
+            assert dbapi is not None
+            cursor = dbapi.cursor()
             for a in acks:
                 params = (
                     a.status,
@@ -200,8 +206,9 @@ class AckStatements(HistoryStatements):
                     a.job_id,
                     a.claim_token,
                 )
-                if conn.exec_driver_sql(sql, params).rowcount == 1:
+                if cursor.execute(sql, params).rowcount == 1:
                     owned.add(a.job_id)
+            cursor.close()
             self.record_events(
                 conn,
                 [
