@@ -133,14 +133,11 @@ def _drain(rows: Sequence[Row], profile: dict[str, str]) -> list[TargetResult]:
                     result.target,
                     result.measured,
                     False,
-                    result.why + " Claims and outcomes are written in batches; what is left"
-                    " is paid per job, in Python, in one process: the hand-off to a"
-                    " handler thread, the handler's app context, its log line and two"
-                    " signals, and the job's start (its attempt, written before the"
-                    " handler runs so that a job that kills its worker still counts it:"
-                    " one statement shared by the threads starting at the same moment,"
-                    " committed without waiting for the disk). The worker process keeps"
-                    " about one core busy (user + system CPU ≈ 0.9 × wall time)"
+                    result.why + " Claims (which count each job's attempt) and outcomes"
+                    " are written in batches, one claim per pool of free threads; what is"
+                    " left is paid per job, in Python, in one process: the hand-off to a"
+                    " handler thread and back, the handler's app context and two signals"
+                    " (see the worker's CPU per job in the profile section)"
                     + (f"; run_due() profile: {where}." if where else "."),
                 )
             out.append(result)

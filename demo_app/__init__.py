@@ -94,6 +94,9 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         DEFER_EMBEDDED_WORKER=embedded if embedded is not None else database_url is None,
         # Scheduled HTTP calls (the Automation page) may only go to the demo itself.
         DEFER_HTTP_ALLOWED_HOSTS=["127.0.0.1", "localhost"],
+        # The demo calls its own webhook on this machine: a loopback address, which
+        # scheduled calls refuse unless the app allows it (development only).
+        DEFER_HTTP_ALLOWED_NETWORKS=["127.0.0.0/8", "::1/128"],
     )
     # The windows can be changed from the environment, in seconds
     # (DEMO_DELETE_GRACE=10 python -m demo_app); create_app(config) still wins.

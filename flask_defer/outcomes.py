@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +65,11 @@ class RunSummary:
         """What ran after *earlier* (a copy of this summary taken then)."""
         counts = {name: n - earlier.counts.get(name, 0) for name, n in self.counts.items()}
         return RunSummary(self.ran - earlier.ran, counts)
+
+    def text(self) -> str:
+        """``ran 12 job(s) (done 10, retried 2)``, for the log."""
+        parts = [f"{name} {n}" for name, n in self.counts.items() if n]
+        return f"ran {self.ran} job(s)" + (f" ({', '.join(parts)})" if parts else "")
 
     def as_dict(self) -> dict[str, int]:
         return {"ran": self.ran, **self.counts}
@@ -157,3 +163,28 @@ def storable(value: Any) -> Any:
 def duration(seconds: float) -> str:
     """A handler's run time for the log: ``12 ms`` below ten seconds, else ``42.3 s``."""
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+class ProgressLog:
+    """Every *interval* seconds, one INFO line of what a worker ran since the last one.
+
+    Each job's success is a DEBUG line (a line per job cost a no-op job as much as the
+    rest of its run); an operator at INFO still sees the worker's throughput.
+    """
+
+    def __init__(self, log: logging.Logger, interval: float = 60.0) -> None:
+        self.log = log
+        self.interval = interval
+        self._reported = RunSummary()
+        self._due = time.monotonic() + interval
+
+    def maybe_log(self, summary: RunSummary) -> None:
+        """Log what *summary* gained since the last line, if a line is due."""
+        mono = time.monotonic()
+        if mono < self._due:
+            return
+        self._due = mono + self.interval
+        now = summary.copy()
+        since, self._reported = now.since(self._reported), now
+        if since.ran:
+            self.log.info("%s in the last %g s", since.text(), self.interval)

@@ -44,6 +44,7 @@ from .jobs import Job
 from .leases import LeaseHeartbeat
 from .leases import brief as _brief
 from .maintenance import Maintenance
+from .outcomes import ProgressLog
 from .pool import HandlerPool, warn_if_connections_short
 from .runner import Runner
 from .stopping import release, wait_for_handlers
@@ -61,8 +62,6 @@ logger = logging.getLogger("flask_defer.worker")
 MAX_ERROR_BACKOFF = 5.0
 #: Shortest sleep when work is due but could not be claimed (another worker holds it).
 MIN_SLEEP = 0.001
-#: How often a busy worker logs what it ran (each job's success is a DEBUG line).
-PROGRESS_INTERVAL = 60.0
 
 
 class Worker:
@@ -123,8 +122,7 @@ class Worker:
         # The same heartbeat as run_due's, over the pool's claimed jobs.
         self._heartbeat = LeaseHeartbeat(store, options.lease, clock, self._in_flight)
         self._db_failures = 0
-        self._reported = RunSummary()  # the summary as of the last progress line
-        self._report_at = time.monotonic() + PROGRESS_INTERVAL
+        self._progress = ProgressLog(logger)
 
     # -- control ------------------------------------------------------------------
 
@@ -164,7 +162,7 @@ class Worker:
             self._shutdown()
             if restore is not None:
                 restore()
-        logger.info("worker %s stopped: %s", self.name, _summary_text(self.summary))
+        logger.info("worker %s stopped: %s", self.name, self.summary.text())
         return self.summary
 
     def stop(self) -> None:
@@ -202,7 +200,8 @@ class Worker:
         """One round: time-outs, maintenance, claim. Returns how long to sleep."""
         self._record_timeouts()
         self.maintenance.run_if_due()
-        self._report_progress()
+        with self._summary_lock:
+            self._progress.maybe_log(self.summary)
         if self._stop.is_set():
             return 0.0
         opts = self.options
@@ -275,18 +274,6 @@ class Worker:
 
     def _in_flight(self) -> list[Job]:
         return self.pool.in_flight() + self.coroutines.in_flight()
-
-    def _report_progress(self) -> None:
-        """Every :data:`PROGRESS_INTERVAL`, one INFO line of what ran since the last one."""
-        mono = time.monotonic()
-        if mono < self._report_at:
-            return
-        self._report_at = mono + PROGRESS_INTERVAL
-        with self._summary_lock:
-            now = self.summary.copy()
-        since, self._reported = now.since(self._reported), now
-        if since.ran:
-            logger.info("%s in the last %g s", _summary_text(since), PROGRESS_INTERVAL)
 
     def _gather_free(self, free: int) -> int:
         """Under a backlog of short jobs, wait a moment for the rest of the pool to free.
@@ -397,11 +384,6 @@ def make_worker(
     if overrides:
         options = replace(options, **overrides)
     return Worker(store, executor, options, clock=clock or utcnow, ticker=ticker)
-
-
-def _summary_text(summary: RunSummary) -> str:
-    parts = [f"{name} {n}" for name, n in summary.counts.items() if n]
-    return f"ran {summary.ran} job(s)" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def _waker(store: JobStore, options: WorkerOptions) -> Waker:

@@ -9,6 +9,7 @@ for), SQLAlchemy, flask_defer itself, Flask, blinker, logging, json, the rest.
 from __future__ import annotations
 
 import os
+import resource
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,7 @@ from typing import Any
 from .. import raw
 from ..fd import FlaskDeferApp
 from ..results import log
+from ..worker import WorkerProcesses, worker_available
 from . import Context, Section
 
 #: Filled by :func:`run` for the targets' explanations: scenario → one-line summary.
@@ -88,8 +90,8 @@ def run(ctx: Context) -> Section:
             )
         )
     table = [
-        "| scenario | wall | " + " | ".join(_GROUPS) + " | top functions by self time |",
-        "| --- | ---: | " + " | ".join("---:" for _ in _GROUPS) + " | --- |",
+        "| scenario | wall | per job | " + " | ".join(_GROUPS) + " | top functions by self time |",
+        "| --- | ---: | ---: | " + " | ".join("---:" for _ in _GROUPS) + " | --- |",
     ]
     for key, backend, title, work, prepare in scenarios:
         database = ctx.env.database(backend, f"profile {key}")
@@ -108,8 +110,9 @@ def run(ctx: Context) -> Section:
             continue
         shares = {name: groups.get(name, 0.0) / total for name in _GROUPS}
         top = sorted(functions.items(), key=lambda item: item[1], reverse=True)[:5]
+        jobs = n * 10 if key.startswith("bulk-") else n
         table.append(
-            f"| {title} | {session.duration:.2f} s | "
+            f"| {title} | {session.duration:.2f} s | {session.duration / jobs * 1e6:,.0f} µs | "
             + " | ".join(f"{shares[name]:.0%}" for name in _GROUPS)
             + " | "
             + "; ".join(f"`{name}` {seconds / total:.0%}" for name, seconds in top)
@@ -118,8 +121,50 @@ def run(ctx: Context) -> Section:
         ranked = sorted(((s, g) for g, s in shares.items() if g != "other"), reverse=True)
         SUMMARY[key] = ", ".join(f"{share:.0%} in {group}" for share, group in ranked[:3])
         log(f"  [profile] {title}: {SUMMARY[key]}")
-    section.extra = "\n".join(table)
+    section.extra = "\n".join(table + ["", *_worker_cost(ctx)])
     return section
+
+
+def _worker_cost(ctx: Context) -> list[str]:
+    """CPU time of one ``flask defer worker --burst`` process per job it ran (user +
+    system, less an empty run's start-up), and its rate: what a job costs the worker
+    with its threads, claims and batched acknowledgements, not only the executor."""
+    if not worker_available():
+        return []
+    n = ctx.sizes.drain
+    lines = [
+        f"The worker process, `flask defer worker --burst` with its defaults, {n:,} no-op "
+        "jobs: its CPU time (user + system, less an empty run's start-up) per job.",
+        "",
+        "| backend | jobs/s | worker CPU per job | context switches per job |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for backend in ctx.backends:
+        database = ctx.env.database(backend, f"profile worker {backend}")
+        raw.create_jobs_table(database)
+        idle = _worker_run(ctx, database)
+        raw.fill(database, n, run_at=datetime.now(UTC) - timedelta(seconds=5))
+        busy = _worker_run(ctx, database)
+        first, last, done = raw.finished_span(database)
+        if done < n:
+            raise RuntimeError(f"the profiled worker ran {done} of {n} jobs")
+        cpu = (busy[0] - idle[0]) / done * 1e6
+        switches = busy[1] / done
+        rate = (done - 1) / max(last - first, 1e-9)
+        lines.append(f"| {backend} | {rate:,.0f} | {cpu:,.0f} µs | {switches:.1f} |")
+        log(f"  [profile] worker on {backend}: {rate:,.0f} jobs/s, {cpu:,.0f} µs CPU per job")
+    return lines
+
+
+def _worker_run(ctx: Context, database: Any) -> tuple[float, int]:
+    """One burst worker process to its end: its CPU seconds and context switches."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers = WorkerProcesses(database, ctx.env.tmp, concurrency=None, processes=1, burst=True)
+    workers.wait(lambda: False, timeout=900)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    switches = (after.ru_nvcsw - before.ru_nvcsw) + (after.ru_nivcsw - before.ru_nivcsw)
+    return cpu, switches
 
 
 def _summarise(root: Any) -> tuple[dict[str, float], dict[str, float], float]:
