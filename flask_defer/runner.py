@@ -39,6 +39,7 @@ def claim_due(
     lease: timedelta,
     queues: Collection[str] | None = None,
     actor: str = "app",
+    look_first: bool = True,
 ) -> list[Job]:
     """Claim up to *limit* jobs due at *now* under a fresh token, leased for *lease*.
 
@@ -51,6 +52,7 @@ def claim_due(
         lease_until=now + lease,
         queues=queues,
         actor=actor,
+        look_first=look_first,
     )
 
 
@@ -82,6 +84,7 @@ class Runner:
         limit: int,
         *,
         queues: Collection[str] | None = None,
+        look_first: bool = True,
     ) -> list[Job]:
         """Claim at most ``min(limit, claim_batch)`` due jobs (see :func:`claim_due`)."""
         return claim_due(
@@ -91,6 +94,7 @@ class Runner:
             lease=self.lease,
             queues=queues,
             actor=self.actor,
+            look_first=look_first,
         )
 
     def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:

@@ -213,7 +213,7 @@ class Worker:
             free = self._gather_free(free)
             limit = min(free, opts.claim_batch)
             began = time.monotonic()
-            jobs = self.runner.claim(now, limit, queues=opts.queues)
+            jobs = self.runner.claim(now, limit, queues=opts.queues, look_first=not self._backlog)
             self._claim_time += (time.monotonic() - began - self._claim_time) / 8
             for job in jobs:
                 self._start(job)

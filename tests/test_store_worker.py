@@ -362,3 +362,31 @@ def test_a_claim_commits_without_waiting_for_the_disk_and_leaves_the_connection_
     ], seen
     with store.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2
+
+
+def test_a_claim_told_of_a_backlog_skips_the_look_before_the_write_lock(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """SQLite reads whether anything is due before taking the write lock (an idle worker
+    must not hold up the app's writes); a worker whose last claim came back full knows,
+    and skips that read. The claim itself is the same: due jobs only."""
+    insert(store, new_job(), now)
+    insert(store, new_job(run_at=now + timedelta(hours=1)), now)
+    seen: list[str] = []
+    if store.is_sqlite:
+
+        @event.listens_for(store.engine, "connect")
+        def traced(dbapi: Any, _record: Any) -> None:
+            dbapi.set_trace_callback(seen.append)
+
+        store.engine.dispose()
+    lease = now + timedelta(minutes=1)
+    claimed = store.claim(now=now, limit=5, token="me", lease_until=lease, look_first=False)
+    assert len(claimed) == 1 and claimed[0].run_at <= now
+    if store.is_sqlite:
+        before_lock = seen[: next(i for i, sql in enumerate(seen) if sql.startswith("BEGIN"))]
+        assert not [sql for sql in before_lock if sql.lstrip().upper().startswith("SELECT")]
+        seen.clear()
+        store.claim(now=now, limit=5, token="me2", lease_until=lease)  # nothing due now
+        assert any(sql.lstrip().upper().startswith("SELECT") for sql in seen)
+        assert not any(sql.startswith("BEGIN") for sql in seen)  # no write lock taken

@@ -79,6 +79,7 @@ class ClaimStatements(HistoryStatements):
         lease_until: datetime,
         queues: Collection[str] | None = None,
         actor: str = "app",
+        look_first: bool = True,
     ) -> list[Job]:
         """Atomically move up to *limit* due pending jobs to running and return them.
 
@@ -90,10 +91,14 @@ class ClaimStatements(HistoryStatements):
         written with the claim: on PostgreSQL by a data-modifying CTE of the same
         statement, on SQLite by one INSERT for the batch in the same transaction. The
         commit does not wait for the disk (see the module's docstring).
+
+        SQLite looks whether anything is due before taking the write lock, so an idle
+        worker never makes the app's writes wait; ``look_first=False`` skips that read
+        for a caller whose last claim came back full (a backlog).
         """
         # Long because: its docstring states every backend's rule; the code is one claim
         # transaction (look, claim, history) and its retry after a lost index.
-        if self.is_sqlite:
+        if self.is_sqlite and look_first:
             # Look before taking the write lock: an idle worker polling an empty
             # backlog must not make every web request's write wait for it.
             next_at = self.next_run_at(queues=queues)
