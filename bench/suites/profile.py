@@ -210,7 +210,7 @@ def _group(path: str, function: str) -> str:
 
 def _module(path: str) -> str:
     parts = path.replace(os.sep, "/").split("/")
-    for anchor in ("site-packages", "wt-bench", "lib"):
+    for anchor in ("site-packages", "lib"):
         if anchor in parts:
             parts = parts[parts.index(anchor) + 1 :]
             break
