@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from .errors import InvalidArgument
@@ -47,6 +47,8 @@ def build_new_jobs(
     label: str | None,
     max_payload_bytes: int | None = None,
     strict_local_times: bool = False,
+    priority: int = 0,
+    ttl: timedelta | None = None,
 ) -> list[NewJob]:
     """Validate every item and return the rows to insert; raise before anything is written.
 
@@ -70,20 +72,23 @@ def build_new_jobs(
             if isinstance(item, JobSpec):
                 timed = item.run_at is not None or item.delay is not None
                 payload, text = _validated_payload(item.payload, max_payload_bytes)
+                when = (
+                    resolve_run_at(item.run_at, item.delay, now, strict=strict_local_times)
+                    if timed
+                    else default_run_at
+                )
                 jobs.append(
                     NewJob(
                         name=name,
                         payload=payload,
                         payload_json=text,
-                        run_at=(
-                            resolve_run_at(item.run_at, item.delay, now, strict=strict_local_times)
-                            if timed
-                            else default_run_at
-                        ),
+                        run_at=when,
                         max_attempts=max_attempts,
                         queue=queue,
                         owner=checked_text(item.owner, "owner") or default_owner,
                         label=checked_text(item.label, "label") or default_label,
+                        priority=priority,
+                        expires_at=when + ttl if ttl is not None else None,
                     )
                 )
             else:
@@ -98,6 +103,8 @@ def build_new_jobs(
                         queue=queue,
                         owner=default_owner,
                         label=default_label,
+                        priority=priority,
+                        expires_at=default_run_at + ttl if ttl is not None else None,
                     )
                 )
         except InvalidArgument as error:

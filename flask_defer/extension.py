@@ -188,6 +188,9 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         timeout: float | None = None,
         atomic: bool = False,
         queue: str = "default",
+        priority: int = 0,
+        concurrency_limit: int | None = None,
+        ttl: Duration | None = None,
     ) -> Callable[[F], F]: ...
 
     def job(
@@ -199,18 +202,25 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         timeout: float | None = None,
         atomic: bool = False,
         queue: str = "default",
+        priority: int = 0,
+        concurrency_limit: int | None = None,
+        ttl: Duration | None = None,
     ) -> F | Callable[[F], F]:
         """Register a handler for jobs called *name* (default: the function's name).
 
         ``max_attempts`` runs before the job is failed (default ``DEFER_MAX_ATTEMPTS``);
         ``timeout`` seconds a run may take in the worker; ``atomic=True`` commits the
         handler's ``db.session`` work in the same transaction as the ``done`` mark.
+        ``queue``, ``priority`` (-100 to 100, lower first), ``concurrency_limit`` (for
+        jobs scheduled with a ``concurrency_key``) and ``ttl`` are the defaults of this
+        handler's jobs; ``schedule()`` may override each (see docs/queues.md).
         """
         if callable(name):
             return self.job()(name)
         return self.registry.decorator(
-            name, max_attempts=max_attempts, timeout=timeout, atomic=atomic, queue=queue
-        )
+            name, max_attempts=max_attempts, timeout=timeout, atomic=atomic, queue=queue,
+            priority=priority, concurrency_limit=concurrency_limit, ttl=ttl,
+        )  # fmt: skip
 
     # -- scheduling ---------------------------------------------------------------
 
@@ -227,6 +237,12 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         label: str | None = None,
         undo_until: datetime | None = None,
         actor: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        expires_at: datetime | None = None,
+        ttl: Duration | None = None,
     ) -> Job:
         """Schedule job *name* to run at ``run_at`` (aware) or after ``delay``; default now.
 
@@ -237,10 +253,19 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         out the pending holder. ``owner`` and ``label`` are what the Undo UI shows.
         ``actor`` is who the job's history says scheduled it (default ``"app"``); every
         control method below takes it too.
+
+        Queue controls (each defaults to the handler's ``@defer.job(...)`` setting):
+        ``queue`` names the queue (``flask defer worker --queue``, ``defer.pause``);
+        ``priority`` from -100 to 100, lower claimed first (default 0);
+        ``concurrency_key`` with ``concurrency_limit`` (default 1): at most that many
+        jobs of the key run at once; ``expires_at`` (aware) or ``ttl`` (after
+        ``run_at``): a job not started by then settles as ``expired``.
         """
         return self._state().schedule(
             name, payload, run_at=run_at, delay=delay, key=key, replace=replace,
-            owner=owner, label=label, undo_until=undo_until, actor=actor,
+            owner=owner, label=label, undo_until=undo_until, actor=actor, queue=queue,
+            priority=priority, concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit, expires_at=expires_at, ttl=ttl,
         )
 
     # -- bulk scheduling ----------------------------------------------------------
@@ -254,6 +279,8 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
         delay: Duration | None = None,
         owner: str | None = None,
         label: str | None = None,
+        priority: int | None = None,
+        ttl: Duration | None = None,
     ) -> int:
         """Schedule many keyless jobs of handler *name* in one statement batch; return how many.
 
@@ -266,10 +293,13 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
 
         Bulk jobs have no key (use ``schedule()`` for keyed intents), and no
         ``job_scheduled`` signal is sent per job: there is no per-row ``Job`` to send.
+        ``priority`` and ``ttl`` (from each job's ``run_at``) apply to every job, as in
+        :meth:`schedule`; a per-key concurrency limit needs ``schedule()``.
         """
         return operations.schedule_many(
-            self._state(), name, payloads, run_at=run_at, delay=delay, owner=owner, label=label
-        )
+            self._state(), name, payloads, run_at=run_at, delay=delay, owner=owner,
+            label=label, priority=priority, ttl=ttl,
+        )  # fmt: skip
 
     # -- control ------------------------------------------------------------------
 

@@ -19,13 +19,17 @@ from .timeutil import Duration, as_duration, as_utc, utcnow
 
 
 class JobStatus(enum.StrEnum):
-    """Where a job is in its life: ``pending → running → done | failed``, or ``cancelled``."""
+    """Where a job is in its life: ``pending → running → done | failed``, or ``cancelled``.
+
+    ``expired``: a pending job not started by its ``expires_at`` (it never ran).
+    """
 
     PENDING = "pending"
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    EXPIRED = "expired"
 
     @property
     def is_live(self) -> bool:
@@ -76,6 +80,13 @@ class Job:
     done_label: str | None = None
     failed_label: str | None = None
     undone_label: str | None = None
+    #: Queue controls: due jobs are claimed by priority (lower first) then run_at; at
+    #: most ``concurrency_limit`` jobs of one ``concurrency_key`` run at once; a job not
+    #: started by ``expires_at`` settles as expired.
+    priority: int = 0
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    expires_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Job:
@@ -178,7 +189,7 @@ class JobEvent:
 
     ``event`` is one of ``scheduled``, ``replaced``, ``rescheduled``, ``started``,
     ``done``, ``retried``, ``snoozed``, ``failed``, ``cancelled``, ``undone``,
-    ``reclaimed``, ``run_now``, ``retried_by_operator``. ``actor`` says who caused it:
+    ``reclaimed``, ``run_now``, ``retried_by_operator``, ``expired``. ``actor`` says who caused it:
     the owner for an undo, the operator for a dashboard action, ``cli``,
     ``worker:<host>:<pid>``, or ``app`` (a Python call without ``actor=``).
     ``attempt`` is the job's attempt count at that moment; ``error`` is the failed

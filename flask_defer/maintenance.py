@@ -1,5 +1,8 @@
 """Housekeeping that one worker at a time does: reclaim lapsed leases, prune old jobs.
 
+On the reclaim round the worker also settles jobs past their ``expires_at`` as expired
+(:func:`expire_due`); the claim never starts them meanwhile.
+
 *Reclaim* returns the jobs of crashed workers to pending once their lease lapsed, so
 they run again within about a lease (not after a fixed quarter of an hour). *Prune*
 deletes settled rows past their retention, with their history events, in bounded
@@ -52,6 +55,18 @@ def reclaim_lapsed(store: JobStore, clock: Clock, *, actor: str = "app") -> int 
         return _reclaim(store, clock, actor) if mine else None
 
 
+def expire_due(store: JobStore, clock: Clock, *, actor: str = "app") -> int:
+    """Settle the pending jobs past their ``expires_at`` as expired; how many.
+
+    A guarded statement (``status = 'pending'``), so workers doing it side by side
+    settle each job once; it needs no maintenance lock.
+    """
+    expired = store.expire_due(now=clock(), actor=actor)
+    if expired:
+        logger.info("%d job(s) expired before they started (expires_at passed)", expired)
+    return expired
+
+
 def _reclaim(store: JobStore, clock: Clock, actor: str = "app") -> int:
     returned, failed = store.reclaim_lapsed(now=clock(), actor=actor)
     if returned or failed:
@@ -81,6 +96,8 @@ class Maintenance:
         self._next_prune = 0.0
         self.reclaimed = 0
         self.pruned = 0
+        #: Jobs this worker's sweeps settled as expired (on the reclaim round).
+        self.expired = 0
 
     def next_due(self) -> float:
         """The monotonic time of the next round."""
@@ -104,6 +121,7 @@ class Maintenance:
                 return
             if reclaim_due:
                 self.reclaimed += _reclaim(self.store, self.clock, self.actor)
+                self.expired += expire_due(self.store, self.clock, actor=self.actor)
             if prune_due:
                 self._prune(now)
 

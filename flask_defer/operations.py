@@ -16,6 +16,7 @@ from .bulk import build_new_jobs
 from .errors import InvalidArgument, JobNotFound, JobNotPending
 from .execution import Clock
 from .jobs import Job, JobStatus
+from .queue_controls import checked_priority, checked_ttl
 from .state import DeferState
 from .store import JobFilter
 from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
@@ -67,9 +68,13 @@ def schedule_many(
     delay: Duration | None,
     owner: str | None,
     label: str | None,
+    priority: int | None = None,
+    ttl: Duration | None = None,
 ) -> int:
     """Validate every item, then insert them in one batch joining the caller's transaction."""
     spec = state.spec_for(name)
+    level = spec.priority if priority is None else checked_priority(priority)
+    span = checked_ttl(ttl) if ttl is not None else spec.ttl
     now = utcnow()
     jobs = build_new_jobs(
         payloads,
@@ -83,6 +88,8 @@ def schedule_many(
         label=label,
         max_payload_bytes=state.config.max_payload_bytes,
         strict_local_times=state.config.strict_local_times,
+        priority=level,
+        ttl=span,
     )
     if not jobs:
         return 0

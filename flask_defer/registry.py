@@ -7,10 +7,13 @@ import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from .errors import InvalidArgument
 from .jobs import Job
+from .queue_controls import checked_concurrency_limit, checked_priority, checked_ttl
+from .timeutil import Duration
 from .validation import storable_text
 
 Handler = Callable[[Job], Any]
@@ -39,6 +42,10 @@ class HandlerSpec:
     timeout: float | None = None
     atomic: bool = False
     queue: str = "default"
+    #: Queue controls for this handler's jobs, unless ``schedule()`` gives its own.
+    priority: int = 0
+    concurrency_limit: int | None = None
+    ttl: timedelta | None = None
 
     @property
     def is_async(self) -> bool:
@@ -71,6 +78,9 @@ class Registry:
         timeout: float | None,
         atomic: bool,
         queue: str,
+        priority: int = 0,
+        concurrency_limit: int | None = None,
+        ttl: Duration | None = None,
     ) -> Callable[[F], F]:
         """What ``@defer.job(name, ...)`` returns: registers the function it decorates.
 
@@ -78,6 +88,9 @@ class Registry:
         at the first job; *name* ``None`` takes the function's name.
         """
         validate_spec(name if name is not None else "handler", max_attempts, timeout, queue, atomic)
+        level = checked_priority(priority)
+        limit = None if concurrency_limit is None else checked_concurrency_limit(concurrency_limit)
+        span = checked_ttl(ttl)
 
         def register(func: F) -> F:
             validate_handler(func)
@@ -95,6 +108,9 @@ class Registry:
                     timeout=float(timeout) if timeout is not None else None,
                     atomic=atomic,
                     queue=queue,
+                    priority=level,
+                    concurrency_limit=limit,
+                    ttl=span,
                 )
             )
             return func
@@ -114,6 +130,13 @@ class Registry:
     def names(self) -> frozenset[str]:
         """Every registered job name."""
         return frozenset(self._specs)
+
+
+def validate_queue(queue: object) -> None:
+    """A queue name: a non-empty string of at most 100 characters."""
+    if not isinstance(queue, str) or not queue or len(queue) > 100:
+        raise InvalidArgument("queue", f"expected a non-empty string (≤100 chars), got {queue!r}")
+    storable_text(queue, "queue")
 
 
 def validate_spec(
@@ -150,9 +173,7 @@ def validate_spec(
     if not isinstance(atomic, bool):
         # atomic="no" is truthy: guessing would run the handler in the wrong transaction.
         raise InvalidArgument("atomic", f"expected True or False, got {atomic!r}")
-    if not isinstance(queue, str) or not queue or len(queue) > 100:
-        raise InvalidArgument("queue", f"expected a non-empty string (≤100 chars), got {queue!r}")
-    storable_text(queue, "queue")
+    validate_queue(queue)
 
 
 def validate_handler(func: object) -> None:

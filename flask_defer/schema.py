@@ -13,7 +13,11 @@ see the table like any other. The indexes are the ones the hot paths need:
 * running rows by lease expiry (partial): reclaiming crashed workers' jobs;
 * live rows by owner (partial): the Undo toasts of one user;
 * ``(status, finished_at, name)``: pruning old settled rows, the dashboard's filters,
-  and health's per-name failed count and latest-settled window from the index alone.
+  and health's per-name failed count and latest-settled window from the index alone;
+* the claim's: unkeyed pending rows by ``(priority, run_at)``; pending rows with a
+  ``concurrency_key`` by the same, and live keyed rows by ``(concurrency_key, status)``
+  (how many of a key run); pending rows with an ``expires_at`` by it (the expiry sweep).
+  All partial, so a keyless job without expiry enters only the first.
 
 The indexes of revision ``flask_defer_0005`` carry their last columns (``name``,
 ``due_at``, ``status``) so health reads no table row: each column a query names must be
@@ -173,6 +177,14 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         Column("created_at", DateTime(timezone=True), nullable=False),
         Column("updated_at", DateTime(timezone=True), nullable=False),
         Column("finished_at", DateTime(timezone=True), nullable=True),
+        # Queue controls: the claim takes due jobs by priority (lower first, revision
+        # flask_defer_0008), at most concurrency_limit running per concurrency_key
+        # (flask_defer_0009), and a job not started by expires_at settles as expired
+        # (flask_defer_0010).
+        Column("priority", Integer, nullable=False, server_default="0"),
+        Column("concurrency_key", String(255), nullable=True),
+        Column("concurrency_limit", Integer, nullable=True),
+        Column("expires_at", DateTime(timezone=True), nullable=True),
     )
     c = table.c
     pending = c.status == "pending"
@@ -215,6 +227,40 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         postgresql_where=live,
     )
     Index(f"ix_{name}_status_finished_name", c.status, c.finished_at, c.name)
+    # The claim's order: unkeyed pending rows by priority then run_at. Keyed rows (a
+    # concurrency_key) are claimed apart, by the two keyed indexes: their pending rows in
+    # the same order, and their live rows by key (how many of a key are running).
+    unkeyed = pending & c.concurrency_key.is_(None)
+    Index(
+        f"ix_{name}_pending_priority",
+        c.priority,
+        c.run_at,
+        sqlite_where=unkeyed,
+        postgresql_where=unkeyed,
+    )
+    keyed = pending & c.concurrency_key.is_not(None)
+    Index(
+        f"ix_{name}_keyed_pending",
+        c.priority,
+        c.run_at,
+        sqlite_where=keyed,
+        postgresql_where=keyed,
+    )
+    keyed_live = live & c.concurrency_key.is_not(None)
+    Index(
+        f"ix_{name}_keyed_live",
+        c.concurrency_key,
+        c.status,
+        sqlite_where=keyed_live,
+        postgresql_where=keyed_live,
+    )
+    expiring = pending & c.expires_at.is_not(None)
+    Index(
+        f"ix_{name}_pending_expiry",
+        c.expires_at,
+        sqlite_where=expiring,
+        postgresql_where=expiring,
+    )
     return table
 
 

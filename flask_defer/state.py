@@ -27,9 +27,10 @@ from .errors import InvalidArgument, JobNotFound, NotConfigured, UnknownJob
 from .execution import Clock, Executor, RunSummary
 from .health import Health
 from .jobs import Job, JobEvent
+from .maintenance import expire_due, reclaim_lapsed
 from .maintenance import prune as prune_settled
-from .maintenance import reclaim_lapsed
-from .registry import HandlerSpec, Registry
+from .queue_controls import resolve_controls
+from .registry import HandlerSpec, Registry, validate_queue
 from .runner import Runner
 from .schema import SchemaNames, define_history_table, define_jobs_table
 from .store import JobStore, NewJob, versioning
@@ -132,6 +133,12 @@ class DeferState:
         undo_until: datetime | None = None,
         actor: str | None = None,
         texts: Mapping[str, str | None] | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        expires_at: datetime | None = None,
+        ttl: Duration | None = None,
     ) -> Job:
         """Validate and insert one job (what ``Defer.schedule`` documents).
 
@@ -139,17 +146,30 @@ class DeferState:
         """
         spec = self.spec_for(name)
         now = utcnow()
+        when = resolve_run_at(run_at, delay, now, strict=self.config.strict_local_times)
+        if queue is not None:
+            validate_queue(queue)
+        controls = resolve_controls(
+            run_at=when, priority=priority, concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit, expires_at=expires_at, ttl=ttl,
+            default_priority=spec.priority, default_concurrency_limit=spec.concurrency_limit,
+            default_ttl=spec.ttl,
+        )  # fmt: skip
         new = NewJob(
             name=name,
             payload=checked_payload(payload, max_bytes=self.config.max_payload_bytes),
-            run_at=resolve_run_at(run_at, delay, now, strict=self.config.strict_local_times),
+            run_at=when,
             max_attempts=self.max_attempts(spec),
-            queue=spec.queue,
+            queue=queue if queue is not None else spec.queue,
+            priority=controls.priority,
+            concurrency_key=controls.concurrency_key,
+            concurrency_limit=controls.concurrency_limit,
+            expires_at=controls.expires_at,
             key=checked_text(key, "key"),
             owner=checked_text(owner, "owner"),
             label=checked_text(label, "label"),
             undo_until=as_utc(undo_until, "undo_until") if undo_until is not None else None,
-            **{name: checked_text(text, name) for name, text in (texts or {}).items()},
+            **_state_texts(texts),
         )
         if not isinstance(replace, bool):
             raise InvalidArgument("replace", f"expected True or False, got {replace!r}")
@@ -240,6 +260,7 @@ class DeferState:
             )
         self.transactions.refuse_uncommitted("run_due")
         reclaim_lapsed(self.store, utcnow, actor=runner.actor)
+        expire_due(self.store, clock, actor=runner.actor)
         if self.recurring is not None:
             # Sync at every call (run_due is a cron runner's whole "worker start"), then
             # write the ticks due by *now*, so the runner below runs them too.
@@ -384,3 +405,8 @@ def current_state() -> DeferState:
             "flask_defer is not initialised on this app: did you forget defer.init_app(app)?"
         )
     return state
+
+
+def _state_texts(texts: Mapping[str, str | None] | None) -> dict[str, str | None]:
+    """An Undo toast's state texts (``done_label=`` ...), each checked like a label."""
+    return {name: checked_text(text, name) for name, text in (texts or {}).items()}

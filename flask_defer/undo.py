@@ -31,6 +31,8 @@ class UndoOutcome(enum.StrEnum):
     ALREADY_RAN = "already_ran"
     #: The job had been cancelled before (a double click, another tab).
     ALREADY_UNDONE = "already_undone"
+    #: Too late: the job expired before it started (its ``expires_at`` passed).
+    EXPIRED = "expired"
 
     @classmethod
     def for_status(cls, status: JobStatus) -> UndoOutcome:
@@ -39,6 +41,8 @@ class UndoOutcome(enum.StrEnum):
             return cls.ALREADY_UNDONE
         if status in (JobStatus.DONE, JobStatus.FAILED):
             return cls.ALREADY_RAN
+        if status is JobStatus.EXPIRED:
+            return cls.EXPIRED
         # Running, or pending again after a failed attempt raced this Undo.
         return cls.RUNNING
 
@@ -61,6 +65,8 @@ class UndoOutcome(enum.StrEnum):
             return t("Already undone.")
         if self is UndoOutcome.RUNNING:
             return t("Too late — it is running now.")
+        if self is UndoOutcome.EXPIRED:
+            return t("Too late — it expired before it started.")
         done = job.done_label if job is not None else None
         if done:
             return t("Too late — already {done}.").format(done=_mid_sentence(done))
@@ -107,8 +113,8 @@ class ToastState(enum.StrEnum):
         """The state of *job*'s toast at *now*, from its row alone."""
         if job.status is JobStatus.DONE:
             return cls.DONE
-        if job.status is JobStatus.FAILED:
-            return cls.FAILED
+        if job.status in (JobStatus.FAILED, JobStatus.EXPIRED):
+            return cls.FAILED  # expired: it will never run, which the failed text says
         if job.status is JobStatus.CANCELLED:
             return cls.UNDONE
         if job.undo_seconds_left(now) > 0:

@@ -225,7 +225,7 @@ class Worker:
         waits = [opts.max_sleep.total_seconds()]
         next_run_at = None
         if free and not self._backlog:
-            next_run_at = self.store.next_run_at(queues=opts.queues)
+            next_run_at = self.store.next_run_at(queues=opts.queues, now=now)
             if next_run_at is not None:
                 waits.append((next_run_at - self.clock()).total_seconds())
             if not self.waker.listening:

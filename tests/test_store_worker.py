@@ -26,23 +26,30 @@ def insert(store: JobStore, job: NewJob, now: datetime) -> int:
         return store.insert(conn, job, now=now, replace=False).id
 
 
-def plan(store: JobStore, stmt: object) -> str:
-    compiled = stmt.compile(store.engine, compile_kwargs={"render_postcompile": True})  # type: ignore[attr-defined]
+def plan(store: JobStore, stmt: Any, **params: Any) -> str:
+    compiled = stmt.bindparams(**params).compile(
+        store.engine, compile_kwargs={"render_postcompile": True}
+    )
+    values = tuple(compiled.params[name] for name in compiled.positiontup)
     with store.engine.connect() as conn:
-        rows = conn.exec_driver_sql(
-            "EXPLAIN QUERY PLAN " + str(compiled), tuple(compiled.params.values())
-        ).all()
+        rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + str(compiled), values).all()
     return " / ".join(row[3] for row in rows)
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])
-def test_sqlite_poll_and_claim_read_the_partial_run_at_index(
+def test_sqlite_poll_and_claim_step_into_the_priority_index_never_scanning_the_table(
     store: JobStore, now: datetime
 ) -> None:
-    poll = plan(store, store._sqlite_next_pending(["default"]))
-    claim = plan(store, store._sqlite_due_ids(now, 10, None))
-    assert "ix_defer_jobs_pending_run_at" in poll and "TEMP B-TREE FOR ORDER BY" not in poll
-    assert "ix_defer_jobs_pending_run_at" in claim
+    claim_params = {"now": now, "limit": 10, "token": "t", "lease_until": now}
+    claim = plan(store, store._claim_statement("due", True), queues=["default"], **claim_params)
+    poll = plan(store, store._next_statement("next", True), now=now, queues=["default"])
+    for found in (claim, poll):
+        assert "ix_defer_jobs_pending_priority (priority=?" in found, found
+        assert "SCAN defer_jobs /" not in found + " /", found
+    # The claim takes the chosen priority's due rows in index order: no sort.
+    assert "TEMP B-TREE" not in claim
+    keyed = plan(store, store._claim_statement("keyed", False), **claim_params)
+    assert "ix_defer_jobs_keyed_pending" in keyed
 
 
 def test_next_run_at_and_claim_respect_queues(
@@ -92,13 +99,13 @@ def test_missing_pending_index_falls_back_to_a_plain_query(
     store = JobStore(engine, define_jobs_table(MetaData()))
     store.create_table()
     with store.begin() as conn:
-        conn.execute(text("DROP INDEX ix_defer_jobs_pending_run_at_name"))
+        conn.execute(text("DROP INDEX ix_defer_jobs_pending_priority"))
     insert(store, new_job(run_at=now), now)
     with caplog.at_level(logging.WARNING, logger="flask_defer"):
-        assert store.next_run_at() == now
+        assert store.next_run_at(now=now) == now
         assert len(store.claim(now=now, limit=5, token="t", lease_until=now)) == 1
     if store.is_sqlite:
-        assert "falling back to an unindexed poll" in caplog.text
+        assert "falling back to unhinted queries" in caplog.text
 
 
 def test_maintenance_lock_admits_one_worker_at_a_time(store: JobStore, backend: str) -> None:
@@ -333,7 +340,7 @@ def test_a_claim_commits_without_waiting_for_the_disk_and_leaves_the_connection_
         # Run inside an open transaction, the claim statement turns the wait off for it.
         with store.engine.connect() as conn, conn.begin():
             assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
-            assert len(conn.execute(store._claim_statement(()), params).all()) == 1
+            assert len(conn.execute(store._claim_statement("due", False), params).all()) == 1
             assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "off"
             conn.rollback()
         assert len(store.claim(now=now, limit=3, token="me", lease_until=lease)) == 3

@@ -145,9 +145,9 @@ class UndoMethods(FacadeBase):
         pending → cancelled, :attr:`UndoOutcome.UNDONE` (``on_undo`` hooks run in the
         same transaction: a soft-deleted row is restored together with the cancel of
         its purge). running → ``RUNNING``; done or failed → ``ALREADY_RAN``;
-        cancelled → ``ALREADY_UNDONE``. With ``owner`` (the web layer always passes
-        it), a job of another owner raises :class:`JobNotFound`, as does no job at
-        all: other people's ids are never confirmed to exist. Runs and commits a
+        cancelled → ``ALREADY_UNDONE``; expired → ``EXPIRED``. With ``owner`` (the web
+        layer always passes it), a job of another owner raises :class:`JobNotFound`, as
+        does no job at all: other people's ids are never confirmed to exist. Runs and commits a
         transaction of its own on ``db.session``, like :meth:`cancel`.
 
         ``commit=False`` cancels and runs the hooks in the caller's ``db.session``

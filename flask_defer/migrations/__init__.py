@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,24 @@ def schedules_table_name() -> str:
     config = op.get_context().config
     name = config.attributes.get(SCHEDULES_TABLE_ATTRIBUTE) if config is not None else None
     return str(name) if name else "defer_schedules"
+
+
+def on_postgresql() -> bool:
+    """Whether the running migration is on PostgreSQL."""
+    return bool(op.get_context().dialect.name == "postgresql")
+
+
+@contextmanager
+def outside_the_transaction() -> Iterator[None]:
+    """PostgreSQL: run the block in autocommit, where ``CREATE INDEX CONCURRENTLY`` may run.
+
+    No transaction may hold a concurrent index build; on SQLite the block runs as it is.
+    """
+    if on_postgresql():
+        with op.get_context().autocommit_block():
+            yield
+    else:
+        yield
 
 
 def include_object(

@@ -3,33 +3,31 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterator, Sequence
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
-    BindParameter,
     ColumnElement,
     Connection,
     Engine,
-    Integer,
     Table,
     and_,
     bindparam,
-    column,
     func,
     insert,
     literal,
     literal_column,
     select,
-    text,
     update,
 )
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
 from ..schema import UTCDateTime, typed_jobs_table
+from .claim_sql import KEYED_MEMORY, ClaimTables
 from .records import (
     NOTIFY_CHANNEL,
     HistoryEvent,
@@ -104,8 +102,14 @@ class StoreBase:
         self._insert_sql: dict[tuple[bool, bool], tuple[str, list[str], list[Any]]] = {}
         # The prebuilt bulk insert (PostgreSQL), see SchedulingStatements._pg_insert_many.
         self._insert_sql_text: dict[str, str] = {}
-        # The prebuilt claim, per queue selection (see ClaimStatements._claim_statement).
-        self._claim_sql: dict[tuple[str, ...], Any] = {}
+        # The prebuilt claim and next-due statements, by (kind, with queues) (see
+        # ClaimStatements._claim_statement); SQLite names their indexes while this holds.
+        self._claim_sql: dict[tuple[str, bool], Any] = {}
+        self._sqlite_hints = True
+        # Keyed jobs (a concurrency_key) are claimed by a statement of their own, run
+        # while keyed jobs were seen lately (monotonic deadlines; ClaimStatements).
+        self._keyed_until = 0.0
+        self._keyed_unseen_until = 0.0
         # The prebuilt single acknowledgements, by kind (see _guarded_ack), and the
         # other prebuilt control statements, by name.
         self._ack_one_sql: dict[str, Any] = {}
@@ -199,27 +203,34 @@ class StoreBase:
         if self.is_postgres:
             conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, queue)))
 
-    def next_run_at(self, *, queues: Collection[str] | None = None) -> datetime | None:
-        """When the earliest pending job is due (uses the partial run_at index).
+    def keyed_scheduled(self) -> None:
+        """Keyed jobs are about (this process scheduled one, or a claim took some): the
+        claims run the keyed statement for a while without looking first."""
+        self._keyed_until = time.monotonic() + KEYED_MEMORY
 
-        This is the SQLite worker's poll, so it must cost the same with a million
-        future rows as with ten: one step into the partial index on pending run_at.
-        """
-        t = self.table
-        # ORDER BY + LIMIT rather than min(): the value stays typed through UTCDateTime.
-        stmt: Any = select(t.c.run_at).where(self._is_pending()).order_by(t.c.run_at).limit(1)
-        if queues:
-            stmt = stmt.where(t.c.queue.in_(list(queues)))
-        if self.is_sqlite and self._sqlite_pending_index is not None:
-            stmt = self._sqlite_next_pending(queues)
-        try:
-            with self.engine.connect() as conn:
-                value: datetime | None = conn.execute(stmt).scalar()
-        except OperationalError as error:
-            if not self._lost_pending_index(error):
-                raise
-            return self.next_run_at(queues=queues)
-        return value
+    def claim_tables(self) -> ClaimTables:
+        """The names the claim statements use, with SQLite's index hints while they hold."""
+        quote = self.engine.dialect.identifier_preparer.quote
+
+        def hint(suffix: str) -> str:
+            name = f"ix_{self.table.name}_{suffix}"
+            if not (self.is_sqlite and self._sqlite_hints):
+                return ""
+            if not any(ix.name == name for ix in self.table.indexes):
+                return ""
+            return f" INDEXED BY {quote(name)}"
+
+        pauses = getattr(self, "pauses_table", None)
+        return ClaimTables(
+            jobs=self._quoted_table,
+            unkeyed_hint=hint("pending_priority"),
+            keyed_hint=hint("keyed_pending"),
+            pauses=(
+                self.engine.dialect.identifier_preparer.format_table(pauses)
+                if pauses is not None
+                else None
+            ),
+        )
 
     def _is_pending(self) -> ColumnElement[bool]:
         # A literal, not a bound parameter: only a query whose WHERE visibly says
@@ -227,62 +238,20 @@ class StoreBase:
         # PostgreSQL in generic plans of prepared statements).
         return self.table.c.status == literal_column("'pending'")
 
-    def _sqlite_next_pending(self, queues: Collection[str] | None) -> Any:
-        sql, params = self._sqlite_pending_scan("run_at", queues)
-        return (
-            text(sql + " ORDER BY run_at LIMIT 1")
-            .bindparams(*params)
-            .columns(column("run_at", UTCDateTime()))
-        )
-
-    def _sqlite_due_ids(
-        self, now: datetime | None, limit: int | None, queues: Collection[str] | None
-    ) -> Any:
-        sql, params = self._sqlite_pending_scan("id", queues)
-        return (
-            text(sql + " AND run_at <= :now ORDER BY run_at, id LIMIT :limit")
-            .bindparams(
-                *params,
-                bindparam("now", now, type_=UTCDateTime()),
-                bindparam("limit", limit, type_=Integer()),
-            )
-            .columns(column("id", Integer()))
-        )
-
-    def _sqlite_pending_scan(
-        self, columns: str, queues: Collection[str] | None
-    ) -> tuple[str, list[BindParameter[Any]]]:
-        # SQLite's planner, without ANALYZE statistics, prefers the (status,
-        # finished_at) index for "status = 'pending'" and then sorts every pending
-        # row: tens of milliseconds per poll with 50,000 pending rows, under the
-        # write lock when claiming. INDEXED BY pins the partial run_at index, which
-        # reads the first due rows and stops. (SQLAlchemy renders no SQLite hints,
-        # hence text.)
-        assert self._sqlite_pending_index is not None
-        quote = self.engine.dialect.identifier_preparer.quote
-        sql = (
-            f"SELECT {columns} FROM {quote(self.table.name)} "
-            f"INDEXED BY {quote(self._sqlite_pending_index)} WHERE status = 'pending'"
-        )
-        params: list[BindParameter[Any]] = []
-        if queues:
-            sql += " AND queue IN :queues"
-            params.append(bindparam("queues", list(queues), expanding=True))
-        return sql, params
-
     def _lost_pending_index(self, error: OperationalError) -> bool:
         """After "no such index" (a database migrated without it), stop naming it."""
         message = str(error.orig)
-        if self._sqlite_pending_index is None or not (
+        if not self.is_sqlite or not self._sqlite_hints or not (
             "no such index" in message or "no query solution" in message
         ):
             return False
         logger.warning(
-            "index %s is missing from the database; falling back to an unindexed "
-            "poll (create it with `flask defer install` or a migration)",
-            self._sqlite_pending_index,
+            "an index named in a query is missing from the database (%s); falling back "
+            "to unhinted queries (create it with `flask defer install` or a migration)",
+            message,
         )
         self._sqlite_pending_index = None
+        self._sqlite_hints = False
         self._claim_sql.clear()
         return True
 

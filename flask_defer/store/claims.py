@@ -17,34 +17,43 @@ lapsed can never overwrite the outcome of the worker that took the job over.
 
 from __future__ import annotations
 
+import time
+import zlib
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
+    BindParameter,
     Connection,
     Integer,
     String,
     bindparam,
+    column,
     func,
-    insert,
-    literal_column,
     select,
-    update,
+    text,
 )
 from sqlalchemy.exc import OperationalError
 
-from ..jobs import Job, JobStatus
+from ..jobs import Job
 from ..schema import UTCDateTime
+from .claim_sql import (
+    KEYED,
+    KEYED_MEMORY,
+    due_ids_sql,
+    keyed_ids_sql,
+    next_keyed_sql,
+    next_unkeyed_sql,
+)
 from .history import HistoryStatements
 from .records import (
     HistoryEvent,
 )
 
-#: In a PostgreSQL statement: this transaction's commit does not wait for the WAL
-#: flush (measured: the flush was 0.4-1 ms of every claim with fsync on).
-_NO_FLUSH_WAIT = func.set_config("synchronous_commit", "off", True).label("_no_flush_wait")
+#: Seconds a claim under a backlog trusts a look that found no keyed job pending.
+KEYED_UNSEEN_UNDER_BACKLOG = 0.1
 
 
 @contextmanager
@@ -83,9 +92,16 @@ class ClaimStatements(HistoryStatements):
     ) -> list[Job]:
         """Atomically move up to *limit* due pending jobs to running and return them.
 
+        Jobs are taken by priority (lower first), then ``run_at``; a claim takes the due
+        jobs of one priority (see ``claim_sql``). Jobs past their ``expires_at``, of
+        paused queues or names, and of a ``concurrency_key`` at its limit are left.
+
         PostgreSQL: ``FOR UPDATE SKIP LOCKED`` lets many workers claim side by side
-        without ever taking the same row. SQLite: one ``UPDATE ... RETURNING`` inside
-        ``BEGIN IMMEDIATE``, serialised by the database's single write lock.
+        without ever taking the same row. SQLite: ``UPDATE ... RETURNING`` inside
+        ``BEGIN IMMEDIATE``, serialised by the database's single write lock. Keyed jobs
+        are claimed first, by a statement of their own that PostgreSQL serialises with
+        a transaction-scoped advisory lock, so two workers never both fill a key's last
+        slot.
 
         Each claimed job's attempt is counted and its ``started`` event, by *actor*,
         written with the claim: on PostgreSQL by a data-modifying CTE of the same
@@ -96,46 +112,161 @@ class ClaimStatements(HistoryStatements):
         worker never makes the app's writes wait; ``look_first=False`` skips that read
         for a caller whose last claim came back full (a backlog).
         """
-        # Long because: its docstring states every backend's rule; the code is one claim
-        # transaction (look, claim, history) and its retry after a lost index.
         if self.is_sqlite and look_first:
             # Look before taking the write lock: an idle worker polling an empty
             # backlog must not make every web request's write wait for it.
-            next_at = self.next_run_at(queues=queues)
+            next_at = self.next_run_at(queues=queues, now=now)
             if next_at is None or next_at > now:
                 return []
-        stmt = self._claim_statement(tuple(queues) if queues else ())
-        params = {"now": now, "limit": limit, "token": token, "lease_until": lease_until}
+        params: dict[str, Any] = {
+            "now": now,
+            "limit": limit,
+            "token": token,
+            "lease_until": lease_until,
+        }
+        if queues:
+            params["queues"] = list(queues)
         if self.is_postgres and self.history_table is not None:
             params["actor"] = actor
         try:
-            # PostgreSQL: the claim is one statement, so it runs as its own transaction
-            # (no BEGIN and COMMIT round trips); SQLite takes the write lock first.
-            with self._claim_transaction() as conn:
-                result = conn.execute(stmt, params)
-                build = Job.builder(list(result.keys()))
-                jobs = [build(row) for row in result]
-                if self.is_sqlite:
-                    self.record_events(
-                        conn,
-                        [
-                            HistoryEvent(job.id, "started", now, actor, job.attempts)
-                            for job in jobs
-                        ],
-                    )
+            jobs = self._claim_both(params, bool(queues), actor, backlog=not look_first)
         except OperationalError as error:
             if not self._lost_pending_index(error):
                 raise
             return self.claim(
-                now=now,
-                limit=limit,
-                token=token,
-                lease_until=lease_until,
-                queues=queues,
-                actor=actor,
-            )
-        jobs.sort(key=lambda job: (job.run_at, job.id))
+                now=now, limit=limit, token=token, lease_until=lease_until,
+                queues=queues, actor=actor, look_first=look_first,
+            )  # fmt: skip
+        jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
         return jobs
+
+    def next_run_at(
+        self, *, queues: Collection[str] | None = None, now: datetime | None = None
+    ) -> datetime | None:
+        """When the earliest job a claim could take is due (None: nothing pending).
+
+        Jobs a claim leaves alone do not count: of a paused queue or name, expired (at
+        *now*, default the current time), or of a ``concurrency_key`` with no free slot.
+        This is the SQLite worker's poll, so it must cost the same with a million
+        future rows as with ten: one step into the pending index per priority present
+        (see ``claim_sql``), plus, while keyed jobs are about, a look at those.
+        """
+        params: dict[str, Any] = {"now": now if now is not None else datetime.now(UTC)}
+        if queues:
+            params["queues"] = list(queues)
+        try:
+            with self.engine.connect() as conn:
+                found = [conn.execute(self._next_statement("next", bool(queues)), params).scalar()]
+                if self._keyed_until > time.monotonic() or conn.execute(
+                    self._next_statement("keyed-any", False)
+                ).first():
+                    statement = self._next_statement("next-keyed", bool(queues))
+                    found.append(conn.execute(statement, params).scalar())
+        except OperationalError as error:
+            if not self._lost_pending_index(error):
+                raise
+            return self.next_run_at(queues=queues, now=now)
+        times = [at for at in found if at is not None]
+        return min(times) if times else None
+
+    def _next_statement(self, kind: str, queues: bool) -> Any:
+        cached = self._claim_sql.get((kind, queues))
+        if cached is not None:
+            return cached
+        tables = self.claim_tables()
+        if kind == "keyed-any":
+            stmt: Any = text(
+                f"SELECT 1 FROM {tables.jobs}{tables.keyed_hint} WHERE {KEYED} LIMIT 1"
+            )
+        else:
+            build = next_unkeyed_sql if kind == "next" else next_keyed_sql
+            binds = [bindparam("now", type_=UTCDateTime())]
+            if queues:
+                binds.append(bindparam("queues", expanding=True))
+            stmt = (
+                text(build(tables, queues=queues))
+                .bindparams(*binds)
+                .columns(column("run_at", UTCDateTime()))
+            )
+        self._claim_sql[(kind, queues)] = stmt
+        return stmt
+
+    def _claim_both(
+        self, params: dict[str, Any], queues: bool, actor: str, *, backlog: bool
+    ) -> list[Job]:
+        """The keyed claim (when keyed jobs are about), then the batch claim for the rest.
+
+        Keyed jobs go first: they are the ones a limit holds back, so a backlog of
+        unkeyed jobs filling every claim must not starve them.
+        """
+        limit = params["limit"]
+        jobs: list[Job] = []
+        if self.is_postgres:
+            # The keyed claim needs a real transaction (its advisory lock lasts until
+            # the commit); the look and the batch claim are single autocommit statements.
+            with self.autocommit() as conn:
+                keyed = self._keyed_in_play(conn, backlog=backlog)
+            if keyed:
+                with self.engine.begin() as conn:
+                    conn.execute(self._keyed_lock_statement())
+                    jobs = self._run_claim(conn, "keyed", queues, params)
+            with self.autocommit() as conn:
+                if len(jobs) < limit:
+                    rest = {**params, "limit": limit - len(jobs)}
+                    jobs += self._run_claim(conn, "due", queues, rest)
+        else:
+            with self._claim_transaction() as conn:
+                if self._keyed_in_play(conn, backlog=backlog):
+                    jobs = self._run_claim(conn, "keyed", queues, params)
+                if len(jobs) < limit:
+                    rest = {**params, "limit": limit - len(jobs)}
+                    jobs += self._run_claim(conn, "due", queues, rest)
+                at = params["now"]
+                started = [HistoryEvent(job.id, "started", at, actor, job.attempts) for job in jobs]
+                self.record_events(conn, started)
+        if any(job.concurrency_key is not None for job in jobs):
+            self.keyed_scheduled()
+        return jobs
+
+    def _run_claim(
+        self, conn: Connection, kind: str, queues: bool, params: dict[str, Any]
+    ) -> list[Job]:
+        result = conn.execute(self._claim_statement(kind, queues), params)
+        build = Job.builder(list(result.keys()))
+        return [build(row) for row in result]
+
+    def _keyed_in_play(self, conn: Connection, *, backlog: bool) -> bool:
+        """Whether keyed jobs may be pending: a claim saw some (or this process scheduled
+        one) lately, else one step into the keyed pending index.
+
+        Under a backlog (the last claim came back full) a "none" answer is trusted for
+        a moment, so draining unkeyed jobs pays for the look about ten times a second
+        rather than once per claim; a keyed job scheduled meanwhile waits that long.
+        """
+        moment = time.monotonic()
+        if moment < self._keyed_until:
+            return True
+        if backlog and moment < self._keyed_unseen_until:
+            return False
+        found = conn.execute(self._keyed_probe()).first() is not None
+        if found:
+            self._keyed_until = moment + KEYED_MEMORY
+        else:
+            self._keyed_unseen_until = moment + KEYED_UNSEEN_UNDER_BACKLOG
+        return found
+
+    def _keyed_probe(self) -> Any:
+        cached = self._claim_sql.get(("keyed-probe", False))
+        if cached is None:
+            tables = self.claim_tables()
+            sql = f"SELECT 1 FROM {tables.jobs}{tables.keyed_hint} WHERE {KEYED} LIMIT 1"
+            cached = self._claim_sql[("keyed-probe", False)] = text(sql)
+        return cached
+
+    def _keyed_lock_statement(self) -> Any:
+        """PostgreSQL: the advisory lock that serialises keyed claims of this table."""
+        lock = zlib.crc32(f"flask_defer:keyed:{self.table.name}".encode())
+        return select(func.pg_advisory_xact_lock(lock))
 
     @contextmanager
     def _claim_transaction(self) -> Iterator[Connection]:
@@ -148,83 +279,76 @@ class ClaimStatements(HistoryStatements):
             with self.begin_immediate_on(conn):
                 yield conn
 
-    def _claim_statement(self, queues: tuple[str, ...]) -> Any:
-        """The claim, built once per queue selection; now, limit, token, lease are binds.
+    def _claim_statement(self, kind: str, queues: bool) -> Any:
+        """The claim of *kind* (``due`` or ``keyed``), built once; every value is a bind.
 
-        Its parts are kept apart on purpose (the conditions a due row meets, its order)
-        so that priorities (``ORDER BY priority, run_at``) and paused queues (one more
-        condition) extend this one statement rather than needing a second design.
+        The ids come from ``claim_sql``; around them the UPDATE that starts the jobs,
+        and on PostgreSQL the ``started`` events and the commit that does not wait for
+        the disk, all in the same statement.
         """
-        key = queues
-        cached = self._claim_sql.get(key)
+        cached = self._claim_sql.get((kind, queues))
         if cached is not None:
             return cached
-        t = self.table
-        now = bindparam("now", type_=UTCDateTime())
-        conditions: list[Any] = [self._is_pending(), t.c.run_at <= now]
-        if queues:
-            conditions.append(t.c.queue.in_(list(queues)))
-        order = [t.c.run_at, t.c.id]
-        due: Any = (
-            select(t.c.id)
-            .where(*conditions)
-            .order_by(*order)
-            .limit(bindparam("limit", type_=Integer()))
-            .with_for_update(skip_locked=True)
+        tables = self.claim_tables()
+        t = tables.jobs
+        # Named, in the metadata's order: the result's columns are typed by position, and
+        # a table grown by revisions has its columns in another order than a new one.
+        quote = self.engine.dialect.identifier_preparer.quote
+        names = [quote(c.name) for c in self.table.c]
+        sets = (
+            "status = 'running', attempts = attempts + 1, claim_token = :token,"
+            " lease_expires_at = :lease_until, updated_at = :now"
         )
-        if self.is_sqlite and self._sqlite_pending_index is not None:
-            due = self._sqlite_due_ids(None, None, queues)
-        values = {
-            "status": JobStatus.RUNNING.value,
-            "attempts": t.c.attempts + 1,
-            "claim_token": bindparam("token", type_=String()),
-            "lease_expires_at": bindparam("lease_until", type_=UTCDateTime()),
-            "updated_at": now,
-        }
+        if kind == "keyed":
+            ctes, ids = "", keyed_ids_sql(tables, queues=queues)
+        else:
+            ctes, ids = due_ids_sql(tables, queues=queues, lock=self.is_postgres)
         if self.is_postgres:
+            if kind == "keyed":
+                ids = f"SELECT id FROM {t} WHERE id IN ({ids}) AND {KEYED} FOR UPDATE SKIP LOCKED"
             # A materialised CTE runs the locking SELECT exactly once. As an IN (...)
             # subquery PostgreSQL may re-run it per row, claiming more than *limit*.
-            due_cte = due.cte("due").prefix_with("MATERIALIZED")
-            stmt = update(t).where(t.c.id == due_cte.c.id).values(values).returning(*t.c)
+            parts = [ctes] if ctes else []
+            parts.append(f"due AS MATERIALIZED ({ids})")
+            parts.append(
+                f"claimed AS (UPDATE {t} SET {sets} FROM due WHERE {t}.id = due.id"
+                f" RETURNING {', '.join(f'{t}.{name}' for name in names)})"
+            )
             if self.history_table is not None:
-                stmt = self._claim_recording_started(stmt, now)
-            else:
-                stmt = stmt.returning(_NO_FLUSH_WAIT)
+                history = self.engine.dialect.identifier_preparer.format_table(
+                    self.history_table
+                )
+                parts.append(
+                    f"recorded AS (INSERT INTO {history} (job_id, event, at, actor, attempt)"
+                    " SELECT id, 'started', :now, :actor, attempts FROM claimed)"
+                )
+            # set_config(..., true): this transaction's commit does not wait for the WAL
+            # flush (measured: the flush was 0.4-1 ms of every claim with fsync on).
+            sql = (
+                f"WITH RECURSIVE {', '.join(parts)} SELECT {', '.join(names)},"
+                " set_config('synchronous_commit', 'off', true) AS _no_flush_wait FROM claimed"
+            )
         else:
             # No second "status = 'pending'" test on the outer UPDATE: the subquery
             # picks pending rows inside the same BEGIN IMMEDIATE transaction, which no
             # other writer can interleave with, and the extra term made SQLite walk
             # every pending row through the status index instead of looking the
             # chosen ids up by rowid.
-            stmt = update(t).where(t.c.id.in_(due)).values(values).returning(*t.c)
-        self._claim_sql[key] = stmt
+            prefix = f"WITH RECURSIVE {ctes} " if ctes else ""
+            sql = f"{prefix}UPDATE {t} SET {sets} WHERE id IN ({ids}) RETURNING {', '.join(names)}"
+        binds: list[BindParameter[Any]] = [
+            bindparam("now", type_=UTCDateTime()),
+            bindparam("limit", type_=Integer()),
+            bindparam("token", type_=String()),
+            bindparam("lease_until", type_=UTCDateTime()),
+        ]
+        if queues:
+            binds.append(bindparam("queues", expanding=True))
+        if self.is_postgres and self.history_table is not None:
+            binds.append(bindparam("actor", type_=String()))
+        stmt = text(sql).bindparams(*binds).columns(*self.table.c)
+        self._claim_sql[(kind, queues)] = stmt
         return stmt
-
-    def _claim_recording_started(self, claim: Any, now: Any) -> Any:
-        """PostgreSQL: the claim as a CTE, its rows' ``started`` events inserted beside it.
-
-        ``WITH claimed AS (UPDATE ... RETURNING *), recorded AS (INSERT INTO history
-        SELECT ... FROM claimed) SELECT * FROM claimed``: still one autocommit statement,
-        so history costs the claim no extra round trip and cannot part from it.
-        """
-        h = self.history_table
-        assert h is not None
-        claimed = claim.cte("claimed")
-        recorded = (
-            insert(h)
-            .from_select(
-                ["job_id", "event", "at", "actor", "attempt"],
-                select(
-                    claimed.c.id,
-                    literal_column("'started'"),
-                    now,
-                    bindparam("actor", type_=String()),
-                    claimed.c.attempts,
-                ),
-            )
-            .cte("recorded")
-        )
-        return select(claimed, _NO_FLUSH_WAIT).add_cte(recorded)
 
     def ack_done(
         self,

@@ -352,7 +352,7 @@ class ReadStatements(StoreBase):
 #: The parts of the counts statement that are not a status: pending and due, pending
 #: and not due yet, pending and left by a worker without a handler.
 _OWED, _SCHEDULED, _UNKNOWN = "owed", "scheduled", "unknown"
-_SETTLED = (JobStatus.DONE.value, JobStatus.CANCELLED.value)
+_SETTLED = (JobStatus.DONE.value, JobStatus.CANCELLED.value, JobStatus.EXPIRED.value)
 
 
 def _empty_part() -> dict[str, Any]:

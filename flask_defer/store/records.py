@@ -46,6 +46,11 @@ class NewJob:
     done_label: str | None = None
     failed_label: str | None = None
     undone_label: str | None = None
+    #: Queue controls (see :class:`~flask_defer.Job`), validated by the caller.
+    priority: int = 0
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    expires_at: datetime | None = None
     #: ``payload`` already encoded as the JSON text it is stored as (the bulk path
     #: validates by encoding it), so the insert does not encode it a second time.
     payload_json: str | None = None

@@ -51,6 +51,8 @@ class SchedulingStatements(HistoryStatements):
         """
         t = self.table
         values = self._row_values(new, now)
+        if new.concurrency_key is not None:
+            self.keyed_scheduled()
         notify = self.is_postgres and self.wants_notify(new.run_at, now)
         if new.key is None:
             job_id = self._insert_one(conn, values, notify=notify, actor=actor)
@@ -163,7 +165,9 @@ class SchedulingStatements(HistoryStatements):
         order = list(compiled.positiontup or ()) if positional else names
         sql = compiled.string
         if not positional:
-            # Named (pyformat) placeholders, turned positional so the tuple above fits.
+            # Named (pyformat) placeholders, turned positional so the tuple above fits;
+            # the INSERT names its columns in the table's order, which *names* follows.
+            assert names == [c.name for c in self.table.c if c.name in names]
             for name in order:
                 sql = sql.replace(f"%({name})s", "%s")
         placeholder = "?" if dialect.paramstyle == "qmark" else "%s"
@@ -245,7 +249,7 @@ class SchedulingStatements(HistoryStatements):
         from its RETURNING in the same statement. SQLAlchemy's many-row insert built a
         fresh 1,000-row VALUES text per batch, which psycopg then parsed for its 14,000
         placeholders: 85% of a bulk enqueue, profiled; this is one round trip with
-        fifteen parameters whatever the number of jobs.
+        seventeen parameters whatever the number of jobs.
         """
         sql = self._insert_sql_text.get("pg-many")
         if sql is None:
@@ -264,6 +268,8 @@ class SchedulingStatements(HistoryStatements):
             "owners": [r["owner"] for r in rows],
             "labels": [r["label"] for r in rows],
             "undo_untils": [r["undo_until"] for r in rows],
+            "priorities": [r["priority"] for r in rows],
+            "expires_ats": [r["expires_at"] for r in rows],
         }
         conn.exec_driver_sql(sql, params)
 
@@ -271,13 +277,17 @@ class SchedulingStatements(HistoryStatements):
         t = self._quoted_table
         inserted = (
             f"INSERT INTO {t} (name, queue, key, payload, status, run_at, due_at, attempts,"
-            " max_attempts, owner, label, undo_until, created_at, updated_at)"
+            " max_attempts, owner, label, undo_until, priority, expires_at, created_at,"
+            " updated_at)"
             " SELECT v.name, v.queue, v.key, v.payload::jsonb, 'pending', v.run_at, v.run_at,"
-            " 0, v.max_attempts, v.owner, v.label, v.undo_until, %(now)s, %(now)s"
+            " 0, v.max_attempts, v.owner, v.label, v.undo_until, v.priority, v.expires_at,"
+            " %(now)s, %(now)s"
             " FROM unnest(%(names)s::text[], %(queues)s::text[], %(keys)s::text[],"
             " %(payloads)s::text[], %(run_ats)s::timestamptz[], %(max_attempts)s::int[],"
-            " %(owners)s::text[], %(labels)s::text[], %(undo_untils)s::timestamptz[])"
-            " AS v(name, queue, key, payload, run_at, max_attempts, owner, label, undo_until)"
+            " %(owners)s::text[], %(labels)s::text[], %(undo_untils)s::timestamptz[],"
+            " %(priorities)s::int[], %(expires_ats)s::timestamptz[])"
+            " AS v(name, queue, key, payload, run_at, max_attempts, owner, label, undo_until,"
+            " priority, expires_at)"
         )
         if self.history_table is None:
             return inserted
@@ -325,6 +335,12 @@ class SchedulingStatements(HistoryStatements):
             "undo_until": new.undo_until,
             "created_at": now,
             "updated_at": now,
+            # In the table's column order, like the rest: the prebuilt insert binds
+            # its named placeholders in this order (see _prebuilt_insert).
+            "priority": new.priority,
+            "concurrency_key": new.concurrency_key,
+            "concurrency_limit": new.concurrency_limit,
+            "expires_at": new.expires_at,
         }
 
 

@@ -145,6 +145,40 @@ class UpkeepStatements(HistoryStatements):
         )
         self.record_events(conn, events)
 
+    def expire_due(self, *, now: datetime, actor: str = "app", batch_size: int = 1000) -> int:
+        """Settle pending jobs whose ``expires_at`` is past as ``expired``; how many.
+
+        The claim never starts such a job, so this only makes the row say what it is
+        (with an ``expired`` event by *actor*). Looks first through the partial index
+        on expiring rows, so a sweep with nothing to do takes no write lock; settles at
+        most *batch_size* per call. On PostgreSQL rows another transaction holds (a
+        cancel not committed yet) are skipped and settled by a later sweep.
+        """
+        t = self.table
+        expiring = [self._is_pending(), t.c.expires_at.is_not(None), t.c.expires_at <= now]
+        with self.engine.connect() as conn:
+            if conn.execute(select(t.c.id).where(*expiring).limit(1)).first() is None:
+                return 0
+        batch = select(t.c.id).where(*expiring).limit(batch_size)
+        if self.is_postgres:
+            batch = batch.with_for_update(skip_locked=True)
+        note = "expired: not started by its expires_at"
+        with self.begin_immediate() as conn:
+            rows = conn.execute(
+                update(t)
+                .where(t.c.id.in_(batch.scalar_subquery()), self._is_pending())
+                .values({**self._settle_values(JobStatus.EXPIRED, now), "last_error": note})
+                .returning(t.c.id, t.c.attempts)
+            ).all()
+            self.record_events(
+                conn,
+                [
+                    HistoryEvent(int(job_id), "expired", now, actor, attempts)
+                    for job_id, attempts in rows
+                ],
+            )
+        return len(rows)
+
     def prune(
         self,
         *,
@@ -160,7 +194,11 @@ class UpkeepStatements(HistoryStatements):
         """
         t = self.table
         old = (
-            (t.c.status.in_([JobStatus.DONE.value, JobStatus.CANCELLED.value]))
+            (
+                t.c.status.in_(
+                    [JobStatus.DONE.value, JobStatus.CANCELLED.value, JobStatus.EXPIRED.value]
+                )
+            )
             & (t.c.finished_at < settled_before)
         ) | ((t.c.status == JobStatus.FAILED.value) & (t.c.finished_at < failed_before))
         total = 0

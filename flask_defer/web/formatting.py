@@ -53,6 +53,7 @@ EVENTS: dict[str, tuple[str, str]] = {
     "undone": (N_("Undone"), "neutral"),
     "reclaimed": (N_("Lease lapsed; reclaimed"), "warn"),
     "retried_by_operator": (N_("Retried by an operator"), "info"),
+    "expired": (N_("Expired before it started"), "neutral"),
 }
 
 #: A job's status as the dashboard's badges and details say it; "due" is a pending
@@ -63,6 +64,7 @@ STATUSES: dict[str, str] = {
     "done": N_("done"),
     "failed": N_("failed"),
     "cancelled": N_("cancelled"),
+    "expired": N_("expired"),
     "due": N_("due"),
 }
 

@@ -1,0 +1,111 @@
+"""A job's queue controls: priority, per-key concurrency limit and expiry, checked once.
+
+``schedule()`` and ``@defer.job(...)`` both take them; what a call leaves out comes
+from its handler's registration, and what that leaves out from the defaults here
+(priority 0, no key, no expiry). The checks name the argument and what was wrong, at
+the call, so a bad value never reaches the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from .errors import InvalidArgument
+from .timeutil import Duration, as_duration, as_utc
+from .validation import checked_text
+
+#: Priorities run from the most urgent to the least; lower numbers are claimed first.
+MIN_PRIORITY = -100
+MAX_PRIORITY = 100
+#: The most jobs of one concurrency key that may run at once (a sanity bound).
+MAX_CONCURRENCY_LIMIT = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueControls:
+    """The stored form: what the row's ``priority`` ... ``expires_at`` columns hold."""
+
+    priority: int = 0
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    expires_at: datetime | None = None
+
+
+def checked_priority(value: Any, argument: str = "priority") -> int:
+    """An integer from :data:`MIN_PRIORITY` to :data:`MAX_PRIORITY` (lower runs first)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(argument, f"expected an integer, got {value!r}")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidArgument(
+            argument,
+            f"expected {MIN_PRIORITY} to {MAX_PRIORITY} (lower runs first), got {value!r}",
+        )
+    return value
+
+
+def checked_concurrency_limit(value: Any, argument: str = "concurrency_limit") -> int:
+    """How many jobs of one key may run at once: 1 to :data:`MAX_CONCURRENCY_LIMIT`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(argument, f"expected an integer, got {value!r}")
+    if not 1 <= value <= MAX_CONCURRENCY_LIMIT:
+        raise InvalidArgument(
+            argument, f"expected 1 to {MAX_CONCURRENCY_LIMIT}, got {value!r}"
+        )
+    return value
+
+
+def checked_ttl(value: Duration | None, argument: str = "ttl") -> timedelta | None:
+    """A positive duration (how late after ``run_at`` a job may still start), or None."""
+    return None if value is None else as_duration(value, argument, allow_zero=False)
+
+
+def resolve_controls(
+    *,
+    run_at: datetime,
+    priority: Any,
+    concurrency_key: Any,
+    concurrency_limit: Any,
+    expires_at: Any,
+    ttl: Duration | None,
+    default_priority: int = 0,
+    default_concurrency_limit: int | None = None,
+    default_ttl: timedelta | None = None,
+) -> QueueControls:
+    """Check one job's controls against its *run_at*; the handler's defaults fill gaps.
+
+    ``ttl`` is measured from ``run_at`` (how late the job may start), ``expires_at`` is a
+    moment; one of them at most, and the moment must come after ``run_at``, or the job
+    could never run. A ``concurrency_limit`` needs a ``concurrency_key`` to count by;
+    a key without one is limited to the handler's limit, else to 1.
+    """
+    level = default_priority if priority is None else checked_priority(priority)
+    key = checked_text(concurrency_key, "concurrency_key")
+    limit: int | None = None
+    if concurrency_limit is not None:
+        limit = checked_concurrency_limit(concurrency_limit)
+        if key is None:
+            raise InvalidArgument(
+                "concurrency_limit",
+                "needs a concurrency_key to count running jobs by "
+                "(schedule(..., concurrency_key='account:42', concurrency_limit=2))",
+            )
+    elif key is not None:
+        limit = default_concurrency_limit or 1
+    if expires_at is not None and ttl is not None:
+        raise InvalidArgument("ttl", "give expires_at or ttl, not both")
+    until: datetime | None = None
+    if expires_at is not None:
+        until = as_utc(expires_at, "expires_at")
+        if until <= run_at:
+            raise InvalidArgument(
+                "expires_at",
+                f"{until.isoformat()} is not after the job's run_at {run_at.isoformat()}: "
+                "the job would expire before it is due",
+            )
+    else:
+        span = checked_ttl(ttl) if ttl is not None else default_ttl
+        if span is not None:
+            until = run_at + span
+    return QueueControls(level, key, limit, until)

@@ -1,0 +1,151 @@
+"""The text of the claim and of "when is the next claimable job due", for both backends.
+
+One claim takes the due jobs of one priority, the most urgent that has any, in
+``run_at`` order. Finding that priority must not walk rows that are not due: a
+priority's pending rows sit in the ``(priority, run_at)`` index in run-time order, so
+its due rows are at the front of its range, and the claim only asks each priority
+present for its first row (a "loose index scan", written as a recursive query that
+stops at the first priority with a due row). A million jobs due next month at a more
+urgent priority cost the claim one index step, not a million.
+
+Jobs with a ``concurrency_key`` are claimed by a second statement (see
+:func:`keyed_claim_sql`): how many of a key may start depends on how many of it run,
+which the batch claim cannot know row by row. Both statements share the conditions
+every claimable row meets (:func:`claimable`): due, not expired, in the worker's
+queues, and neither its queue nor its name paused.
+
+Plain SQL text rather than SQLAlchemy constructs because SQLite needs ``INDEXED BY``
+(its planner, without statistics, would read every pending row through the status
+index instead), and both backends need the recursive loose scan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Seconds the claims run the keyed statement after keyed jobs were last seen (or this
+#: process scheduled one), before they look again whether any are pending.
+KEYED_MEMORY = 2.0
+
+#: Pending rows without a key: the rows of ``ix_<table>_pending_priority``.
+UNKEYED = "status = 'pending' AND concurrency_key IS NULL"
+#: Pending rows with a key: the rows of ``ix_<table>_keyed_pending``.
+KEYED = "status = 'pending' AND concurrency_key IS NOT NULL"
+#: Running rows with a key; the first two terms are ``ix_<table>_keyed_live``'s own
+#: predicate, written out so SQLite (which only matches terms) may use that index.
+KEYED_RUNNING = (
+    "status IN ('pending', 'running') AND concurrency_key IS NOT NULL AND status = 'running'"
+)
+
+
+@dataclass(frozen=True)
+class ClaimTables:
+    """What the statements name: the quoted tables and SQLite's index hints."""
+
+    jobs: str
+    #: ``INDEXED BY ...`` (or "") for the unkeyed and the keyed pending index.
+    unkeyed_hint: str = ""
+    keyed_hint: str = ""
+    #: The quoted pauses table, or None when this store has none.
+    pauses: str | None = None
+
+
+def claimable(tables: ClaimTables, *, queues: bool, alias: str = "") -> str:
+    """``AND ...`` terms every claimable pending row meets besides being due.
+
+    Not expired (``expires_at`` after ``:now``); in the worker's ``:queues`` when it has
+    some; neither queue nor name paused. *alias* qualifies the columns (``"j."``).
+    """
+    terms = [f" AND ({alias}expires_at IS NULL OR {alias}expires_at > :now)"]
+    if queues:
+        terms.append(f" AND {alias}queue IN :queues")
+    if tables.pauses is not None:
+        terms.append(
+            f" AND {alias}queue NOT IN (SELECT value FROM {tables.pauses} WHERE kind = 'queue')"
+            f" AND {alias}name NOT IN (SELECT value FROM {tables.pauses} WHERE kind = 'name')"
+        )
+    return "".join(terms)
+
+
+def _levels(tables: ClaimTables) -> str:
+    """A recursive CTE ``levels(p)``: each priority that has an unkeyed pending row."""
+    t, hint = tables.jobs, tables.unkeyed_hint
+    first = f"SELECT priority FROM {t}{hint} WHERE {UNKEYED}"
+    return (
+        f"levels(p) AS (SELECT ({first} ORDER BY priority LIMIT 1)"
+        f" UNION ALL SELECT ({first} AND priority > levels.p ORDER BY priority LIMIT 1)"
+        " FROM levels WHERE levels.p IS NOT NULL)"
+    )
+
+
+def due_ids_sql(tables: ClaimTables, *, queues: bool, lock: bool) -> tuple[str, str]:
+    """``(ctes, select)``: the unkeyed ids to claim, most urgent due priority first.
+
+    ``ctes`` go after ``WITH RECURSIVE``; ``select`` picks up to ``:limit`` ids of the
+    chosen priority in ``(run_at, id)`` order, ``FOR UPDATE SKIP LOCKED`` with *lock*.
+    """
+    t, hint = tables.jobs, tables.unkeyed_hint
+    where = f"{UNKEYED} AND run_at <= :now{claimable(tables, queues=queues)}"
+    level = (
+        f"level AS (SELECT p FROM levels WHERE p IS NOT NULL AND EXISTS (SELECT 1 FROM"
+        f" {t}{hint} WHERE {where} AND priority = levels.p) LIMIT 1)"
+    )
+    select = (
+        f"SELECT id FROM {t}{hint} WHERE {where} AND priority = (SELECT p FROM level)"
+        " ORDER BY run_at, id LIMIT :limit"
+    )
+    if lock:
+        select += " FOR UPDATE SKIP LOCKED"
+    return f"{_levels(tables)}, {level}", select
+
+
+def keyed_ids_sql(tables: ClaimTables, *, queues: bool) -> str:
+    """``SELECT id ...``: due keyed jobs that fit under their key's limit, up to ``:limit``.
+
+    Each key's due jobs are numbered in claim order; a job fits when its number plus the
+    key's running jobs is within its ``concurrency_limit``. Reads every due keyed row,
+    so its cost grows with the keyed backlog (see the module's docstring); the caller
+    serialises it per table, so two claims never both fill a key's last slot.
+    """
+    t, hint = tables.jobs, tables.keyed_hint
+    return (
+        "SELECT c.id FROM (SELECT id, concurrency_key, concurrency_limit, priority, run_at,"
+        " row_number() OVER (PARTITION BY concurrency_key ORDER BY priority, run_at, id)"
+        f" AS n FROM {t}{hint} WHERE {KEYED} AND run_at <= :now"
+        f"{claimable(tables, queues=queues)}) AS c"
+        f" LEFT JOIN (SELECT concurrency_key, count(*) AS n FROM {t} WHERE {KEYED_RUNNING}"
+        " GROUP BY concurrency_key) AS busy ON busy.concurrency_key = c.concurrency_key"
+        " WHERE c.n + coalesce(busy.n, 0) <= coalesce(c.concurrency_limit, 1)"
+        " ORDER BY c.priority, c.run_at, c.id LIMIT :limit"
+    )
+
+
+def next_unkeyed_sql(tables: ClaimTables, *, queues: bool) -> str:
+    """The earliest ``run_at`` of a claimable unkeyed job: one step per priority present.
+
+    Expired rows count until the sweep settles them (at most a maintenance round), so
+    ``:now`` is the caller's clock.
+    """
+    t, hint = tables.jobs, tables.unkeyed_hint
+    first = (
+        f"SELECT run_at FROM {t}{hint} WHERE {UNKEYED} AND priority = levels.p"
+        f"{claimable(tables, queues=queues)} ORDER BY run_at LIMIT 1"
+    )
+    return (
+        f"WITH RECURSIVE {_levels(tables)}"
+        f" SELECT min(({first})) FROM levels WHERE levels.p IS NOT NULL"
+    )
+
+
+def next_keyed_sql(tables: ClaimTables, *, queues: bool) -> str:
+    """The earliest ``run_at`` of a keyed job whose key has a free slot."""
+    t, hint = tables.jobs, tables.keyed_hint
+    running = (
+        f"SELECT count(*) FROM {t} AS r WHERE r.{KEYED_RUNNING.replace(' AND ', ' AND r.')}"
+        " AND r.concurrency_key = j.concurrency_key"
+    )
+    return (
+        f"SELECT min(j.run_at) FROM {t} AS j{hint} WHERE j.{KEYED.replace(' AND ', ' AND j.')}"
+        f"{claimable(tables, queues=queues, alias='j.')}"
+        f" AND ({running}) < coalesce(j.concurrency_limit, 1)"
+    )

@@ -1,0 +1,205 @@
+"""The claim's queue controls on a bare store, both backends: priority, expiry and
+per-key concurrency limits, and "when is the next claimable job due"."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import MetaData, create_engine, select
+
+from flask_defer.jobs import Job, JobStatus
+from flask_defer.schema import define_history_table, define_jobs_table
+from flask_defer.store import JobFilter, JobStore, NewJob
+
+MakeJob = Callable[..., NewJob]
+
+
+def insert(store: JobStore, job: NewJob, now: datetime) -> int:
+    with store.begin() as conn:
+        return store.insert(conn, job, now=now, replace=False).id
+
+
+def claim(store: JobStore, now: datetime, limit: int = 10, **kw: object) -> list[Job]:
+    lease = now + timedelta(minutes=1)
+    return store.claim(now=now, limit=limit, token=uuid.uuid4().hex, lease_until=lease, **kw)  # type: ignore[arg-type]
+
+
+def done(store: JobStore, job: Job, now: datetime) -> None:
+    assert store.ack_done(job, now=now)
+
+
+# -- priority ------------------------------------------------------------------------
+
+
+def test_a_claim_takes_the_most_urgent_priority_first_then_run_at(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    ago = [now - timedelta(seconds=s) for s in range(10)]
+    late_low = insert(store, new_job(priority=5, run_at=ago[9]), now)
+    urgent_newer = insert(store, new_job(priority=-3, run_at=ago[1]), now)
+    urgent_older = insert(store, new_job(priority=-3, run_at=ago[2]), now)
+    normal = insert(store, new_job(run_at=ago[5]), now)
+    order = [job.id for job in claim(store, now, limit=1)]
+    order += [job.id for job in claim(store, now, limit=1)]
+    order += [job.id for job in claim(store, now, limit=1)]
+    order += [job.id for job in claim(store, now, limit=1)]
+    assert order == [urgent_older, urgent_newer, normal, late_low]
+
+
+def test_one_claim_takes_the_due_jobs_of_one_priority(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    urgent = {insert(store, new_job(priority=-1, run_at=now), now) for _ in range(3)}
+    rest = {insert(store, new_job(run_at=now), now) for _ in range(3)}
+    assert {job.id for job in claim(store, now)} == urgent
+    assert {job.id for job in claim(store, now)} == rest
+
+
+def test_future_jobs_of_an_urgent_priority_do_not_hold_back_due_jobs_of_another(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    # Thousands of reminders due next month at a more urgent priority: the claim steps
+    # over their priority (its first row is not due) instead of reading them all.
+    later = now + timedelta(days=30)
+    with store.begin() as conn:
+        store.insert_many(
+            conn, [new_job(priority=-50, run_at=later) for _ in range(2000)], now=now
+        )
+    due = insert(store, new_job(priority=10, run_at=now), now)
+    assert [job.id for job in claim(store, now)] == [due]
+    assert store.next_run_at(now=now) == later
+
+
+def test_bulk_inserts_keep_priority_and_expiry(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    expires = now + timedelta(minutes=5)
+    with store.begin() as conn:
+        store.insert_many(conn, [new_job(priority=7, expires_at=expires)] * 2, now=now)
+    with store.begin() as conn:
+        jobs = store.find(conn, JobFilter(), limit=10)
+    assert [(job.priority, job.expires_at) for job in jobs] == [(7, expires)] * 2
+
+
+# -- expiry --------------------------------------------------------------------------
+
+
+def test_a_job_past_its_expiry_is_never_claimed_and_the_sweep_settles_it_as_expired(
+    engine: object, new_job: MakeJob, now: datetime
+) -> None:
+    metadata = MetaData()
+    table = define_jobs_table(metadata)
+    store = JobStore(engine, table, define_history_table(metadata))  # type: ignore[arg-type]
+    store.create_table()
+    stale = insert(store, new_job(run_at=now - timedelta(minutes=2), expires_at=now), now)
+    fresh = insert(store, new_job(run_at=now, expires_at=now + timedelta(seconds=1)), now)
+    assert store.next_run_at(now=now) == now
+    assert [job.id for job in claim(store, now)] == [fresh]
+    assert store.next_run_at(now=now) is None  # the stale one is not waiting to run
+    assert store.expire_due(now=now, actor="worker:test") == 1
+    assert store.expire_due(now=now) == 0  # guarded: settled once
+    with store.begin() as conn:
+        job = store.get(conn, job_id=stale)
+        events = store.history(conn, stale)
+    assert job is not None and job.status is JobStatus.EXPIRED and job.finished_at == now
+    assert [(e.event, e.actor) for e in events] == [("scheduled", "app"), ("expired", "worker:test")]
+
+
+def test_the_sweep_leaves_running_jobs_and_jobs_without_expiry(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    running = insert(store, new_job(run_at=now, expires_at=now + timedelta(seconds=1)), now)
+    plain = insert(store, new_job(run_at=now - timedelta(days=1)), now)
+    assert [job.id for job in claim(store, now, limit=1)] == [plain]
+    assert [job.id for job in claim(store, now, limit=1)] == [running]
+    assert store.expire_due(now=now + timedelta(hours=1)) == 0
+
+
+# -- per-key concurrency -------------------------------------------------------------
+
+
+def test_at_most_the_limit_of_one_key_run_at_once(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    ids = [
+        insert(store, new_job(run_at=now - timedelta(seconds=n), concurrency_key="acct:1",
+                              concurrency_limit=2), now)
+        for n in range(5)
+    ]  # fmt: skip
+    other = insert(store, new_job(run_at=now, concurrency_key="acct:2", concurrency_limit=2), now)
+    first = claim(store, now)
+    assert {job.id for job in first} == {ids[4], ids[3], other}
+    assert claim(store, now) == []  # acct:1 has both its slots taken
+    done(store, next(job for job in first if job.id == ids[4]), now)
+    assert [job.id for job in claim(store, now)] == [ids[2]]
+
+
+def test_a_key_at_its_limit_does_not_count_as_due_for_the_next_look(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    for _ in range(2):
+        insert(store, new_job(run_at=now, concurrency_key="tenant:9"), now)
+    later = now + timedelta(seconds=30)
+    insert(store, new_job(run_at=later), now)
+    (running,) = claim(store, now)
+    assert running.concurrency_limit is None  # the store counts no limit as 1
+    assert store.next_run_at(now=now) == later  # the second tenant:9 job must wait
+    done(store, running, now)
+    assert store.next_run_at(now=now) == now
+
+
+def test_keyed_jobs_are_not_starved_by_a_backlog_of_unkeyed_jobs(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    with store.begin() as conn:
+        store.insert_many(conn, [new_job(run_at=now - timedelta(minutes=1))] * 50, now=now)
+    keyed = insert(store, new_job(run_at=now, concurrency_key="k"), now)
+    assert keyed in {job.id for job in claim(store, now, limit=5)}
+
+
+def test_a_fresh_store_finds_keyed_jobs_another_process_scheduled(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    keyed = insert(store, new_job(run_at=now, concurrency_key="k"), now)
+    other_process = JobStore(store.engine, define_jobs_table(MetaData()))
+    assert other_process.next_run_at(now=now) == now
+    assert [job.id for job in claim(other_process, now)] == [keyed]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_claims_racing_from_many_processes_never_exceed_a_keys_limit(
+    store: JobStore, new_job: MakeJob, now: datetime, database_url: str
+) -> None:
+    """Eight stores (as eight worker processes would) claim one key's jobs at once."""
+    with store.begin() as conn:
+        for _ in range(40):
+            store.insert(conn, new_job(run_at=now, concurrency_key="hot"), now=now, replace=False)
+    engines = [create_engine(database_url) for _ in range(8)]
+    stores = [JobStore(e, define_jobs_table(MetaData())) for e in engines]
+    start = threading.Barrier(len(stores))
+    claimed: list[list[Job]] = []
+    lock = threading.Lock()
+
+    def race(racer: JobStore) -> None:
+        start.wait()
+        for _ in range(5):
+            got = claim(racer, now)
+            with lock:
+                claimed.append(got)
+
+    threads = [threading.Thread(target=race, args=(racer,)) for racer in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    for engine in engines:
+        engine.dispose()
+    assert sum(len(batch) for batch in claimed) == 1
+    t = store.table
+    with store.engine.connect() as conn:
+        running = conn.execute(select(t.c.id).where(t.c.status == "running")).all()
+    assert len(running) == 1
