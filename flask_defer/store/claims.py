@@ -161,7 +161,8 @@ class ClaimStatements(HistoryStatements):
             return cached
         t = self.table
         now = bindparam("now", type_=UTCDateTime())
-        conditions: list[Any] = [self._is_pending(), t.c.run_at <= now]
+        # Jobs of a paused queue or name stay pending, unclaimed (store/pauses.py).
+        conditions: list[Any] = [self._is_pending(), t.c.run_at <= now, self.paused_condition()]
         if queues:
             conditions.append(t.c.queue.in_(list(queues)))
         order = [t.c.run_at, t.c.id]
