@@ -61,11 +61,15 @@ class PauseStatements(StoreBase):
         p = self.pauses_table
         row = {"kind": _checked_kind(kind), "value": value, "paused_at": now, "actor": actor}
         dialect_insert = postgresql.insert if self.is_postgres else sqlite.insert
-        stmt = dialect_insert(p).values(row).on_conflict_do_nothing(
-            index_elements=[p.c.kind, p.c.value]
+        stmt = (
+            dialect_insert(p)
+            .values(row)
+            .on_conflict_do_nothing(index_elements=[p.c.kind, p.c.value])
+            .returning(p.c.kind)
         )
         with self.begin_immediate() as conn:
-            return bool(conn.execute(stmt).rowcount == 1)
+            # RETURNING, not rowcount: a row back means this statement inserted it.
+            return conn.execute(stmt).first() is not None
 
     def resume(
         self, *, kind: str, value: str, wake: Collection[str] = ()
