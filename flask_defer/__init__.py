@@ -26,7 +26,16 @@ from .helpers.batching import Batched
 from .helpers.http_signing import Secret, secret
 from .helpers.soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
 from .jobs import Fail, Job, JobEvent, JobStatus, NotYet, RetryAfter
-from .signals import job_cancelled, job_failed, job_scheduled, job_started, job_succeeded
+from .signals import (
+    job_cancelled,
+    job_failed,
+    job_scheduled,
+    job_started,
+    job_succeeded,
+    queue_paused,
+    queue_resumed,
+)
+from .store import Pause
 from .store.schedules import ScheduleRow
 from .undo import Toast, UndoOutcome
 
@@ -49,6 +58,7 @@ __all__ = [
     "NotConfigured",
     "NotYet",
     "Outcome",
+    "Pause",
     "RestoreOutcome",
     "RetryAfter",
     "RunSummary",
@@ -65,5 +75,7 @@ __all__ = [
     "job_scheduled",
     "job_started",
     "job_succeeded",
+    "queue_paused",
+    "queue_resumed",
     "secret",
 ]

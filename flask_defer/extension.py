@@ -9,7 +9,8 @@ in :mod:`flask_defer.helpers`.
 
 Here: the wiring, handlers, scheduling, control, reads and running. The other groups
 of public methods are inherited from :mod:`flask_defer.facade`, one module a concern
-(Undo, schema revisions, recurring schedules, helpers, dashboard), so each stays short.
+(Undo, schema revisions, recurring schedules, helpers, dashboard, paused queues), so
+each stays short.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .execution import RunSummary
 from .facade.base import DashboardAuth
 from .facade.dashboard import DashboardMethods
 from .facade.helpers import HelperMethods
+from .facade.pauses import PauseMethods
 from .facade.recurring import RecurringMethods
 from .facade.schema import SchemaMethods
 from .facade.undo import UndoMethods
@@ -44,6 +46,7 @@ from .schema import (
     DEFAULT_SCHEDULES_TABLE_NAME,
     DEFAULT_TABLE_NAME,
     define_jobs_table,
+    define_pauses_table,
     define_schedules_table,
 )
 from .state import build_state, current_state
@@ -61,7 +64,9 @@ F = TypeVar("F", bound=Handler)
 __all__ = ["DashboardAuth", "Defer", "current_defer"]
 
 
-class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, DashboardMethods):
+class Defer(
+    UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, DashboardMethods, PauseMethods
+):
     """Durable, cancellable delayed jobs for a Flask app.
 
     Create it at module level and bind it later, like Flask-SQLAlchemy::
@@ -104,6 +109,7 @@ class Defer(UndoMethods, SchemaMethods, RecurringMethods, HelperMethods, Dashboa
             # never calls init_app.
             versioning.record_on_create(table)
             define_schedules_table(db.metadata, schedules_table_name)
+            define_pauses_table(db.metadata, table_name)
         if app is not None:
             self.init_app(app, db=db)
 

@@ -67,6 +67,9 @@ class Health:
     #: declared only by a release that is not running. Nobody ticks them meanwhile.
     #: The ids the process asking declares are never listed (it runs and declares them).
     undeclared_schedules: tuple[str, ...] = ()
+    #: Paused queues and job names, as ``queue:emails`` and ``name:send_digest`` (queues
+    #: first). Their jobs stay pending and, once due, count as owed: paused work is late.
+    paused: tuple[str, ...] = ()
 
     @classmethod
     def from_counts(
@@ -79,6 +82,7 @@ class Health:
         late_schedules: int = 0,
         oldest_late_tick: datetime | None = None,
         undeclared_schedules: tuple[str, ...] = (),
+        paused: tuple[str, ...] = (),
     ) -> Health:
         """Health from per-name counts; *unknown_handlers* defaults to the counts' own."""
         total = StatusCounts.total(parts)
@@ -115,6 +119,7 @@ class Health:
             lower_bounds=total.lower_bounds,
             late_schedules=late_schedules,
             undeclared_schedules=undeclared_schedules,
+            paused=paused,
         )
 
     @property
@@ -128,6 +133,7 @@ class Health:
         data["measured_at"] = self.measured_at.isoformat()
         data["lower_bounds"] = sorted(self.lower_bounds)
         data["undeclared_schedules"] = list(self.undeclared_schedules)
+        data["paused"] = list(self.paused)
         data["by_name"] = [
             {**asdict(h), "lower_bounds": sorted(h.lower_bounds)} for h in self.by_name
         ]

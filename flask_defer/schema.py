@@ -37,7 +37,8 @@ so a database created either way is known to be at the newest revision.
 
 Beside it, in the same metadata, the history table (``<jobs table>_history``): one row
 per state change of a job, written in the transaction of the change, read by job id
-and deleted with its job (so its only index is ``(job_id, id)``).
+and deleted with its job (so its only index is ``(job_id, id)``); and the pauses table
+(``<jobs table>_pauses``): one row per paused queue or job name, which the claim reads.
 """
 
 from __future__ import annotations
@@ -349,6 +350,11 @@ def history_table_name(jobs_table_name: str) -> str:
     return f"{jobs_table_name}_history"
 
 
+def pauses_table_name(jobs_table_name: str) -> str:
+    """The name of the paused queues and names table that belongs to *jobs_table_name*."""
+    return f"{jobs_table_name}_pauses"
+
+
 @dataclass(frozen=True)
 class SchemaNames:
     """One app's flask_defer tables by name, and whether the app's Alembic migrates them.
@@ -356,10 +362,10 @@ class SchemaNames:
     What every schema-revision step needs to know (check, upgrade, the SQL, install),
     passed as one value so a renamed table cannot be forgotten in one call of the chain.
     ``jobs`` and ``schedules`` are ``Defer(table_name=..., schedules_table_name=...)``;
-    ``history`` always follows ``jobs`` (see :func:`history_table_name`), so it is derived
-    rather than stored and can never disagree with it. ``app_migrations``: the app runs
-    Alembic itself (Flask-Migrate), so the command to run is ``flask db upgrade`` even
-    before its first ``alembic_version`` exists.
+    ``history`` and ``pauses`` always follow ``jobs`` (see :func:`history_table_name`), so
+    they are derived rather than stored and can never disagree with it.
+    ``app_migrations``: the app runs Alembic itself (Flask-Migrate), so the command to run
+    is ``flask db upgrade`` even before its first ``alembic_version`` exists.
     """
 
     jobs: str = DEFAULT_TABLE_NAME
@@ -370,6 +376,11 @@ class SchemaNames:
     def history(self) -> str:
         """The job history table's name (``<jobs>_history``)."""
         return history_table_name(self.jobs)
+
+    @property
+    def pauses(self) -> str:
+        """The paused queues and names table's name (``<jobs>_pauses``)."""
+        return pauses_table_name(self.jobs)
 
 
 def define_history_table(metadata: MetaData, jobs_table_name: str = DEFAULT_TABLE_NAME) -> Table:
@@ -399,3 +410,30 @@ def define_history_table(metadata: MetaData, jobs_table_name: str = DEFAULT_TABL
     )
     Index(f"ix_{name}_job", table.c.job_id, table.c.id)
     return table
+
+
+#: What a pause row's ``kind`` may be: a whole queue, or every job of one name.
+PAUSE_KINDS = ("queue", "name")
+
+
+def define_pauses_table(metadata: MetaData, jobs_table_name: str = DEFAULT_TABLE_NAME) -> Table:
+    """Add the paused queues and job names table to *metadata* (or return it if there).
+
+    One row per pause: ``kind`` (``queue`` or ``name``) and ``value``, the primary key,
+    so pausing twice is one row and a resume is one guarded DELETE. The claim reads it
+    as two ``NOT IN`` subqueries; it holds a handful of rows, so its primary key is all
+    the index it needs. Always present (unlike history): the claim names it. Revision
+    ``flask_defer_0007`` creates it.
+    """
+    name = pauses_table_name(jobs_table_name)
+    if name in metadata.tables:
+        return metadata.tables[name]
+    return Table(
+        name,
+        metadata,
+        Column("kind", String(16), primary_key=True),
+        # As long as a job name (String(200)); queue names are at most 100.
+        Column("value", String(200), primary_key=True),
+        Column("paused_at", DateTime(timezone=True), nullable=False),
+        Column("actor", String(255), nullable=False),
+    )

@@ -32,7 +32,7 @@ from .maintenance import prune as prune_settled
 from .queue_controls import resolve_controls
 from .registry import HandlerSpec, Registry, validate_queue
 from .runner import Runner
-from .schema import SchemaNames, define_history_table, define_jobs_table
+from .schema import SchemaNames, define_history_table, define_jobs_table, define_pauses_table
 from .store import JobStore, NewJob, versioning
 from .store.tuning import tune_sqlite
 from .timeutil import Duration, as_utc, resolve_run_at, utcnow
@@ -210,6 +210,9 @@ class DeferState:
             parts = self.store.counts_by_name(conn, now=at)
         late, oldest_late = 0, None
         undeclared: tuple[str, ...] = ()
+        # Its own connection: on a schema without the table it answers [] (a failed
+        # statement would have aborted the joined transaction on PostgreSQL).
+        paused = tuple(pause.label for pause in self.store.paused())
         if self.recurring is not None:
             found = self.recurring.late(at)
             late, oldest_late = found.count, found.oldest_tick
@@ -221,6 +224,7 @@ class DeferState:
             late_schedules=late,
             oldest_late_tick=oldest_late,
             undeclared_schedules=undeclared,
+            paused=paused,
         )
 
     # -- running -------------------------------------------------------------------
@@ -315,17 +319,18 @@ def build_state(
         tune_sqlite(engine, config.sqlite_busy_timeout)
     # The history table joins the jobs table's metadata (db.create_all, autogenerate).
     history = define_history_table(table.metadata, table.name) if config.history else None
-    store = JobStore(engine, table, history)
+    # So is the pauses table, always (the claim reads it).
+    store = JobStore(engine, table, history, define_pauses_table(table.metadata, table.name))
     # A job due later than a worker's longest sleep needs no NOTIFY to be on time.
     store.notify_horizon = config.max_sleep
     if session is None:
         store.create_table(history=False)
-        if history is not None and versioning.check(engine, SchemaNames(jobs=table.name)).ok:
+        if versioning.check(engine, SchemaNames(jobs=table.name)).ok:
             # A jobs table created just now was recorded at the newest revision, which
-            # includes the history table. On an older recorded schema that table comes
-            # from `flask defer db upgrade` (revision flask_defer_0003): creating it here
-            # would make that revision fail on an existing table.
-            history.create(engine, checkfirst=True)
+            # includes the history and pauses tables. On an older recorded schema they
+            # come from `flask defer db upgrade` (revisions flask_defer_0003 and 0007):
+            # creating them here would make those revisions fail on an existing table.
+            store.create_table()
     transactions = Transactions(store, session)
     for hook in on_session if session is not None else ():
         hook(session)

@@ -191,3 +191,24 @@ DEFAULT_ACTOR = "app"
 def checked_actor(actor: Any) -> str:
     """Who made a change, for its history event: ``app`` unless the caller says."""
     return checked_text(actor, "actor") or DEFAULT_ACTOR
+
+
+#: The longest queue name (the jobs table's ``queue`` column) and job name (``name``).
+MAX_QUEUE_LENGTH, MAX_NAME_LENGTH = 100, 200
+
+
+def pause_target(queue: Any, name: Any) -> tuple[str, str]:
+    """``pause``/``resume``'s target as ``(kind, value)``: exactly one of queue or name."""
+    if (queue is None) == (name is None):
+        both = "not both" if queue is not None else "got neither"
+        raise InvalidArgument("queue", f"give exactly one of queue= or name=, {both}")
+    kind, value, limit = (
+        ("queue", queue, MAX_QUEUE_LENGTH) if queue is not None else ("name", name, MAX_NAME_LENGTH)
+    )
+    if not isinstance(value, str):
+        raise InvalidArgument(kind, f"expected a string, got {type(value).__name__} {value!r}")
+    if not value:
+        raise InvalidArgument(kind, "must not be empty")
+    if len(value) > limit:
+        raise InvalidArgument(kind, f"at most {limit} characters, got {len(value)}")
+    return kind, storable_text(value, kind)

@@ -103,6 +103,11 @@ def create_app(
     def close_booking(job: Job) -> None:
         pass
 
+    # Its own queue (the Queues page pauses it); no seeded job uses it.
+    @defer.job("send_digest", queue="digests")
+    def send_digest(job: Job) -> None:
+        pass
+
     @defer.job("sync_invoices", max_attempts=3)
     def sync_invoices(job: Job) -> None:
         _post_invoices(job.payload["account"])

@@ -245,6 +245,61 @@ def test_schedules_page_pauses_and_resumes_a_schedule_in_place(
         assert not live.ops.defer.list_recurring()[0].paused
 
 
+@pytest.mark.docs_screenshot
+@pytest.mark.parametrize(
+    ("scheme", "width"),
+    [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
+    ids=["light-1280", "dark-1280", "light-375", "dark-375"],
+)
+def test_queues_page_pauses_and_resumes_a_queue_from_the_keyboard(
+    live: Live,
+    operator_page: Callable[..., Page],
+    axe_violations: Callable[[Any], list[dict[str, Any]]],
+    artifacts: Path,
+    docs_screenshot: Callable[[Path, str], Path | None],
+    scheme: str,
+    width: int,
+) -> None:
+    with live.ops.context():
+        live.ops.defer.schedule("send_digest", {"week": 1})  # one job waits in "digests"
+        live.ops.db.session.commit()
+    page = operator_page(
+        color_scheme=scheme, device_scale_factor=2, viewport={"width": width, "height": 900}
+    )
+    # Keyboard only: the nav link, then the row's button, each focused and pressed.
+    page.get_by_role("link", name="Queues", exact=True).focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(live.url + "/defer/queues")
+    row = page.locator("tr[data-defer-queue='digests']")
+    expect(row).to_have_attribute("data-defer-state", "active")
+    expect(row.locator("td.defer-num").nth(1)).to_have_text("1")  # due
+    page.get_by_role("button", name="Pause queue digests").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#defer-outcome")).to_contain_text("Queue digests paused")
+    expect(row).to_have_attribute("data-defer-state", "paused")  # the table refreshed
+    resume = page.get_by_role("button", name="Resume queue digests")
+    expect(resume).to_be_focused()  # the swap kept the operator's place
+    expect(row).to_contain_text("by admin")
+    with live.ops.context():
+        assert [p.label for p in live.ops.defer.paused()] == ["queue:digests"]
+
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"{overflow}px of horizontal scroll at {width}px"
+    assert axe_violations(page) == []
+    suffix = ("-dark" if scheme == "dark" else "") + ("-375" if width == 375 else "")
+    shot = artifacts / f"queues{suffix}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    if width == 1280 and scheme == "light":
+        docs_screenshot(shot, "queues.png")  # docs/dashboard.md shows it
+
+    page.keyboard.press("Enter")
+    expect(page.locator("#defer-outcome")).to_contain_text("Queue digests resumed")
+    expect(row).to_have_attribute("data-defer-state", "active")
+    expect(page.get_by_role("button", name="Pause queue digests")).to_be_focused()
+    with live.ops.context():
+        assert live.ops.defer.paused() == []
+
+
 # -- the job's history timeline ------------------------------------------------------------
 
 def screenshot_of_a_refreshing(element: Locator, path: Path, attempts: int = 5) -> None:

@@ -112,6 +112,7 @@ def dashboard_paths(site: Site) -> list[str]:
         f"/defer/jobs/{jobs.cancelled[1]}",
         f"/defer/jobs/{jobs.scheduled[0]}/cancel",  # the no-JavaScript confirm step
         "/defer/jobs/cancel?name=publish_post",
+        "/defer/queues",
     ]
 
 

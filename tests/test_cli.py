@@ -260,3 +260,40 @@ def test_schedules_forget_stops_a_schedule_no_code_declares_and_status_names_it(
     assert "not declared" not in invoke(new, "status")[1]
     code, output = invoke(old, "schedules", "forget", "old-report")
     assert code == 2 and "declared by this code" in output
+
+
+def test_pause_resume_and_paused_of_a_queue_and_a_name(cli_kit: AppKit) -> None:
+    invoke(cli_kit, "install")
+    assert invoke(cli_kit, "paused") == (0, "nothing is paused\n")
+    assert invoke(cli_kit, "paused", "--json") == (0, "[]\n")
+    assert invoke(cli_kit, "pause", "--queue", "emails") == (0, "queue emails paused\n")
+    assert invoke(cli_kit, "pause", "--queue", "emails") == (0, "queue emails was already paused\n")
+    assert invoke(cli_kit, "pause", "--name", "send_email") == (0, "job name send_email paused\n")
+    job = schedule(cli_kit)
+    assert invoke(cli_kit, "run-due") == (0, "ran 0 job(s)\n")
+    code, output = invoke(cli_kit, "paused")
+    assert code == 0 and output.splitlines()[0].startswith("queue emails  paused ")
+    assert output.splitlines()[1].endswith(" by cli")
+    rows = json.loads(invoke(cli_kit, "paused", "--json")[1])
+    assert [(r["kind"], r["value"], r["actor"]) for r in rows] == [
+        ("queue", "emails", "cli"),
+        ("name", "send_email", "cli"),
+    ]
+    assert "paused: queue:emails, name:send_email" in invoke(cli_kit, "status")[1]
+    resumed = invoke(cli_kit, "resume", "--name", "send_email")
+    assert resumed == (0, "job name send_email resumed\n")
+    again = invoke(cli_kit, "resume", "--name", "send_email")
+    assert again == (0, "job name send_email was not paused\n")
+    assert invoke(cli_kit, "run-due")[1].startswith("ran 1 job(s)")
+    with cli_kit.context():
+        assert cli_kit.defer.get(job.id).status is JobStatus.DONE  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("args", [[], ["--queue", "a", "--name", "b"], ["--queue", ""]])
+def test_pause_and_resume_exit_2_naming_the_option_on_bad_input(
+    cli_kit: AppKit, args: list[str]
+) -> None:
+    invoke(cli_kit, "install")
+    for command in ("pause", "resume"):
+        code, output = invoke(cli_kit, command, *args)
+        assert code == 2 and "queue" in output, output

@@ -45,7 +45,9 @@ def test_health_figures_for_a_mix_of_future_due_failed_lapsed_and_unknown(kit: A
     defer.registry._specs.pop("retired")  # a rolling deploy removed the handler
 
     health = defer.health(now=now + timedelta(minutes=1))
-    assert health.counts == {"pending": 4, "running": 1, "done": 0, "failed": 1, "cancelled": 0, "expired": 0}
+    assert health.counts == {
+        "pending": 4, "running": 1, "done": 0, "failed": 1, "cancelled": 0, "expired": 0
+    }
     assert health.scheduled == 2
     assert health.owed == 3  # publish (due), retired (due), lapsed (running)
     assert health.failed == 1
@@ -105,7 +107,9 @@ def test_per_name_figures_of_a_days_mix_worst_backlog_first(database_url: str) -
             health = ops.defer.health()
     finally:
         ops.dispose()
-    assert health.counts == {"pending": 5, "running": 1, "done": 4, "failed": 1, "cancelled": 2, "expired": 0}
+    assert health.counts == {
+        "pending": 5, "running": 1, "done": 4, "failed": 1, "cancelled": 2, "expired": 0
+    }
     assert (health.scheduled, health.owed, health.failed) == (3, 3, 1)
     assert health.oldest_owed_age is not None and 240 <= health.oldest_owed_age < 300
     by_name = {item.name: item for item in health.by_name}

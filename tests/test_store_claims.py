@@ -106,7 +106,8 @@ def test_a_job_past_its_expiry_is_never_claimed_and_the_sweep_settles_it_as_expi
         job = store.get(conn, job_id=stale)
         events = store.history(conn, stale)
     assert job is not None and job.status is JobStatus.EXPIRED and job.finished_at == now
-    assert [(e.event, e.actor) for e in events] == [("scheduled", "app"), ("expired", "worker:test")]
+    found = [(e.event, e.actor) for e in events]
+    assert found == [("scheduled", "app"), ("expired", "worker:test")]
 
 
 def test_the_sweep_leaves_running_jobs_and_jobs_without_expiry(

@@ -29,7 +29,7 @@ from .conftest import AppKit
 FIXTURES = Path(__file__).parent / "fixtures"
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 #: Every shipped revision, oldest first: what an upgrade from nothing applies.
-REVISIONS = [f"flask_defer_{n:04d}" for n in (1, 2, 3, 4, 5, 6, 8, 9, 10)]
+REVISIONS = [f"flask_defer_{n:04d}" for n in range(1, 11)]
 
 
 def build_0_1_0(engine: Engine) -> None:
@@ -270,7 +270,7 @@ def test_install_creates_the_schema_at_head_and_records_it(make_app: Callable[..
     assert code == 0, output
     with kit.context():
         names = inspect(kit.db.engine).get_table_names()
-        assert {"defer_jobs", "defer_schedules", VERSION_TABLE} <= set(names)
+        assert {"defer_jobs", "defer_schedules", "defer_jobs_pauses", VERSION_TABLE} <= set(names)
         assert kit.defer.schema_status().ok
     assert cli(kit, "install")[0] == 0  # idempotent
 
@@ -409,6 +409,28 @@ def test_the_declared_at_revision_starts_each_schedules_grace_at_its_last_change
     assert versioning.upgrade(legacy_engine) == REVISIONS[5:]
 
 
+def test_the_pauses_revision_adds_an_empty_table_and_its_downgrade_lifts_every_pause(
+    legacy_engine: Engine,
+) -> None:
+    fill(legacy_engine, legacy_rows(legacy_engine))
+    _alembic_upgrade(legacy_engine, "flask_defer_0006")
+    assert "defer_jobs_pauses" not in inspect(legacy_engine).get_table_names()
+    assert versioning.upgrade(legacy_engine) == REVISIONS[6:]
+    assert versioning.check(legacy_engine).ok
+    columns = {c["name"] for c in inspect(legacy_engine).get_columns("defer_jobs_pauses")}
+    assert columns == {"kind", "value", "paused_at", "actor"}
+    with legacy_engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO defer_jobs_pauses VALUES ('queue', 'mail', :at, 'ops')"), {"at": NOW}
+        )
+    _alembic_downgrade(legacy_engine, "flask_defer_0006")
+    assert "defer_jobs_pauses" not in inspect(legacy_engine).get_table_names()
+    assert len(read_back(legacy_engine)) == 8  # every job kept; job 7 (queue mail) unpaused
+    assert versioning.upgrade(legacy_engine) == REVISIONS[6:]
+    with legacy_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM defer_jobs_pauses")).scalar() == 0
+
+
 def test_an_app_without_db_on_an_older_schema_leaves_the_schedules_table_to_the_upgrade(
     legacy_engine: Engine, database_url: str
 ) -> None:
@@ -425,8 +447,9 @@ def test_an_app_without_db_on_an_older_schema_leaves_the_schedules_table_to_the_
 
     defer.init_app(app)
     try:
-        # Creating the table at init_app would make revision 0002 fail on it.
-        assert "defer_schedules" not in inspect(legacy_engine).get_table_names()
+        # Creating the tables at init_app would make revisions 0002 and 0007 fail on them.
+        tables = inspect(legacy_engine).get_table_names()
+        assert "defer_schedules" not in tables and "defer_jobs_pauses" not in tables
         with app.app_context():
             assert defer.upgrade_schema() == REVISIONS[1:]
             assert defer.schema_status().ok
@@ -463,6 +486,7 @@ def test_renamed_tables_are_created_by_the_revisions_under_their_names(
         assert differences(conn, renamed) == []
     assert versioning.check(engine, renamed).ok
     assert "app_jobs_history" in names and renamed.history == "app_jobs_history"
+    assert "app_jobs_pauses" in names and renamed.pauses == "app_jobs_pauses"
 
 
 def as_managed_by_the_apps_own_revisions(engine: Engine) -> None:

@@ -695,3 +695,48 @@ def test_burst_worker_at_an_injected_time_writes_and_runs_the_due_tick(
     kit.defer.worker(burst=True, clock=lambda: at_ten).run(install_signal_handlers=False)
     wait_for_handler_threads()
     assert [job.key for job in ran] == ["recurring:hourly:2026-03-01T10:00:00Z"]
+
+
+def test_a_paused_queue_waits_in_a_running_worker_and_runs_within_a_second_of_resume(
+    make_kit: MakeKit, backend: str
+) -> None:
+    # Timed wakes of 30 s on PostgreSQL: only the resume's NOTIFY can wake the worker in
+    # time. SQLite cannot notify: its default poll (0.5 s) finds the jobs.
+    kit = make_kit(
+        DEFER_MAX_SLEEP=30,
+        DEFER_POLL_INTERVAL=30 if backend == "postgresql" else 0.5,
+        DEFER_RECLAIM_INTERVAL=30,
+    )
+    started: dict[str, float] = {}
+    entered, release = threading.Event(), threading.Event()
+
+    @kit.defer.job("send_email", queue="emails")
+    def send_email(job: Job) -> None:
+        started[job.payload["n"]] = time.monotonic()
+        if job.payload["n"] == "running":
+            entered.set()
+            assert release.wait(10)
+
+    kit.defer.job("report")(lambda job: started.setdefault("report", time.monotonic()))
+    with worker_thread(kit.defer.worker(concurrency=2)) as worker:
+        if backend == "postgresql":
+            wait_until(lambda: worker.waker.listening)
+        running = kit.defer.schedule("send_email", {"n": "running"})
+        kit.db.session.commit()
+        assert entered.wait(10)
+        assert kit.defer.pause(queue="emails")
+        release.set()  # the job that was running when the queue paused finishes
+        wait_until(lambda: load(kit, running.id).status is JobStatus.DONE)
+
+        waiting = kit.defer.schedule("send_email", {"n": "waiting"})
+        kit.defer.schedule("report")  # due after it, in another queue
+        kit.db.session.commit()
+        wait_until(lambda: "report" in started)
+        time.sleep(0.3)  # time for a claim that ignored the pause to have started it
+        assert "waiting" not in started and load(kit, waiting.id).status is JobStatus.PENDING
+
+        assert kit.defer.resume(queue="emails")
+        resumed = time.monotonic()
+        wait_until(lambda: "waiting" in started, timeout=10)
+    assert started["waiting"] - resumed < 1.0
+    assert load(kit, waiting.id).due_at == waiting.due_at

@@ -13,10 +13,10 @@ from .common import errors_to_exit_codes
 @with_appcontext
 @errors_to_exit_codes
 def install_command() -> None:
-    """Create the jobs and schedules tables at the newest schema revision and record it
-    (apps without migrations; an existing schema is upgraded). Refused in an app that
-    uses Flask-Migrate or whose database has alembic_version: run `flask db upgrade`
-    there."""
+    """Create flask_defer's tables (jobs, schedules, history, pauses) at the newest schema
+    revision and record it (apps without migrations; an existing schema is upgraded).
+    Refused in an app that uses Flask-Migrate or whose database has alembic_version: run
+    `flask db upgrade` there."""
     defer = current_defer()
     name = defer.install()
     click.echo(f"table {name} is ready ({defer.schema_status().message})")

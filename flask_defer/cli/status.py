@@ -49,6 +49,9 @@ def status_command(
                 "schedules not declared by running code: "
                 + ", ".join(health.undeclared_schedules)
             )
+        if health.paused:
+            # Their jobs wait, pending (and owed once due), until resumed.
+            click.echo("paused: " + ", ".join(health.paused))
         if health.by_name:
             click.echo()
             click.echo(f"{'NAME':<28}{'SCHEDULED':>10}{'OWED':>8}{'OLDEST':>10}{'FAILED':>8}")

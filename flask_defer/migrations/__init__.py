@@ -5,8 +5,8 @@ first (``flask_defer_0001``) is the schema of 0.1.0, the second (``flask_defer_0
 adds the recurring schedules table, the third (``flask_defer_0003``) the job history
 table, the fourth (``flask_defer_0004``) the Undo toast's state-text columns, the fifth
 (``flask_defer_0005``) the indexes health and the dashboard read alone, the sixth
-(``flask_defer_0006``) when code last declared each recurring schedule. They run two
-ways:
+(``flask_defer_0006``) when code last declared each recurring schedule, the seventh
+(``flask_defer_0007``) the table of paused queues and job names. They run two ways:
 
 * from the app's own Alembic / Flask-Migrate setup, by adding
   ``flask_defer.migrations:versions`` to its ``version_locations`` (``flask db upgrade``
@@ -42,7 +42,9 @@ SCHEDULES_TABLE_ATTRIBUTE = "flask_defer_schedules_table"
 #: Every flask_defer revision id starts with this (and no app's should).
 REVISION_PREFIX = "flask_defer_"
 #: The table names flask_defer owns, for ``include_object``.
-OWN_TABLES = frozenset({"defer_jobs", "defer_schedules", "defer_jobs_history", VERSION_TABLE})
+OWN_TABLES = frozenset(
+    {"defer_jobs", "defer_schedules", "defer_jobs_history", "defer_jobs_pauses", VERSION_TABLE}
+)
 
 
 def table_name() -> str:

@@ -16,6 +16,7 @@ from .acks import AckStatements
 from .batches import BatchStatements
 from .claims import ClaimStatements
 from .control import ControlStatements
+from .pauses import PauseStatements
 from .reads import ReadStatements
 from .records import (
     NOTIFY_CHANNEL,
@@ -27,6 +28,8 @@ from .records import (
     HistoryEvent,
     JobFilter,
     NewJob,
+    Pause,
+    QueueCounts,
     StatusCounts,
 )
 from .scheduling import SchedulingStatements
@@ -43,6 +46,8 @@ __all__ = [
     "JobFilter",
     "JobStore",
     "NewJob",
+    "Pause",
+    "QueueCounts",
     "StatusCounts",
 ]
 
@@ -55,10 +60,11 @@ class JobStore(
     ClaimStatements,
     AckStatements,
     UpkeepStatements,
+    PauseStatements,
 ):
     """All reads and writes of the jobs table, over one engine.
 
     Split by who calls it (callers' inserts, control writes and batch appends;
-    reads; the worker's claims, acknowledgements and upkeep) only to keep each
-    file readable; it is one object and one owner of all SQL.
+    reads; the worker's claims, acknowledgements and upkeep; paused queues and names)
+    only to keep each file readable; it is one object and one owner of all SQL.
     """

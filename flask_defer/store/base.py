@@ -7,18 +7,16 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
     Table,
-    and_,
     bindparam,
     func,
     insert,
-    literal,
     literal_column,
     select,
     update,
@@ -26,8 +24,9 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
-from ..schema import UTCDateTime, typed_jobs_table
+from ..schema import UTCDateTime, define_pauses_table, typed_jobs_table
 from .claim_sql import KEYED_MEMORY, ClaimTables
+from .filters import job_filter
 from .records import (
     NOTIFY_CHANNEL,
     HistoryEvent,
@@ -67,8 +66,23 @@ ACK_VALUES: dict[str, dict[str, Any]] = {
 class StoreBase:
     """The engine and table, transactions, and the conditions every statement shares."""
 
-    def __init__(self, engine: Engine, table: Table, history: Table | None = None) -> None:
+    if TYPE_CHECKING:  # defined by PauseStatements (store/pauses.py), mixed into JobStore
+
+        def paused_condition(self) -> ColumnElement[bool]: ...
+        def paused_sql(self) -> str: ...
+
+    def __init__(
+        self,
+        engine: Engine,
+        table: Table,
+        history: Table | None = None,
+        pauses: Table | None = None,
+    ) -> None:
         self.engine = engine
+        #: The paused queues and names (a typed copy); a bare store defines the table in
+        #: its jobs table's metadata, so creating that metadata creates it too.
+        pauses = pauses if pauses is not None else define_pauses_table(table.metadata, table.name)
+        self.pauses_table = typed_jobs_table(pauses)
         # Creating the table from the app's metadata (db.create_all()) or from the store
         # records the newest revision in the same transaction.
         record_on_create(table)
@@ -173,10 +187,13 @@ class StoreBase:
     def create_table(self, *, history: bool = True) -> None:
         """Create the tables and indexes if they do not exist (``flask defer install``).
 
-        ``history=False`` leaves the history table out: ``build_state`` creates it only
-        where the schema is at the newest revision, so an older schema's upgrade can.
+        ``history=False`` creates the jobs table alone: ``build_state`` creates the history
+        and pauses tables only where the schema is at the newest revision, so an older
+        schema's upgrade can.
         """
         self.table.create(self.engine, checkfirst=True)
+        if history:
+            self.pauses_table.create(self.engine, checkfirst=True)
         if history and self.history_table is not None:
             self.history_table.create(self.engine, checkfirst=True)
 
@@ -341,25 +358,4 @@ class StoreBase:
         return t.c.key == key
 
     def _filter(self, where: JobFilter) -> ColumnElement[bool]:
-        t = self.table
-        conditions: list[ColumnElement[bool]] = []
-        if where.statuses:
-            conditions.append(t.c.status.in_([s.value for s in where.statuses]))
-        if where.name is not None:
-            conditions.append(t.c.name == where.name)
-        if where.owner is not None:
-            conditions.append(t.c.owner == where.owner)
-        if where.queue is not None:
-            conditions.append(t.c.queue == where.queue)
-        if where.key_prefix is not None:
-            conditions.append(self._key_startswith(where.key_prefix))
-        return and_(literal(True), *conditions)
-
-    def _key_startswith(self, prefix: str) -> ColumnElement[bool]:
-        t = self.table
-        # autoescape escapes % and _ in the bound prefix, so "a_b:" matches only itself.
-        like = t.c.key.startswith(prefix, autoescape=True)
-        if self.is_sqlite:
-            # SQLite's LIKE ignores ASCII case; the exact substr comparison restores it.
-            return like & (func.substr(t.c.key, 1, len(prefix)) == prefix)
-        return like
+        return job_filter(self.table, where, sqlite=self.is_sqlite)

@@ -169,3 +169,34 @@ class HistoryEvent:
             "error": self.error,
             "run_at": self.run_at,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A paused queue or job name, as ``defer.paused()`` lists it.
+
+    ``kind`` is ``queue`` or ``name``; ``value`` the queue or job name; ``paused_at``
+    when the pause began (aware UTC); ``actor`` who paused it.
+    """
+
+    kind: str
+    value: str
+    paused_at: datetime
+    actor: str
+
+    @property
+    def label(self) -> str:
+        """``queue:emails`` or ``name:send_digest``: how health lists it."""
+        return f"{self.kind}:{self.value}"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """One queue's live jobs, as the dashboard's Queues page shows them (bounded counts)."""
+
+    queue: str
+    #: Pending and due (``run_at`` passed): what a worker would start now if not paused.
+    due: int
+    #: Pending and not due yet.
+    scheduled: int
+    running: int

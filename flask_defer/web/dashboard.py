@@ -28,7 +28,7 @@ from ..health import SCHEDULED_COUNT_CAP, SETTLED_COUNT_CAP, Health
 from ..jobs import JobStatus
 from ..timeutil import utcnow
 from ..undo import MAX_JOB_ID
-from . import dashboard_actions, dashboard_confirm, formatting, metrics_view, schedules
+from . import dashboard_actions, dashboard_confirm, formatting, metrics_view, queues, schedules
 from .access import current_defer, operators_only
 from .csrf import csrf_token, field_name
 from .dashboard_actions import FLASH_OK, FLASH_REFUSED, ActionOutcome
@@ -50,6 +50,7 @@ def register(blueprint: Blueprint) -> None:
     dashboard_actions.register(blueprint)
     dashboard_confirm.register(blueprint)
     schedules.register(blueprint)
+    queues.register(blueprint)
     metrics_view.register(blueprint)
     formatting.register(blueprint)
     blueprint.register_error_handler(400, _bad_request)
@@ -104,6 +105,8 @@ def job_page(job_id: int) -> ResponseReturnValue:
         abort(404)
     context: dict[str, Any] = {
         "job": job,
+        # Whether its queue or name is paused (a note beside a pending job's status).
+        "paused": tuple(pause.label for pause in current_defer().paused()),
         "history": current_defer().history(job.id),
         "history_on": current_defer().config.history,
         "now": utcnow(),
@@ -147,6 +150,7 @@ def list_context(query: JobQuery) -> dict[str, Any]:
         "last": offset + len(jobs),
         "pages": max(math.ceil(total / size), 1) + (1 if total_is_lower_bound else 0),
         "health": health,
+        "paused": health.paused,
         "settled_cap": SETTLED_COUNT_CAP,
         "scheduled_cap": SCHEDULED_COUNT_CAP,
         "now": now,

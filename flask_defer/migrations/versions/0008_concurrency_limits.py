@@ -28,7 +28,7 @@ from alembic import op
 from flask_defer.migrations import on_postgresql, outside_the_transaction, table_name
 
 revision = "flask_defer_0008"
-down_revision = "flask_defer_0006"  # TEMP until 0007 merges
+down_revision = "flask_defer_0007"
 branch_labels = None
 depends_on = None
 
