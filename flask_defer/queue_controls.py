@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidArgument
 from .timeutil import Duration, as_duration, as_utc
-from .validation import checked_text
+from .validation import checked_text, storable_text
+
+if TYPE_CHECKING:
+    from .registry import HandlerSpec
 
 #: Priorities run from the most urgent to the least; lower numbers are claimed first.
 MIN_PRIORITY = -100
@@ -31,6 +34,13 @@ class QueueControls:
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
     expires_at: datetime | None = None
+
+
+def validate_queue(queue: object) -> None:
+    """A queue name: a non-empty string of at most 100 characters."""
+    if not isinstance(queue, str) or not queue or len(queue) > 100:
+        raise InvalidArgument("queue", f"expected a non-empty string (≤100 chars), got {queue!r}")
+    storable_text(queue, "queue")
 
 
 def checked_priority(value: Any, argument: str = "priority") -> int:
@@ -59,6 +69,32 @@ def checked_concurrency_limit(value: Any, argument: str = "concurrency_limit") -
 def checked_ttl(value: Duration | None, argument: str = "ttl") -> timedelta | None:
     """A positive duration (how late after ``run_at`` a job may still start), or None."""
     return None if value is None else as_duration(value, argument, allow_zero=False)
+
+
+def controls_for(
+    spec: HandlerSpec, *, run_at: datetime, queue: Any, **given: Any
+) -> dict[str, Any]:
+    """The ``NewJob`` fields of one ``schedule()`` call's queue controls.
+
+    *given* are its ``priority``, ``concurrency_key``, ``concurrency_limit``,
+    ``expires_at`` and ``ttl``; what it leaves out comes from the handler's *spec*.
+    """
+    if queue is not None:
+        validate_queue(queue)
+    controls = resolve_controls(
+        run_at=run_at,
+        default_priority=spec.priority,
+        default_concurrency_limit=spec.concurrency_limit,
+        default_ttl=spec.ttl,
+        **given,
+    )
+    return {
+        "queue": queue if queue is not None else spec.queue,
+        "priority": controls.priority,
+        "concurrency_key": controls.concurrency_key,
+        "concurrency_limit": controls.concurrency_limit,
+        "expires_at": controls.expires_at,
+    }
 
 
 def resolve_controls(

@@ -12,7 +12,12 @@ from typing import Any, TypeVar
 
 from .errors import InvalidArgument
 from .jobs import Job
-from .queue_controls import checked_concurrency_limit, checked_priority, checked_ttl
+from .queue_controls import (
+    checked_concurrency_limit,
+    checked_priority,
+    checked_ttl,
+    validate_queue,
+)
 from .timeutil import Duration
 from .validation import storable_text
 
@@ -130,13 +135,6 @@ class Registry:
     def names(self) -> frozenset[str]:
         """Every registered job name."""
         return frozenset(self._specs)
-
-
-def validate_queue(queue: object) -> None:
-    """A queue name: a non-empty string of at most 100 characters."""
-    if not isinstance(queue, str) or not queue or len(queue) > 100:
-        raise InvalidArgument("queue", f"expected a non-empty string (≤100 chars), got {queue!r}")
-    storable_text(queue, "queue")
 
 
 def validate_spec(

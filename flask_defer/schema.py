@@ -44,7 +44,6 @@ and deleted with its job (so its only index is ``(job_id, id)``); and the pauses
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -53,7 +52,6 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
-    Dialect,
     Float,
     Index,
     Integer,
@@ -64,63 +62,13 @@ from sqlalchemy import (
     false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.types import TypeDecorator
+
+# Re-exported: the store and the revisions have always imported it from here.
+from .utc_datetime import UTCDateTime as UTCDateTime
 
 DEFAULT_TABLE_NAME = "defer_jobs"
 DEFAULT_SCHEDULES_TABLE_NAME = "defer_schedules"
-_NOTHING = object()
 LIVE_STATUSES = ("pending", "running")
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """A timestamp that goes in aware and comes out aware UTC, on every backend.
-
-    PostgreSQL stores ``timestamptz``. SQLite has no time zones, so values are stored as
-    naive UTC in SQLAlchemy's fixed-width text format, which sorts correctly as text.
-    """
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if not isinstance(value, datetime) or value.tzinfo is None:
-            raise ValueError(f"flask_defer stores aware datetimes only, got {value!r}")
-        utc: datetime = value.astimezone(UTC)
-        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
-
-    def bind_processor(self, dialect: Dialect) -> Any:
-        """The usual processing (``process_bind_param``, then the dialect's), remembering
-        the last value.
-
-        A bulk insert binds the same ``now`` and ``run_at`` objects into every row, and an
-        acknowledgement binds one ``now`` twice; converting them once instead of per row
-        is most of what a bulk enqueue spends in Python. Datetimes are immutable and the
-        remembered value is held, so an identity match always means the same result.
-        """
-        process = super().bind_processor(dialect)
-        if process is None:
-            return None
-        last: list[tuple[Any, Any]] = [(_NOTHING, None)]
-
-        def remembering(value: Any) -> Any:
-            seen, result = last[0]  # one tuple: consistent even across threads
-            if value is seen:
-                return result
-            result = process(value)
-            last[0] = (value, result)
-            return result
-
-        return remembering
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        assert isinstance(value, datetime)
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
 
 
 def _payload_type(*, for_queries: bool) -> Any:

@@ -10,7 +10,6 @@ helpers (soft delete, batching, HTTP jobs) are handed this object, never ``Defer
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -19,26 +18,33 @@ from typing import TYPE_CHECKING, Any
 
 from blinker import Signal
 from flask import Flask, current_app, has_app_context
-from sqlalchemy import Connection, Engine, MetaData, Table, create_engine
+from sqlalchemy import Connection
 
 from . import signals
 from .config import DeferConfig, apply_defaults, load_config
+from .engines import engine_table_session
 from .errors import InvalidArgument, JobNotFound, NotConfigured, UnknownJob
 from .execution import Clock, Executor, RunSummary
 from .health import Health
 from .jobs import Job, JobEvent
 from .maintenance import expire_due, reclaim_lapsed
 from .maintenance import prune as prune_settled
-from .queue_controls import resolve_controls
-from .registry import HandlerSpec, Registry, validate_queue
+from .queue_controls import controls_for
+from .registry import HandlerSpec, Registry
 from .runner import Runner
-from .schema import SchemaNames, define_history_table, define_jobs_table, define_pauses_table
+from .schema import SchemaNames, define_history_table, define_pauses_table
 from .store import JobStore, NewJob, versioning
 from .store.tuning import tune_sqlite
 from .timeutil import Duration, as_utc, resolve_run_at, utcnow
 from .transactions import Transactions
 from .undo_hooks import UndoHooks
-from .validation import checked_actor, checked_max_seconds, checked_payload, checked_text
+from .validation import (
+    checked_actor,
+    checked_max_seconds,
+    checked_payload,
+    checked_state_texts,
+    checked_text,
+)
 from .worker import Worker, make_worker
 
 if TYPE_CHECKING:
@@ -147,29 +153,21 @@ class DeferState:
         spec = self.spec_for(name)
         now = utcnow()
         when = resolve_run_at(run_at, delay, now, strict=self.config.strict_local_times)
-        if queue is not None:
-            validate_queue(queue)
-        controls = resolve_controls(
-            run_at=when, priority=priority, concurrency_key=concurrency_key,
-            concurrency_limit=concurrency_limit, expires_at=expires_at, ttl=ttl,
-            default_priority=spec.priority, default_concurrency_limit=spec.concurrency_limit,
-            default_ttl=spec.ttl,
-        )  # fmt: skip
         new = NewJob(
             name=name,
             payload=checked_payload(payload, max_bytes=self.config.max_payload_bytes),
             run_at=when,
             max_attempts=self.max_attempts(spec),
-            queue=queue if queue is not None else spec.queue,
-            priority=controls.priority,
-            concurrency_key=controls.concurrency_key,
-            concurrency_limit=controls.concurrency_limit,
-            expires_at=controls.expires_at,
+            **controls_for(
+                spec, run_at=when, queue=queue, priority=priority, ttl=ttl,
+                concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
+                expires_at=expires_at,
+            ),  # fmt: skip
             key=checked_text(key, "key"),
             owner=checked_text(owner, "owner"),
             label=checked_text(label, "label"),
             undo_until=as_utc(undo_until, "undo_until") if undo_until is not None else None,
-            **_state_texts(texts),
+            **checked_state_texts(texts),
         )
         if not isinstance(replace, bool):
             raise InvalidArgument("replace", f"expected True or False, got {replace!r}")
@@ -285,12 +283,6 @@ class DeferState:
         return prune_settled(self.store, self.config.maintenance_policy(), lambda: at)
 
 
-def default_sqlite_uri(app: Flask) -> str:
-    """The embedded default: ``defer.sqlite3`` in the app's instance folder."""
-    os.makedirs(app.instance_path, exist_ok=True)
-    return "sqlite:///" + os.path.join(app.instance_path, "defer.sqlite3")
-
-
 def build_state(
     app: Flask,
     *,
@@ -314,7 +306,7 @@ def build_state(
     # would be spread over functions that each take most of the others.
     apply_defaults(app.config)
     config = load_config(app.config)
-    engine, table, session = _engine_table_session(app, config, db, table_name)
+    engine, table, session = engine_table_session(app, config, db, table_name)
     if engine.dialect.name == "sqlite":
         tune_sqlite(engine, config.sqlite_busy_timeout)
     # The history table joins the jobs table's metadata (db.create_all, autogenerate).
@@ -373,24 +365,6 @@ def build_state(
     return state
 
 
-def _engine_table_session(
-    app: Flask, config: DeferConfig, db: Any, table_name: str
-) -> tuple[Engine, Table, Any]:
-    """Where *app*'s jobs live: ``db``'s engine and session, or an engine of our own."""
-    if db is not None:
-        if "sqlalchemy" not in app.extensions:
-            raise NotConfigured(
-                "Flask-SQLAlchemy is not set up on this app yet: "
-                "call db.init_app(app) before defer.init_app(app, db=db)"
-            )
-        table = define_jobs_table(db.metadata, table_name)
-        with app.app_context():
-            engine: Engine = db.engine
-        return engine, table, db.session
-    engine = create_engine(config.database_uri or default_sqlite_uri(app))
-    return engine, define_jobs_table(MetaData(), table_name), None
-
-
 def state_of(app: Flask) -> DeferState | None:
     """*app*'s flask_defer state, or None when ``init_app`` was not called on it."""
     state = app.extensions.get("defer")
@@ -411,7 +385,3 @@ def current_state() -> DeferState:
         )
     return state
 
-
-def _state_texts(texts: Mapping[str, str | None] | None) -> dict[str, str | None]:
-    """An Undo toast's state texts (``done_label=`` ...), each checked like a label."""
-    return {name: checked_text(text, name) for name, text in (texts or {}).items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -212,3 +212,8 @@ def pause_target(queue: Any, name: Any) -> tuple[str, str]:
     if len(value) > limit:
         raise InvalidArgument(kind, f"at most {limit} characters, got {len(value)}")
     return kind, storable_text(value, kind)
+
+
+def checked_state_texts(texts: Mapping[str, str | None] | None) -> dict[str, Any]:
+    """An Undo toast's state texts (``done_label=`` ...), each checked like a label."""
+    return {name: checked_text(text, name) for name, text in (texts or {}).items()}

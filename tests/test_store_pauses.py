@@ -108,13 +108,13 @@ def test_next_run_at_ignores_paused_jobs(store: JobStore, new_job: MakeJob, now:
 def test_sqlite_claim_with_the_pause_condition_still_reads_the_partial_index(
     store: JobStore, now: datetime
 ) -> None:
-    compiled = store._sqlite_due_ids(now, 10, None).compile(store.engine)
+    params = {"now": now, "limit": 10, "token": "t", "lease_until": now}
+    compiled = store._claim_statement("due", False).bindparams(**params).compile(store.engine)
+    values = tuple(compiled.params[name] for name in compiled.positiontup)
     with store.engine.connect() as conn:
-        rows = conn.exec_driver_sql(
-            "EXPLAIN QUERY PLAN " + str(compiled), tuple(compiled.params.values())
-        ).all()
+        rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + str(compiled), values).all()
     plan = " / ".join(row[3] for row in rows)
-    assert "ix_defer_jobs_pending_run_at_name" in plan and "defer_jobs_pauses" in plan
+    assert "ix_defer_jobs_pending_priority" in plan and "defer_jobs_pauses" in plan
 
 
 @pytest.mark.parametrize("backend", ["postgresql"])

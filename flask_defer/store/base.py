@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -66,11 +66,6 @@ ACK_VALUES: dict[str, dict[str, Any]] = {
 class StoreBase:
     """The engine and table, transactions, and the conditions every statement shares."""
 
-    if TYPE_CHECKING:  # defined by PauseStatements (store/pauses.py), mixed into JobStore
-
-        def paused_condition(self) -> ColumnElement[bool]: ...
-        def paused_sql(self) -> str: ...
-
     def __init__(
         self,
         engine: Engine,
@@ -78,6 +73,7 @@ class StoreBase:
         history: Table | None = None,
         pauses: Table | None = None,
     ) -> None:
+        # Long because: one attribute per prebuilt statement and setting, each with why.
         self.engine = engine
         #: The paused queues and names (a typed copy); a bare store defines the table in
         #: its jobs table's metadata, so creating that metadata creates it too.
@@ -103,8 +99,8 @@ class StoreBase:
             raise ValueError(
                 f"flask_defer supports SQLite and PostgreSQL, not {engine.dialect.name!r}"
             )
-        # SQLite: the partial index the poll and the claim name explicitly (see
-        # _sqlite_pending_scan); None if this table has no such index.
+        # SQLite: the partial run_at index health's counts name explicitly (see
+        # ReadStatements); None if this table has no such index.
         pending_index = f"ix_{table.name}_pending_run_at_name"
         self._sqlite_pending_index: str | None = (
             pending_index if any(ix.name == pending_index for ix in table.indexes) else None
@@ -237,16 +233,11 @@ class StoreBase:
                 return ""
             return f" INDEXED BY {quote(name)}"
 
-        pauses = getattr(self, "pauses_table", None)
         return ClaimTables(
             jobs=self._quoted_table,
             unkeyed_hint=hint("pending_priority"),
             keyed_hint=hint("keyed_pending"),
-            pauses=(
-                self.engine.dialect.identifier_preparer.format_table(pauses)
-                if pauses is not None
-                else None
-            ),
+            pauses=self.engine.dialect.identifier_preparer.format_table(self.pauses_table),
         )
 
     def _is_pending(self) -> ColumnElement[bool]:

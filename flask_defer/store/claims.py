@@ -21,7 +21,7 @@ import time
 import zlib
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -30,7 +30,6 @@ from sqlalchemy import (
     Integer,
     String,
     bindparam,
-    column,
     func,
     select,
     text,
@@ -42,12 +41,9 @@ from ..schema import UTCDateTime
 from .claim_sql import (
     KEYED,
     KEYED_MEMORY,
-    due_ids_sql,
-    keyed_ids_sql,
-    next_keyed_sql,
-    next_unkeyed_sql,
+    claim_update_sql,
 )
-from .history import HistoryStatements
+from .due import DueStatements
 from .records import (
     HistoryEvent,
 )
@@ -76,7 +72,7 @@ def _without_flush_wait_sqlite(conn: Connection) -> Iterator[None]:
         dbapi.execute(f"PRAGMA synchronous = {int(level)}")
 
 
-class ClaimStatements(HistoryStatements):
+class ClaimStatements(DueStatements):
     """The worker's claim and its single-job acknowledgements."""
 
     def claim(
@@ -139,57 +135,6 @@ class ClaimStatements(HistoryStatements):
             )  # fmt: skip
         jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
         return jobs
-
-    def next_run_at(
-        self, *, queues: Collection[str] | None = None, now: datetime | None = None
-    ) -> datetime | None:
-        """When the earliest job a claim could take is due (None: nothing pending).
-
-        Jobs a claim leaves alone do not count: of a paused queue or name, expired (at
-        *now*, default the current time), or of a ``concurrency_key`` with no free slot.
-        This is the SQLite worker's poll, so it must cost the same with a million
-        future rows as with ten: one step into the pending index per priority present
-        (see ``claim_sql``), plus, while keyed jobs are about, a look at those.
-        """
-        params: dict[str, Any] = {"now": now if now is not None else datetime.now(UTC)}
-        if queues:
-            params["queues"] = list(queues)
-        try:
-            with self.engine.connect() as conn:
-                found = [conn.execute(self._next_statement("next", bool(queues)), params).scalar()]
-                if self._keyed_until > time.monotonic() or conn.execute(
-                    self._next_statement("keyed-any", False)
-                ).first():
-                    statement = self._next_statement("next-keyed", bool(queues))
-                    found.append(conn.execute(statement, params).scalar())
-        except OperationalError as error:
-            if not self._lost_pending_index(error):
-                raise
-            return self.next_run_at(queues=queues, now=now)
-        times = [at for at in found if at is not None]
-        return min(times) if times else None
-
-    def _next_statement(self, kind: str, queues: bool) -> Any:
-        cached = self._claim_sql.get((kind, queues))
-        if cached is not None:
-            return cached
-        tables = self.claim_tables()
-        if kind == "keyed-any":
-            stmt: Any = text(
-                f"SELECT 1 FROM {tables.jobs}{tables.keyed_hint} WHERE {KEYED} LIMIT 1"
-            )
-        else:
-            build = next_unkeyed_sql if kind == "next" else next_keyed_sql
-            binds = [bindparam("now", type_=UTCDateTime())]
-            if queues:
-                binds.append(bindparam("queues", expanding=True))
-            stmt = (
-                text(build(tables, queues=queues))
-                .bindparams(*binds)
-                .columns(column("run_at", UTCDateTime()))
-            )
-        self._claim_sql[(kind, queues)] = stmt
-        return stmt
 
     def _claim_both(
         self, params: dict[str, Any], queues: bool, actor: str, *, backlog: bool
@@ -289,53 +234,22 @@ class ClaimStatements(HistoryStatements):
         cached = self._claim_sql.get((kind, queues))
         if cached is not None:
             return cached
-        tables = self.claim_tables()
-        t = tables.jobs
         # Named, in the metadata's order: the result's columns are typed by position, and
         # a table grown by revisions has its columns in another order than a new one.
         quote = self.engine.dialect.identifier_preparer.quote
-        names = [quote(c.name) for c in self.table.c]
-        sets = (
-            "status = 'running', attempts = attempts + 1, claim_token = :token,"
-            " lease_expires_at = :lease_until, updated_at = :now"
+        history = (
+            self.engine.dialect.identifier_preparer.format_table(self.history_table)
+            if self.is_postgres and self.history_table is not None
+            else None
         )
-        if kind == "keyed":
-            ctes, ids = "", keyed_ids_sql(tables, queues=queues)
-        else:
-            ctes, ids = due_ids_sql(tables, queues=queues, lock=self.is_postgres)
-        if self.is_postgres:
-            if kind == "keyed":
-                ids = f"SELECT id FROM {t} WHERE id IN ({ids}) AND {KEYED} FOR UPDATE SKIP LOCKED"
-            # A materialised CTE runs the locking SELECT exactly once. As an IN (...)
-            # subquery PostgreSQL may re-run it per row, claiming more than *limit*.
-            parts = [ctes] if ctes else []
-            parts.append(f"due AS MATERIALIZED ({ids})")
-            parts.append(
-                f"claimed AS (UPDATE {t} SET {sets} FROM due WHERE {t}.id = due.id"
-                f" RETURNING {', '.join(f'{t}.{name}' for name in names)})"
-            )
-            if self.history_table is not None:
-                history = self.engine.dialect.identifier_preparer.format_table(
-                    self.history_table
-                )
-                parts.append(
-                    f"recorded AS (INSERT INTO {history} (job_id, event, at, actor, attempt)"
-                    " SELECT id, 'started', :now, :actor, attempts FROM claimed)"
-                )
-            # set_config(..., true): this transaction's commit does not wait for the WAL
-            # flush (measured: the flush was 0.4-1 ms of every claim with fsync on).
-            sql = (
-                f"WITH RECURSIVE {', '.join(parts)} SELECT {', '.join(names)},"
-                " set_config('synchronous_commit', 'off', true) AS _no_flush_wait FROM claimed"
-            )
-        else:
-            # No second "status = 'pending'" test on the outer UPDATE: the subquery
-            # picks pending rows inside the same BEGIN IMMEDIATE transaction, which no
-            # other writer can interleave with, and the extra term made SQLite walk
-            # every pending row through the status index instead of looking the
-            # chosen ids up by rowid.
-            prefix = f"WITH RECURSIVE {ctes} " if ctes else ""
-            sql = f"{prefix}UPDATE {t} SET {sets} WHERE id IN ({ids}) RETURNING {', '.join(names)}"
+        sql = claim_update_sql(
+            self.claim_tables(),
+            keyed=kind == "keyed",
+            queues=queues,
+            postgres=self.is_postgres,
+            columns=[quote(c.name) for c in self.table.c],
+            history=history,
+        )
         binds: list[BindParameter[Any]] = [
             bindparam("now", type_=UTCDateTime()),
             bindparam("limit", type_=Integer()),

@@ -1,8 +1,10 @@
-"""Paused queues and job names: the pauses table, the claim's condition, queue counts.
+"""Paused queues and job names: the pauses table and queue counts.
 
 A pause is a row (``kind`` = ``queue`` or ``name``, ``value``) in ``<jobs>_pauses``.
-The claim, ``next_run_at`` and SQLite's pending scan all add :meth:`PauseStatements.
-paused_condition` to what a due row must meet, so a paused queue's or name's jobs are
+The claim and ``next_run_at`` add "neither its queue nor its name is paused" to what a
+due row must meet (``claim_sql.claimable``: ``queue NOT IN (SELECT value ...)``,
+uncorrelated subqueries over a table of a few rows, which PostgreSQL hashes once per
+statement and SQLite materialises once), so a paused queue's or name's jobs are
 never claimed: they stay pending with their ``run_at`` and ``due_at`` (health still
 counts them as owed once due), and a running job finishes normally. Resuming deletes
 the row and, on PostgreSQL, notifies the workers in the same transaction, so they
@@ -22,15 +24,12 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
-    ColumnElement,
     Connection,
     Integer,
     String,
-    and_,
     bindparam,
     column,
     delete,
-    literal_column,
     select,
     text,
 )
@@ -44,10 +43,8 @@ from .records import Pause, QueueCounts
 
 
 class PauseStatements(StoreBase):
-    """Pause and resume a queue or a job name; the condition the claim adds; queue counts."""
+    """Pause and resume a queue or a job name; queue counts."""
 
-    _paused_condition: ColumnElement[bool] | None = None
-    _paused_sql: str | None = None
     _queue_counts_sql: Any = None
     #: True once the pauses table was found missing (an old schema; see :meth:`paused`).
     _warned_no_pauses: bool = False
@@ -114,36 +111,6 @@ class PauseStatements(StoreBase):
                 self._warned_no_pauses = True
             return []
         return [Pause(str(k), str(v), at, str(actor)) for k, v, at, actor in rows]
-
-    def paused_condition(self) -> ColumnElement[bool]:
-        """The jobs table's condition "neither its queue nor its name is paused".
-
-        ``queue NOT IN (SELECT value FROM pauses WHERE kind = 'queue') AND name NOT IN
-        (...)``: uncorrelated subqueries over a table of a few rows, which PostgreSQL
-        hashes once per statement and SQLite materialises once. Neither column can be
-        NULL, so ``NOT IN`` means what it says. Built once per store.
-        """
-        cached = self._paused_condition
-        if cached is None:
-            t, p = self.table, self.pauses_table
-
-            def values(kind: str) -> Any:
-                return select(p.c.value).where(p.c.kind == literal_column(f"'{kind}'"))
-
-            cached = and_(t.c.queue.not_in(values("queue")), t.c.name.not_in(values("name")))
-            self._paused_condition = cached
-        return cached
-
-    def paused_sql(self) -> str:
-        """:meth:`paused_condition` as SQL text, for the statements written as text
-        (SQLite's ``INDEXED BY`` scans). It holds no parameter: only literals."""
-        cached = self._paused_sql
-        if cached is None:
-            compiled = self.paused_condition().compile(
-                dialect=self.engine.dialect, compile_kwargs={"literal_binds": True}
-            )
-            cached = self._paused_sql = str(compiled)
-        return cached
 
     def queue_counts(
         self, conn: Connection, *, now: datetime, cap: int
