@@ -168,5 +168,17 @@ def create_app(database_url: str | None = None, **config: Any) -> Flask:
     defer.init_app(app)
     app.register_blueprint(routes)
     with app.app_context():
-        db.create_all()
+        _create_tables()
     return app
+
+
+def _create_tables() -> None:
+    """``db.create_all()``, one process at a time: worker processes started together on a
+    fresh PostgreSQL database would otherwise race to create the same tables."""
+    engine = db.engine
+    if engine.dialect.name != "postgresql":
+        db.create_all()
+        return
+    with engine.begin() as conn:
+        conn.execute(text("SELECT pg_advisory_xact_lock(4242)"))
+        db.metadata.create_all(conn)

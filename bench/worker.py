@@ -116,7 +116,9 @@ class WorkerProcesses:
             self.stop()
         failed = [p.returncode for p in self.procs if p.returncode not in (0, -signal.SIGTERM)]
         if failed:
-            raise RuntimeError(f"worker exited with {failed}; see {self.log_path}")
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+            why = [line for line in lines if "Error" in line or "ERROR" in line][-1:] or lines[-1:]
+            raise RuntimeError(f"worker exited with {failed}: {' '.join(why)} ({self.log_path})")
 
     def stop(self) -> None:
         for proc in self.procs:

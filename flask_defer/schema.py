@@ -14,7 +14,7 @@ see the table like any other. The indexes are the ones the hot paths need:
 * live rows by owner (partial): the Undo toasts of one user;
 * ``(status, finished_at, name)``: pruning old settled rows, the dashboard's filters,
   and health's per-name failed count and latest-settled window from the index alone;
-* the claim's: unkeyed pending rows by ``(priority, run_at)``; pending rows with a
+* the claim's: unkeyed pending rows by ``(priority, run_at, id)`` (its order); pending rows with a
   ``concurrency_key`` by the same, and live keyed rows by ``(concurrency_key, status)``
   (how many of a key run); pending rows with an ``expires_at`` by it (the expiry sweep).
   All partial, so a keyless job without expiry enters only the first.
@@ -184,6 +184,7 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         f"ix_{name}_pending_priority",
         c.priority,
         c.run_at,
+        c.id,
         sqlite_where=unkeyed,
         postgresql_where=unkeyed,
     )
@@ -192,6 +193,7 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         f"ix_{name}_keyed_pending",
         c.priority,
         c.run_at,
+        c.id,
         sqlite_where=keyed,
         postgresql_where=keyed,
     )

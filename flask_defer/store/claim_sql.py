@@ -2,7 +2,7 @@
 
 One claim takes the due jobs of one priority, the most urgent that has any, in
 ``run_at`` order. Finding that priority must not walk rows that are not due: a
-priority's pending rows sit in the ``(priority, run_at)`` index in run-time order, so
+priority's pending rows sit in the ``(priority, run_at, id)`` index in run-time order, so
 its due rows are at the front of its range, and the claim only asks each priority
 present for its first row (a "loose index scan", written as a recursive query that
 stops at the first priority with a due row). A million jobs due next month at a more
@@ -86,9 +86,11 @@ def due_ids_sql(tables: ClaimTables, *, queues: bool, lock: bool) -> tuple[str, 
     """
     t, hint = tables.jobs, tables.unkeyed_hint
     where = f"{UNKEYED} AND run_at <= :now{claimable(tables, queues=queues)}"
+    # A scalar subquery with LIMIT 1, not EXISTS: PostgreSQL turns an EXISTS into a
+    # semi-join that reads every due row (measured: 5,960 rows hashed per claim).
     level = (
-        f"level AS (SELECT p FROM levels WHERE p IS NOT NULL AND EXISTS (SELECT 1 FROM"
-        f" {t}{hint} WHERE {where} AND priority = levels.p) LIMIT 1)"
+        f"level AS (SELECT p FROM levels WHERE p IS NOT NULL AND (SELECT 1 FROM"
+        f" {t}{hint} WHERE {where} AND priority = levels.p LIMIT 1) IS NOT NULL LIMIT 1)"
     )
     select = (
         f"SELECT id FROM {t}{hint} WHERE {where} AND priority = (SELECT p FROM level)"

@@ -12,7 +12,7 @@ from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, column, text
+from sqlalchemy import BindParameter, Integer, bindparam, column, text
 from sqlalchemy.exc import OperationalError
 
 from ..schema import UTCDateTime
@@ -39,10 +39,10 @@ class DueStatements(HistoryStatements):
             params["queues"] = list(queues)
         try:
             with self.engine.connect() as conn:
-                found = [conn.execute(self._next_statement("next", bool(queues)), params).scalar()]
-                if self._keyed_until > time.monotonic() or conn.execute(
-                    self._next_statement("keyed-any", False)
-                ).first():
+                # One round trip: the unkeyed answer and whether any keyed job is pending.
+                row = conn.execute(self._next_statement("next", bool(queues)), params).one()
+                found = [row.run_at]
+                if row.keyed is not None or self._keyed_until > time.monotonic():
                     statement = self._next_statement("next-keyed", bool(queues))
                     found.append(conn.execute(statement, params).scalar())
         except OperationalError as error:
@@ -57,19 +57,19 @@ class DueStatements(HistoryStatements):
         if cached is not None:
             return cached
         tables = self.claim_tables()
-        if kind == "keyed-any":
-            stmt: Any = text(
-                f"SELECT 1 FROM {tables.jobs}{tables.keyed_hint} WHERE {KEYED} LIMIT 1"
+        binds: list[BindParameter[Any]] = [bindparam("now", type_=UTCDateTime())]
+        if queues:
+            binds.append(bindparam("queues", expanding=True))
+        columns: list[Any] = [column("run_at", UTCDateTime())]
+        if kind == "next":
+            sql = (
+                f"SELECT ({next_unkeyed_sql(tables, queues=queues)}) AS run_at,"
+                f" (SELECT 1 FROM {tables.jobs}{tables.keyed_hint} WHERE {KEYED} LIMIT 1)"
+                " AS keyed"
             )
+            columns.append(column("keyed", Integer()))
         else:
-            build = next_unkeyed_sql if kind == "next" else next_keyed_sql
-            binds = [bindparam("now", type_=UTCDateTime())]
-            if queues:
-                binds.append(bindparam("queues", expanding=True))
-            stmt = (
-                text(build(tables, queues=queues))
-                .bindparams(*binds)
-                .columns(column("run_at", UTCDateTime()))
-            )
+            sql = next_keyed_sql(tables, queues=queues)
+        stmt = text(sql).bindparams(*binds).columns(*columns)
         self._claim_sql[(kind, queues)] = stmt
         return stmt

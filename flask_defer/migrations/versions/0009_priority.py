@@ -6,7 +6,8 @@ Revises: flask_defer_0008
 Adds ``priority`` (``NOT NULL DEFAULT 0``: every existing job gets the default) and the
 two indexes the claim reads in that order, both partial on pending rows:
 
-* ``ix_<table>_pending_priority`` on (``priority``, ``run_at``) for rows without a
+* ``ix_<table>_pending_priority`` on (``priority``, ``run_at``, ``id``: the claim's
+  order, so PostgreSQL never sorts the due rows) for rows without a
   ``concurrency_key`` (the usual job);
 * ``ix_<table>_keyed_pending`` on the same columns for rows with one.
 
@@ -52,7 +53,7 @@ def upgrade() -> None:
             op.create_index(
                 f"ix_{name}_{suffix}",
                 name,
-                ["priority", "run_at"],
+                ["priority", "run_at", "id"],
                 sqlite_where=sa.text(predicate),
                 postgresql_where=sa.text(predicate),
                 if_not_exists=True,
