@@ -22,6 +22,7 @@ from flask import Blueprint, Flask, abort, jsonify, request
 from flask.typing import ResponseReturnValue
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase
 
 from flask_defer import Defer, Job
@@ -177,8 +178,16 @@ def _create_tables() -> None:
     fresh PostgreSQL database would otherwise race to create the same tables."""
     engine = db.engine
     if engine.dialect.name != "postgresql":
-        db.create_all()
-        return
+        # SQLite has no advisory lock: a process that lost the race finds the table the
+        # winner created (checkfirst) on its next try.
+        for attempt in range(5):
+            try:
+                db.create_all()
+                return
+            except OperationalError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.1)
     with engine.begin() as conn:
         conn.execute(text("SELECT pg_advisory_xact_lock(4242)"))
         db.metadata.create_all(conn)
