@@ -183,9 +183,8 @@ class ClaimStatements(DueStatements):
         one) lately, else one step into the keyed pending index.
 
         A "none" answer is trusted for a tenth of a second, so a busy worker pays for the
-        look about ten times a second rather than once per claim (measured: a probe per
-        claim cost the PostgreSQL drain a quarter of its rate); a keyed job scheduled
-        by another process meanwhile waits that long at most.
+        look (a round trip on PostgreSQL) about ten times a second rather than once per
+        claim; a keyed job scheduled by another process meanwhile waits that long at most.
         """
         moment = time.monotonic()
         if moment < self._keyed_until:
