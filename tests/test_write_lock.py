@@ -15,7 +15,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 
 from flask_defer.store.tuning import tune_sqlite
-from flask_defer.store.write_lock import FairLock
+from flask_defer.store.write_lock import FairLock, write_lock_of
 
 
 @pytest.fixture
@@ -77,11 +77,17 @@ def test_writers_of_one_engine_get_the_lock_in_the_order_they_asked(tuned: Engin
             conn.execute(text("INSERT INTO events VALUES (:n)"), {"n": str(n)})
             written.append(n)
 
+    turns = write_lock_of(tuned)._turns
     threads = []
     for n in range(4):
         threads.append(threading.Thread(target=write, args=(n,)))
         threads[-1].start()
-        time.sleep(0.05)
+        # Queued before the next one starts (a fixed sleep raced a loaded machine's
+        # scheduler): the first holds the turn, the others wait in line behind it.
+        deadline = time.monotonic() + 5
+        while not (turns._held and len(turns._waiters) == n):
+            assert time.monotonic() < deadline, f"writer {n} never queued"
+            time.sleep(0.001)
     other.rollback()
     other.close()
     for thread in threads:
