@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,27 +15,10 @@ from flask_defer import InvalidArgument, Job, JobStatus
 from flask_defer.undo import ToastState, UndoOutcome
 
 from .conftest import AppKit
+from .test_worker import MakeKit, make_kit
 from .worker_helpers import wait_until, worker_thread
 
-MakeKit = Callable[..., AppKit]
-
-
-@pytest.fixture
-def make_kit(make_app: Callable[..., AppKit]) -> Iterator[MakeKit]:
-    """Factory: an app with tables created and its context pushed for the test."""
-    with ExitStack() as stack:
-
-        def make(**config: Any) -> AppKit:
-            settings = {"DEFER_POLL_INTERVAL": 0.05, "DEFER_RECLAIM_INTERVAL": 0.1}
-            kit = make_app(**{**settings, **config})
-            ctx = kit.app.app_context()
-            ctx.push()
-            stack.callback(ctx.pop)
-            stack.callback(kit.db.session.rollback)
-            kit.db.create_all()
-            return kit
-
-        yield make
+__all__ = ["make_kit"]  # the fixture, shared with the worker's own tests
 
 
 @pytest.fixture
