@@ -41,14 +41,14 @@ def test_sqlite_poll_and_claim_step_into_the_priority_index_never_scanning_the_t
     store: JobStore, now: datetime
 ) -> None:
     claim_params = {"now": now, "limit": 10, "token": "t", "lease_until": now}
-    claim = plan(store, store._claim_statement("due", True), queues=["default"], **claim_params)
+    claim = plan(store, store._claim_statement("due", True, 10), queues=["default"], **claim_params)
     poll = plan(store, store._next_statement("next", True), now=now, queues=["default"])
     for found in (claim, poll):
         assert "ix_defer_jobs_pending_priority (priority=?" in found, found
         assert "SCAN defer_jobs /" not in found + " /", found
     # The claim takes the chosen priority's due rows in index order: no sort.
     assert "TEMP B-TREE" not in claim
-    keyed = plan(store, store._claim_statement("keyed", False), **claim_params)
+    keyed = plan(store, store._claim_statement("keyed", False, 10), **claim_params)
     assert "ix_defer_jobs_keyed_pending" in keyed
 
 
@@ -340,7 +340,7 @@ def test_a_claim_commits_without_waiting_for_the_disk_and_leaves_the_connection_
         # Run inside an open transaction, the claim statement turns the wait off for it.
         with store.engine.connect() as conn, conn.begin():
             assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
-            assert len(conn.execute(store._claim_statement("due", False), params).all()) == 1
+            assert len(conn.execute(store._claim_statement("due", False, 1), params).all()) == 1
             assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "off"
             conn.rollback()
         assert len(store.claim(now=now, limit=3, token="me", lease_until=lease)) == 3

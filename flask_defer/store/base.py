@@ -112,9 +112,9 @@ class StoreBase:
         self._insert_sql: dict[tuple[bool, bool], tuple[str, list[str], list[Any]]] = {}
         # The prebuilt bulk insert (PostgreSQL), see SchedulingStatements._pg_insert_many.
         self._insert_sql_text: dict[str, str] = {}
-        # The prebuilt claim and next-due statements, by (kind, with queues) (see
+        # The prebuilt claim and next-due statements, by (kind, with queues, limit) (see
         # ClaimStatements._claim_statement); SQLite names their indexes while this holds.
-        self._claim_sql: dict[tuple[str, bool], Any] = {}
+        self._claim_sql: dict[tuple[str, bool, int | None], Any] = {}
         self._sqlite_hints = True
         # Keyed jobs (a concurrency_key) are claimed by a statement of their own, run
         # while keyed jobs were seen lately (monotonic deadlines; ClaimStatements).

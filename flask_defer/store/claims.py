@@ -174,7 +174,7 @@ class ClaimStatements(DueStatements):
     def _run_claim(
         self, conn: Connection, kind: str, queues: bool, params: dict[str, Any]
     ) -> list[Job]:
-        result = conn.execute(self._claim_statement(kind, queues), params)
+        result = conn.execute(self._claim_statement(kind, queues, params["limit"]), params)
         build = Job.builder(list(result.keys()))
         return [build(row) for row in result]
 
@@ -199,11 +199,11 @@ class ClaimStatements(DueStatements):
         return found
 
     def _keyed_probe(self) -> Any:
-        cached = self._claim_sql.get(("keyed-probe", False))
+        cached = self._claim_sql.get(("keyed-probe", False, None))
         if cached is None:
             tables = self.claim_tables()
             sql = f"SELECT 1 FROM {tables.jobs}{tables.keyed_hint} WHERE {KEYED} LIMIT 1"
-            cached = self._claim_sql[("keyed-probe", False)] = text(sql)
+            cached = self._claim_sql[("keyed-probe", False, None)] = text(sql)
         return cached
 
     def _keyed_lock_statement(self) -> Any:
@@ -222,14 +222,17 @@ class ClaimStatements(DueStatements):
             with self.begin_immediate_on(conn):
                 yield conn
 
-    def _claim_statement(self, kind: str, queues: bool) -> Any:
-        """The claim of *kind* (``due`` or ``keyed``), built once; every value is a bind.
+    def _claim_statement(self, kind: str, queues: bool, limit: int) -> Any:
+        """The claim of *kind* (``due`` or ``keyed``) of up to *limit* jobs, built once.
 
         The ids come from ``claim_sql``; around them the UPDATE that starts the jobs,
         and on PostgreSQL the ``started`` events and the commit that does not wait for
-        the disk, all in the same statement.
+        the disk, all in the same statement. Every value is a bind, except on
+        PostgreSQL the limit: one statement per limit lets the server keep one plan
+        for it (``claim_sql.limit_sql``).
         """
-        cached = self._claim_sql.get((kind, queues))
+        key = (kind, queues, limit if self.is_postgres else None)
+        cached = self._claim_sql.get(key)
         if cached is not None:
             return cached
         # Named, in the metadata's order: the result's columns are typed by position, and
@@ -247,19 +250,21 @@ class ClaimStatements(DueStatements):
             postgres=self.is_postgres,
             columns=[quote(c.name) for c in self.table.c],
             history=history,
+            limit=limit if self.is_postgres else None,
         )
         binds: list[BindParameter[Any]] = [
             bindparam("now", type_=UTCDateTime()),
-            bindparam("limit", type_=Integer()),
             bindparam("token", type_=String()),
             bindparam("lease_until", type_=UTCDateTime()),
         ]
+        if not self.is_postgres:
+            binds.append(bindparam("limit", type_=Integer()))
         if queues:
             binds.append(bindparam("queues", expanding=True))
         if self.is_postgres and self.history_table is not None:
             binds.append(bindparam("actor", type_=String()))
         stmt = text(sql).bindparams(*binds).columns(*self.table.c)
-        self._claim_sql[(kind, queues)] = stmt
+        self._claim_sql[key] = stmt
         return stmt
 
     def ack_done(

@@ -53,7 +53,7 @@ class DueStatements(HistoryStatements):
         return min(times) if times else None
 
     def _next_statement(self, kind: str, queues: bool) -> Any:
-        cached = self._claim_sql.get((kind, queues))
+        cached = self._claim_sql.get((kind, queues, None))
         if cached is not None:
             return cached
         tables = self.claim_tables()
@@ -71,5 +71,5 @@ class DueStatements(HistoryStatements):
         else:
             sql = next_keyed_sql(tables, queues=queues)
         stmt = text(sql).bindparams(*binds).columns(*columns)
-        self._claim_sql[(kind, queues)] = stmt
+        self._claim_sql[(kind, queues, None)] = stmt
         return stmt
