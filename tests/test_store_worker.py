@@ -65,6 +65,60 @@ def test_next_run_at_and_claim_respect_queues(
     assert [job.queue for job in claimed] == ["mail"]
 
 
+def test_claim_by_several_queues_takes_jobs_of_each_and_no_other(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    for queue in ("mail", "reports", "billing", "mail"):
+        insert(store, new_job(queue=queue, run_at=now - timedelta(seconds=1)), now)
+    queues = ["mail", "reports"]
+    claimed = store.claim(now=now, limit=10, token="t", lease_until=now, queues=queues)
+    assert sorted(job.queue for job in claimed) == ["mail", "mail", "reports"]
+    # Another set of queues reuses nothing of the first claim's answer.
+    rest = store.claim(now=now, limit=10, token="u", lease_until=now, queues=["billing"])
+    assert [job.queue for job in rest] == ["billing"]
+
+
+def test_a_claimed_job_is_the_row_as_get_reads_it_in_utc_whatever_the_session_zone(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """PostgreSQL's claim reads its rows through the driver, not SQLAlchemy's types: the
+    job must still be exactly what ``get`` returns, every timestamp aware UTC, the payload
+    parsed, even when the connection's time zone is not UTC."""
+    if store.is_postgres:
+
+        @event.listens_for(store.engine, "connect")
+        def _zone(dbapi_connection: Any, _record: Any) -> None:
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute("SET TIME ZONE 'Asia/Kathmandu'")
+            dbapi_connection.commit()
+
+        store.engine.dispose()
+    payload = {"to": ["a@example.com"], "n": 7, "deep": {"ok": True, "x": None}}
+    job_id = insert(
+        store,
+        new_job(
+            payload=payload,
+            key="message:7",
+            priority=-3,
+            expires_at=now + timedelta(hours=1),
+            run_at=now - timedelta(seconds=2),
+        ),
+        now,
+    )
+    lease = now + timedelta(minutes=1)
+    [claimed] = store.claim(now=now, limit=5, token="me", lease_until=lease, actor="w")
+    with store.engine.connect() as conn:
+        read = store.get(conn, job_id=job_id)
+    assert read is not None
+    assert claimed == read
+    assert claimed.payload == payload and claimed.status is JobStatus.RUNNING
+    assert (claimed.attempts, claimed.claim_token, claimed.lease_expires_at) == (1, "me", lease)
+    stamps = [claimed.run_at, claimed.due_at, claimed.created_at, claimed.updated_at]
+    stamps += [claimed.expires_at, claimed.lease_expires_at]
+    assert all(stamp is not None and stamp.utcoffset() == timedelta(0) for stamp in stamps)
+    assert claimed.run_at == now - timedelta(seconds=2)
+
+
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_idle_claim_on_sqlite_does_not_wait_for_the_write_lock(
     store: JobStore, new_job: MakeJob, now: datetime

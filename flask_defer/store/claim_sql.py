@@ -50,15 +50,18 @@ class ClaimTables:
     pauses: str | None = None
 
 
-def claimable(tables: ClaimTables, *, queues: bool, alias: str = "") -> str:
+def claimable(tables: ClaimTables, *, queues: bool, alias: str = "", array: bool = False) -> str:
     """``AND ...`` terms every claimable pending row meets besides being due.
 
     Not expired (``expires_at`` after ``:now``); in the worker's ``:queues`` when it has
-    some; neither queue nor name paused. *alias* qualifies the columns (``"j."``).
+    some (an expanding ``IN``, or with *array* one PostgreSQL array: one text for any
+    number of queues); neither queue nor name paused. *alias* qualifies the columns
+    (``"j."``).
     """
     terms = [f" AND ({alias}expires_at IS NULL OR {alias}expires_at > :now)"]
     if queues:
-        terms.append(f" AND {alias}queue IN :queues")
+        member = "= ANY(:queues)" if array else "IN :queues"
+        terms.append(f" AND {alias}queue {member}")
     if tables.pauses is not None:
         terms.append(
             f" AND {alias}queue NOT IN (SELECT value FROM {tables.pauses} WHERE kind = 'queue')"
@@ -91,16 +94,16 @@ def limit_sql(limit: int | None) -> str:
 
 
 def due_ids_sql(
-    tables: ClaimTables, *, queues: bool, lock: bool, limit: int | None = None
+    tables: ClaimTables, *, queues: bool, lock: bool, limit: int | None = None, array: bool = False
 ) -> tuple[str, str]:
     """``(ctes, select)``: the unkeyed ids to claim, most urgent due priority first.
 
     ``ctes`` go after ``WITH RECURSIVE``; ``select`` picks up to ``:limit`` (or *limit*)
     ids of the chosen priority in ``(run_at, id)`` order, ``FOR UPDATE SKIP LOCKED``
-    with *lock*.
+    with *lock*; *array* binds the queues as one array (see :func:`claimable`).
     """
     t, hint = tables.jobs, tables.unkeyed_hint
-    where = f"{UNKEYED} AND run_at <= :now{claimable(tables, queues=queues)}"
+    where = f"{UNKEYED} AND run_at <= :now{claimable(tables, queues=queues, array=array)}"
     # A scalar subquery with LIMIT 1, not EXISTS: PostgreSQL turns an EXISTS into a
     # semi-join that reads every due row (measured: 5,960 rows hashed per claim). Its
     # ORDER BY walks the priority index from the level's earliest row; without it
@@ -119,7 +122,9 @@ def due_ids_sql(
     return f"{_levels(tables)}, {level}", select
 
 
-def keyed_ids_sql(tables: ClaimTables, *, queues: bool, limit: int | None = None) -> str:
+def keyed_ids_sql(
+    tables: ClaimTables, *, queues: bool, limit: int | None = None, array: bool = False
+) -> str:
     """``SELECT id ...``: due keyed jobs that fit under their key's limit, up to ``:limit``
     (or *limit*).
 
@@ -133,7 +138,7 @@ def keyed_ids_sql(tables: ClaimTables, *, queues: bool, limit: int | None = None
         "SELECT c.id FROM (SELECT id, concurrency_key, concurrency_limit, priority, run_at,"
         " row_number() OVER (PARTITION BY concurrency_key ORDER BY priority, run_at, id)"
         f" AS n FROM {t}{hint} WHERE {KEYED} AND run_at <= :now"
-        f"{claimable(tables, queues=queues)}) AS c"
+        f"{claimable(tables, queues=queues, array=array)}) AS c"
         f" LEFT JOIN (SELECT concurrency_key, count(*) AS n FROM {t} WHERE {KEYED_RUNNING}"
         " GROUP BY concurrency_key) AS busy ON busy.concurrency_key = c.concurrency_key"
         " WHERE c.n + coalesce(busy.n, 0) <= coalesce(c.concurrency_limit, 1)"
@@ -165,9 +170,11 @@ def claim_update_sql(
         " lease_expires_at = :lease_until, updated_at = :now"
     )
     if keyed:
-        ctes, ids = "", keyed_ids_sql(tables, queues=queues, limit=limit)
+        ctes, ids = "", keyed_ids_sql(tables, queues=queues, limit=limit, array=postgres)
     else:
-        ctes, ids = due_ids_sql(tables, queues=queues, lock=postgres, limit=limit)
+        ctes, ids = due_ids_sql(
+            tables, queues=queues, lock=postgres, limit=limit, array=postgres
+        )
     if not postgres:
         # No second "status = 'pending'" test on the outer UPDATE: the subquery picks
         # pending rows inside the same BEGIN IMMEDIATE transaction, which no other

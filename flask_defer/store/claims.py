@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     BindParameter,
@@ -174,9 +174,33 @@ class ClaimStatements(DueStatements):
     def _run_claim(
         self, conn: Connection, kind: str, queues: bool, params: dict[str, Any]
     ) -> list[Job]:
+        if self.is_postgres:
+            sql, build = self._driver_claim(kind, queues, params["limit"])
+            return [build(row) for row in conn.exec_driver_sql(sql, params)]
         result = conn.execute(self._claim_statement(kind, queues, params["limit"]), params)
         build = Job.builder(list(result.keys()))
         return [build(row) for row in result]
+
+    def _driver_claim(
+        self, kind: str, queues: bool, limit: int
+    ) -> tuple[str, Callable[[Sequence[Any]], Job]]:
+        """PostgreSQL: the claim's text for the driver and the builder of its rows.
+
+        Run with ``exec_driver_sql``: SQLAlchemy still checks the connection out, wraps
+        errors and notices a lost connection, but neither binds nor types the values
+        (profiled: its result processing of a claim's 28 columns cost more than the
+        claim's own round trip under load). The driver already returns aware datetimes
+        and parsed JSON; the builder turns the datetimes to UTC, as the column type would.
+        """
+        key = (f"driver-{kind}", queues, limit)
+        cached = self._claim_sql.get(key)
+        if cached is None:
+            statement = self._claim_statement(kind, queues, limit)
+            sql = str(statement.compile(dialect=self.engine.dialect))
+            names = [c.name for c in self.table.c]
+            stamps = [c.name for c in self.table.c if isinstance(c.type, UTCDateTime)]
+            cached = self._claim_sql[key] = (sql, Job.builder(names, to_utc=stamps))
+        return cast("tuple[str, Callable[[Sequence[Any]], Job]]", cached)
 
     def _keyed_in_play(self, conn: Connection) -> bool:
         """Whether keyed jobs may be pending: a claim saw some (or this process scheduled
@@ -260,7 +284,8 @@ class ClaimStatements(DueStatements):
         if not self.is_postgres:
             binds.append(bindparam("limit", type_=Integer()))
         if queues:
-            binds.append(bindparam("queues", expanding=True))
+            # PostgreSQL: one array (``= ANY``), so the text is the same for any queues.
+            binds.append(bindparam("queues", expanding=not self.is_postgres))
         if self.is_postgres and self.history_table is not None:
             binds.append(bindparam("actor", type_=String()))
         stmt = text(sql).bindparams(*binds).columns(*self.table.c)
