@@ -24,9 +24,12 @@ def _dialect(backend: str) -> Dialect:
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_utc_datetime_binding_is_unchanged_by_remembering(backend: str) -> None:
     dialect = _dialect(backend)
-    remembering = UTCDateTime().bind_processor(dialect)
+    # As the store's statements bind it: the type made for the dialect (on SQLite its
+    # impl writes SQLAlchemy's text format, which the bind reproduces in one step).
+    typed = UTCDateTime().dialect_impl(dialect)
+    remembering = typed.bind_processor(dialect)
     plain = UTCDateTime().process_bind_param
-    impl = UTCDateTime().impl_instance.bind_processor(dialect)
+    impl = typed.impl_instance.bind_processor(dialect)
 
     def expected(value: datetime | None) -> Any:
         converted = plain(value, dialect)
@@ -34,6 +37,14 @@ def test_utc_datetime_binding_is_unchanged_by_remembering(backend: str) -> None:
 
     paris = datetime(2030, 1, 1, 13, 0, tzinfo=UTC).astimezone(ZoneInfo("Europe/Paris"))
     values = [NOW, NOW, None, NOW + timedelta(microseconds=1), NOW, paris, paris, None]
+    # SQLite's text: the edges of the format (short years, no or all microseconds, a
+    # zone whose local date is a day ahead of UTC's).
+    values += [
+        datetime(999, 1, 1, tzinfo=UTC),
+        datetime(1, 1, 1, 0, 0, 0, 5, tzinfo=UTC),
+        datetime(2030, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2031, 1, 1, 0, 30, tzinfo=ZoneInfo("Asia/Tokyo")),
+    ]
     assert remembering is not None
     assert [remembering(v) for v in values] == [expected(v) for v in values]
     # Equal but distinct objects are converted, not matched by identity alone.
