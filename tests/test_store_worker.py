@@ -78,6 +78,37 @@ def test_claim_by_several_queues_takes_jobs_of_each_and_no_other(
     assert [job.queue for job in rest] == ["billing"]
 
 
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_postgresql_claim_keeps_one_plan_that_scans_no_table(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """PostgreSQL plans a prepared claim once (its generic plan) only if that plan is as
+    cheap as the ones it makes for the values: with a backlog of due jobs, the plan
+    made without knowing the limit hashed a scan of the whole table to start the
+    claimed rows (measured: 2.2 against 0.65 ms a claim of 20 from 20,000 due). The
+    claim's generic plan must reach every row through an index."""
+    with store.begin() as conn:
+        due = [new_job(run_at=now - timedelta(minutes=1)) for _ in range(20_000)]
+        store.insert_many(conn, due, now=now)
+    statement = store._claim_statement("due", False, 20)
+    sql = str(statement.compile(dialect=store.engine.dialect))
+    values = {"now": now, "token": "u", "lease_until": now, "actor": "w", "limit": 20}
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql("ANALYZE defer_jobs")
+        conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql, values)
+        plan = cursor.fetchone()[0]
+        conn.rollback()
+
+    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+        return [node] + [n for child in node.get("Plans", []) for n in nodes(child)]
+
+    scans = [n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "defer_jobs"]
+    assert scans and all(n["Node Type"] != "Seq Scan" for n in scans), scans
+    assert len(store.claim(now=now, limit=20, token="u", lease_until=now)) == 20
+
+
 def test_a_claimed_job_is_the_row_as_get_reads_it_in_utc_whatever_the_session_zone(
     store: JobStore, new_job: MakeJob, now: datetime
 ) -> None:
