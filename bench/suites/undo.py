@@ -67,6 +67,9 @@ class Tally:
             self.first_error = text
 
 
+#: The label of the contender served without the job history.
+NO_HISTORY = "DEFER_HISTORY = False"
+
 #: Pause of a paced client between its requests: a person reads the toast, then clicks.
 PACED_THINK_MS = 100
 
@@ -84,8 +87,9 @@ def run(ctx: Context) -> Section:
             f"mostly queueing; half as many paced, pausing {PACED_THINK_MS} ms before each "
             "request, as people clicking would). waitress with 8 threads in its own "
             "process; latency per request as the client sees it. "
-            f"flask_defer: {note}. “vs raw” divides the raw route's p99 by flask_defer's "
-            "(below 1: flask_defer is slower)."
+            f"flask_defer: {note}; also served by a second process with `{NO_HISTORY}` "
+            "(the raw route writes no history event). “vs raw” divides the raw route's p99 "
+            "by flask_defer's (below 1: flask_defer is slower)."
         ),
     )
     for backend in ctx.backends:
@@ -118,6 +122,9 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
         modes.insert(0, _Mode("closed loop", 0.0, sizes.undo_pairs_per_client, "undo"))
     try:
         server = _Server(database, ctx.env.tmp)
+        # The same routes without the job history (each request writes one row fewer,
+        # its event), so the report can show what the history costs under load.
+        bare = _Server(database, ctx.env.tmp, history=False)
     except Exception as error:  # noqa: BLE001
         return [
             Row(
@@ -131,28 +138,37 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
             )
         ]
     tallies: dict[str, Tally] = {}
+    raw_of: dict[str, str] = {}  # contender → the raw route's contender of its mode
     contenders = []
     for mode in modes:
-        for r in (routes, RAW):
-            name = f"{r.label}, {mode.label}"
+        raw_name = f"{RAW.label}, {mode.label}"
+        for r, port, label, suffix in (
+            (routes, server.port, routes.label, ""),
+            (routes, bare.port, f"{routes.label} ({NO_HISTORY})", "-no-history"),
+            (RAW, server.port, RAW.label, "-raw"),
+        ):
+            name = f"{label}, {mode.label}"
             tallies[name] = Tally()
+            raw_of[name] = raw_name
 
-            def go(r: Routes = r, mode: _Mode = mode, tally: Tally = tallies[name]) -> Sample:
+            def go(
+                r: Routes = r, port: int = port, mode: _Mode = mode, tally: Tally = tallies[name]
+            ) -> Sample:
                 start = time.perf_counter()
                 pairs = asyncio.run(
-                    _load(server.port, r, sizes.undo_clients, mode.pairs, tally, mode.think_ms)
+                    _load(port, r, sizes.undo_clients, mode.pairs, tally, mode.think_ms)
                 )
                 return Sample(pairs, time.perf_counter() - start)
 
-            contenders.append(
-                Contender(name, run=go, tag=mode.tag + ("" if r is routes else "-raw"))
-            )
+            contenders.append(Contender(name, run=go, tag=mode.tag + suffix))
     try:
-        for r in (routes, RAW):  # warm-up, not counted: imports, pools, statement caches
-            asyncio.run(_load(server.port, r, min(4, sizes.undo_clients), 5, Tally(), 0.0))
+        # Warm-up, not counted: imports, pools, statement caches.
+        for r, port in ((routes, server.port), (routes, bare.port), (RAW, server.port)):
+            asyncio.run(_load(port, r, min(4, sizes.undo_clients), 5, Tally(), 0.0))
         outcomes = interleave(f"undo/{backend}", contenders, sizes.rounds)
     finally:
         server.stop()
+        bare.stop()
     rows = []
     for outcome in outcomes:
         name = outcome.contender.name
@@ -172,8 +188,7 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
             )
             continue
         p99 = percentile(everything, 0.99)
-        raw_name = RAW.label + name[len(routes.label) :] if name.startswith(routes.label) else name
-        raw_tally = tallies.get(raw_name)
+        raw_tally = tallies.get(raw_of[name])
         raw_all = (raw_tally.schedule_ms + raw_tally.undo_ms) if raw_tally else []
         ratio = percentile(raw_all, 0.99) / p99 if raw_all else None
         figure = (
@@ -278,11 +293,15 @@ async def _post(
 class _Server:
     """``python -m bench.serve`` on a free port, until stopped."""
 
-    def __init__(self, database: Database, log_dir: os.PathLike[str]) -> None:
+    def __init__(
+        self, database: Database, log_dir: os.PathLike[str], *, history: bool = True
+    ) -> None:
+        """*history* False serves the app with ``DEFER_HISTORY = False``."""
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         env = dict(os.environ, BENCH_DATABASE_URL=database.url, PYTHONPATH=str(ROOT))
+        env["BENCH_APP_DEFER_HISTORY"] = "true" if history else "false"  # JSON values
         self.log_path = os.path.join(log_dir, f"serve-{self.port}.log")
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
