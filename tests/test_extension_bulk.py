@@ -89,6 +89,35 @@ def test_job_spec_items_carry_their_own_timing_owner_and_label(kit: AppKit, ran:
     assert by_n[3].run_at == datetime(2031, 1, 1, tzinfo=UTC) and by_n[3].owner == "alice"
 
 
+def test_schedule_many_stores_every_text_and_time_exactly_as_given(
+    kit: AppKit, ran: list[Job]
+) -> None:
+    """The bulk insert sends each column as one array (binary on PostgreSQL): texts that
+    need quoting in an array literal, NULLs among values and times must come back as is."""
+    awkward = ['say "hi"', "back\\slash", "{brace}, comma", "NULL", "", "üñï ✓", "a\ttab"]
+    when = datetime(2031, 6, 1, 9, 0, 0, 123456, tzinfo=UTC)
+    specs = [
+        JobSpec(
+            {"text": text, "n": n},
+            run_at=when + timedelta(seconds=n),
+            owner=f"owner {text}" if n % 2 else None,
+            label=text or None,
+        )
+        for n, text in enumerate(awkward)
+    ]
+    kit.defer.schedule_many("remind", specs)
+    kit.db.session.commit()
+
+    by_n = {job.payload["n"]: job for job in kit.defer.list(name="remind", limit=100)}
+    assert sorted(by_n) == list(range(len(awkward)))
+    for n, text in enumerate(awkward):
+        job = by_n[n]
+        assert job.payload == {"text": text, "n": n}
+        assert job.run_at == when + timedelta(seconds=n) == job.due_at
+        assert job.owner == (f"owner {text}" if n % 2 else None)
+        assert job.label == (text or None)
+
+
 def test_schedule_many_clamps_a_past_run_at_to_now(kit: AppKit, ran: list[Job]) -> None:
     before = datetime.now(UTC)
     kit.defer.schedule_many("remind", [None], run_at=datetime(2001, 1, 1, tzinfo=UTC))

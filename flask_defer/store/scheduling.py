@@ -258,7 +258,10 @@ class SchedulingStatements(HistoryStatements):
         from its RETURNING in the same statement. SQLAlchemy's many-row insert built a
         fresh 1,000-row VALUES text per batch, which psycopg then parsed for its 14,000
         placeholders: 85% of a bulk enqueue, profiled; this is one round trip with
-        seventeen parameters whatever the number of jobs.
+        seventeen parameters whatever the number of jobs. The arrays go in psycopg's
+        binary format (``%b``): as text, each element of each array was matched
+        against quoting patterns in Python (measured: 10,000 jobs, 36-44k against
+        47-60k jobs/s).
         """
         sql = self._insert_sql_text.get("pg-many")
         if sql is None:
@@ -291,10 +294,10 @@ class SchedulingStatements(HistoryStatements):
             " SELECT v.name, v.queue, v.key, v.payload::jsonb, 'pending', v.run_at, v.run_at,"
             " 0, v.max_attempts, v.owner, v.label, v.undo_until, v.priority, v.expires_at,"
             " %(now)s, %(now)s"
-            " FROM unnest(%(names)s::text[], %(queues)s::text[], %(keys)s::text[],"
-            " %(payloads)s::text[], %(run_ats)s::timestamptz[], %(max_attempts)s::int[],"
-            " %(owners)s::text[], %(labels)s::text[], %(undo_untils)s::timestamptz[],"
-            " %(priorities)s::int[], %(expires_ats)s::timestamptz[])"
+            " FROM unnest(%(names)b::text[], %(queues)b::text[], %(keys)b::text[],"
+            " %(payloads)b::text[], %(run_ats)b::timestamptz[], %(max_attempts)b::int[],"
+            " %(owners)b::text[], %(labels)b::text[], %(undo_untils)b::timestamptz[],"
+            " %(priorities)b::int[], %(expires_ats)b::timestamptz[])"
             " AS v(name, queue, key, payload, run_at, max_attempts, owner, label, undo_until,"
             " priority, expires_at)"
         )
