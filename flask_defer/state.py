@@ -41,7 +41,7 @@ from .undo_hooks import UndoHooks
 from .validation import (
     checked_actor,
     checked_max_seconds,
-    checked_payload,
+    checked_payload_text,
     checked_state_texts,
     checked_text,
 )
@@ -153,9 +153,11 @@ class DeferState:
         spec = self.spec_for(name)
         now = utcnow()
         when = resolve_run_at(run_at, delay, now, strict=self.config.strict_local_times)
+        value, text = checked_payload_text(payload, max_bytes=self.config.max_payload_bytes)
         new = NewJob(
             name=name,
-            payload=checked_payload(payload, max_bytes=self.config.max_payload_bytes),
+            payload=value,
+            payload_json=text,
             run_at=when,
             max_attempts=self.max_attempts(spec),
             **controls_for(

@@ -106,11 +106,16 @@ def checked_limit(limit: Any) -> int:
 
 def checked_payload(payload: Any, *, max_bytes: int | None = None) -> Any:
     """Refuse what JSON cannot carry before anything is written; return the stored form."""
+    return checked_payload_text(payload, max_bytes=max_bytes)[0]
+
+
+def checked_payload_text(payload: Any, *, max_bytes: int | None = None) -> tuple[Any, str]:
+    """:func:`checked_payload` and the JSON text it is stored as (None stores ``{}``)."""
     if payload is None:
-        return {}
+        return {}, "{}"
     text = payload_text(payload, "payload", max_bytes=max_bytes)
     # Round-trip so the caller's Job shows exactly what the handler will receive.
-    return json.loads(text)
+    return json.loads(text), text
 
 
 def payload_text(value: Any, argument: str, *, max_bytes: int | None = None) -> str:

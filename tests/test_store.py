@@ -9,9 +9,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Engine, event, inspect, text
 
 from flask_defer import Job, JobExists, JobStatus
 from flask_defer.store import UNKNOWN_HANDLER_NOTE, JobFilter, JobStore, NewJob
@@ -48,6 +49,28 @@ def test_insert_returns_pending_job_with_utc_times(
     with store.begin() as conn:
         again = store.get(conn, job_id=job.id)
     assert again == job
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_sqlite_insert_takes_the_write_lock_in_turn_before_writing(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """The keyless insert runs on the driver's cursor, where SQLAlchemy's statement
+    events (the app's writes taking the lock in turn) never fire; it must still open
+    its transaction with the process's queued ``BEGIN IMMEDIATE``, not by pysqlite's
+    own deferred BEGIN, which waits in SQLite's busy handler instead of in turn."""
+    seen: list[str] = []
+
+    @event.listens_for(store.engine, "connect")
+    def traced(dbapi: Any, _record: Any) -> None:
+        dbapi.set_trace_callback(seen.append)
+
+    store.engine.dispose()
+    with store.engine.begin() as conn:
+        store.insert(conn, new_job(), now=now, replace=False)
+    writes = [sql for sql in seen if sql.startswith(("BEGIN", "INSERT"))]
+    assert writes[0] == "BEGIN IMMEDIATE", writes
+    assert writes[1].startswith("INSERT INTO defer_jobs "), writes
 
 
 def test_live_key_is_unique_until_the_holder_settles(
@@ -438,6 +461,20 @@ def test_sqlite_bulk_insert_stores_exactly_what_sqlalchemy_executemany_stores(
 
     assert stored(paths["store"]) == stored(paths["sqlalchemy"])
     assert len(stored(paths["store"])) == len(jobs)
+    # One by one too: the keyless insert stores the JSON text validation made as it is.
+    for way in ("store", "sqlalchemy"):
+        paths[way].unlink()
+        engine = create_engine(f"sqlite:///{paths[way]}")
+        store = JobStore(engine, define_jobs_table(MetaData()))
+        store.create_table()
+        for job in jobs:
+            with store.begin() as conn:
+                if way == "store":
+                    store.insert(conn, job, now=now, replace=False)
+                else:
+                    conn.execute(insert(store.table), store._row_values(job, now))
+        engine.dispose()
+    assert stored(paths["store"]) == stored(paths["sqlalchemy"])
 
 
 def test_bulk_insert_stores_what_sqlalchemy_stores_and_one_event_per_row(

@@ -109,7 +109,9 @@ class StoreBase:
         #: extension sets it to ``DEFER_MAX_SLEEP``, the longest a worker sleeps.
         self.notify_horizon = timedelta(seconds=10)
         # The prebuilt keyless insert, by (NOTIFY, history event) in its CTEs (per store).
-        self._insert_sql: dict[tuple[bool, bool], tuple[str, list[str], list[Any]]] = {}
+        self._insert_sql: dict[
+            tuple[bool, bool], tuple[str, list[str], list[tuple[int, Any]]]
+        ] = {}
         # The prebuilt bulk insert (PostgreSQL), see SchedulingStatements._pg_insert_many.
         self._insert_sql_text: dict[str, str] = {}
         # The prebuilt claim and next-due statements, by (kind, with queues, limit) (see

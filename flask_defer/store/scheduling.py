@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    bindparam,
     insert,
     literal_column,
     select,
@@ -29,7 +30,8 @@ from .records import (
     HistoryEvent,
     NewJob,
 )
-from .tuples import insert_tuples, one_row
+from .tuples import insert_tuples
+from .write_lock import begin_write
 
 #: A stand-in job, only to learn the column names an insert binds.
 _PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)
@@ -55,7 +57,9 @@ class SchedulingStatements(HistoryStatements):
             self.keyed_scheduled()
         notify = self.is_postgres and self.wants_notify(new.run_at, now)
         if new.key is None:
-            job_id = self._insert_one(conn, values, notify=notify, actor=actor)
+            job_id = self._insert_one(
+                conn, values, notify=notify, actor=actor, payload_json=new.payload_json
+            )
             return self._inserted_job(job_id, values)
         events: list[HistoryEvent] = []
         if replace:
@@ -107,7 +111,13 @@ class SchedulingStatements(HistoryStatements):
         return run_at <= now + self.notify_horizon
 
     def _insert_one(
-        self, conn: Connection, values: dict[str, Any], *, notify: bool, actor: str
+        self,
+        conn: Connection,
+        values: dict[str, Any],
+        *,
+        notify: bool,
+        actor: str,
+        payload_json: str | None = None,
     ) -> int:
         """The keyless insert: one prebuilt statement, values as parameters.
 
@@ -116,14 +126,17 @@ class SchedulingStatements(HistoryStatements):
         since the caller's :class:`Job` is built from the values it already has. On
         PostgreSQL the NOTIFY and the ``scheduled`` history event ride in the same
         statement (data-modifying CTEs), so a job costs one round trip, not two or
-        three; on SQLite the event is a second local statement.
+        three; on SQLite the event is a second local statement. SQLite stores
+        *payload_json* (the text validation made of the payload) as it is, as the
+        JSON column would have encoded it.
         """
         with_history = self.is_postgres and self.history_table is not None
         sql, order, processors = self._prebuilt_insert(conn, notify=notify, history=with_history)
-        params = tuple(
-            value if process is None else process(value)
-            for process, value in zip(processors, (values[name] for name in order), strict=True)
-        )
+        row = [values[name] for name in order]
+        as_is = order.index("payload") if payload_json is not None and self.is_sqlite else -1
+        for i, process in processors:
+            row[i] = payload_json if i == as_is else process(row[i])
+        params = tuple(row)
         if with_history:
             params += (values["created_at"], actor, values["run_at"])
         if notify:
@@ -132,17 +145,19 @@ class SchedulingStatements(HistoryStatements):
             # SQLite runs the INSERT in this process in microseconds; SQLAlchemy's
             # execute around it cost more (profiled). The driver's cursor, inside the
             # caller's transaction, sends the same compiled statement and conversions,
-            # and then the job's ``scheduled`` event (measured: 45 µs less a job).
+            # and then the job's ``scheduled`` event (measured: 45 µs less a job). The
+            # cursor bypasses SQLAlchemy's statement events, where the app's writes take
+            # SQLite's write lock in turn, so the transaction is opened that way here.
+            begin_write(conn)
             dbapi = conn.connection.driver_connection
             assert dbapi is not None
             cursor = dbapi.cursor()
             try:
                 job_id = int(cursor.execute(sql, params).fetchone()[0])
                 if self.history_table is not None:
-                    event = self._scheduled_event(job_id, values, actor)
-                    cursor.execute(
-                        *one_row(conn, self.history_table, event.row(), self._tuple_inserts)
-                    )
+                    # Its times are the job's created_at and run_at, converted above.
+                    at, run_at = row[order.index("created_at")], row[order.index("run_at")]
+                    cursor.execute(self._sqlite_scheduled_sql(conn), (job_id, at, actor, run_at))
             finally:
                 cursor.close()
             return job_id
@@ -150,6 +165,26 @@ class SchedulingStatements(HistoryStatements):
         if not with_history:
             self.record_events(conn, [self._scheduled_event(job_id, values, actor)])
         return job_id
+
+    def _sqlite_scheduled_sql(self, conn: Connection) -> str:
+        """SQLite: the INSERT of a new job's ``scheduled`` event, binding its job id,
+        time, actor and run_at (in that order), the rest written into the text."""
+        sql = self._insert_sql_text.get("sqlite-scheduled")
+        if sql is None:
+            assert self.history_table is not None
+            h = self.history_table
+            stmt = insert(h).values(
+                job_id=bindparam("b_job_id"),
+                event=literal_column("'scheduled'"),
+                at=bindparam("b_at"),
+                actor=bindparam("b_actor"),
+                attempt=literal_column("0"),
+                run_at=bindparam("b_run_at"),
+            )
+            compiled = stmt.compile(dialect=conn.dialect)
+            assert list(compiled.positiontup or ()) == ["b_job_id", "b_at", "b_actor", "b_run_at"]
+            sql = self._insert_sql_text["sqlite-scheduled"] = compiled.string
+        return sql
 
     @staticmethod
     def _scheduled_event(job_id: int, values: dict[str, Any], actor: str) -> HistoryEvent:
@@ -159,7 +194,7 @@ class SchedulingStatements(HistoryStatements):
 
     def _prebuilt_insert(
         self, conn: Connection, *, notify: bool, history: bool = False
-    ) -> tuple[str, list[str], list[Any]]:
+    ) -> tuple[str, list[str], list[tuple[int, Any]]]:
         cached = self._insert_sql.get((notify, history))
         if cached is not None:
             return cached
@@ -192,8 +227,12 @@ class SchedulingStatements(HistoryStatements):
                 )
             notified = f", pg_notify('{NOTIFY_CHANNEL}', {placeholder})" if notify else ""
             sql = f"WITH {', '.join(ctes)} SELECT inserted.id{notified} FROM inserted"
+        # Only the columns with a conversion, by position (most columns have none).
         processors = [
-            self.table.c[name].type.dialect_impl(dialect).bind_processor(dialect) for name in order
+            (i, process)
+            for i, name in enumerate(order)
+            if (process := self.table.c[name].type.dialect_impl(dialect).bind_processor(dialect))
+            is not None
         ]
         built = (sql, order, processors)
         self._insert_sql[(notify, history)] = built
@@ -203,10 +242,9 @@ class SchedulingStatements(HistoryStatements):
     def _inserted_job(job_id: int, values: dict[str, Any]) -> Job:
         """The :class:`Job` just written, from the values written (no read back).
 
-        Built through :meth:`Job.from_row`, the one place that reads a stored row, so the
-        written job and a job read back are built the same way.
+        Built by :meth:`Job.builder` as a claimed job is, from the row as written.
         """
-        return Job.from_row({**values, "id": job_id, "status": JobStatus.PENDING.value})
+        return _written_job(job_id, values)
 
     def insert_many(
         self, conn: Connection, jobs: Sequence[NewJob], *, now: datetime, actor: str = "app"
@@ -361,3 +399,15 @@ def _payload_json(job: NewJob) -> str:
     if job.payload_json is not None:
         return job.payload_json
     return json.dumps(job.payload, allow_nan=False)
+
+
+#: Builds the Job of a row just inserted from ``_row_values``' values (in their order),
+#: then its id and status.
+_WRITTEN_JOB = Job.builder(
+    [*SchedulingStatements._row_values(_PROBE, _PROBE.run_at), "id", "status"]
+)
+
+
+def _written_job(job_id: int, values: dict[str, Any]) -> Job:
+    """The job of a row just inserted with *values* (a ``_row_values`` dict)."""
+    return _WRITTEN_JOB((*values.values(), job_id, JobStatus.PENDING.value))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from operator import itemgetter
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import Connection, Table, insert
 
@@ -33,12 +33,29 @@ def insert_tuples(
     timestamps). The column *as_is* is sent unconverted (its values are already in
     stored form). *cache* keeps the compiled statements between calls.
     """
-    if len(rows) == 1:
-        conn.exec_driver_sql(*one_row(conn, table, rows[0], cache, as_is=as_is))
-        return
-    sql, order, processors = _prepared(conn, table, rows[0], cache, as_is)
+    key = (table.name, tuple(rows[0]), as_is)
+    prepared = cache.get(key)
+    if prepared is None:
+        compiled = insert(table).compile(dialect=conn.dialect, column_keys=list(rows[0]))
+        order = tuple(compiled.positiontup or ())
+        processors = tuple(
+            None
+            if name == as_is
+            else table.c[name].type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
+            for name in order
+        )
+        prepared = cache[key] = (compiled.string, order, processors)
+    sql, order, processors = prepared
     # One C call per row for the whole tuple (itemgetter of one name gives no tuple).
     values_of = itemgetter(*order) if len(order) > 1 else lambda row: (row[order[0]],)
+    if len(rows) == 1:
+        row = values_of(rows[0])
+        one = tuple(
+            value if process is None else process(value)
+            for process, value in zip(processors, row, strict=True)
+        )
+        conn.exec_driver_sql(sql, one)
+        return
     # Only the columns that have a conversion are touched per row.
     converted = [(i, _once_per_value(p)) for i, p in enumerate(processors) if p is not None]
     params: list[Any] = []
@@ -51,46 +68,6 @@ def insert_tuples(
             values = tuple(changed)
         params.append(values)
     conn.exec_driver_sql(sql, params)
-
-
-def one_row(
-    conn: Connection,
-    table: Table,
-    row: dict[str, Any],
-    cache: Prepared,
-    *,
-    as_is: str | None = None,
-) -> tuple[str, tuple[Any, ...]]:
-    """The INSERT of one *row* as :func:`insert_tuples` sends it: its SQL and values.
-
-    For a caller that runs it on the driver's cursor it already holds (the job's own
-    INSERT and its history event, one after the other inside the caller's transaction).
-    """
-    sql, order, processors = _prepared(conn, table, row, cache, as_is)
-    values = tuple(
-        row[name] if process is None else process(row[name])
-        for name, process in zip(order, processors, strict=True)
-    )
-    return sql, values
-
-
-def _prepared(
-    conn: Connection, table: Table, row: dict[str, Any], cache: Prepared, as_is: str | None
-) -> tuple[str, tuple[str, ...], tuple[Any, ...]]:
-    """The compiled INSERT for *row*'s columns, with each column's bind conversion."""
-    key = (table.name, tuple(row), as_is)
-    prepared = cache.get(key)
-    if prepared is None:
-        compiled = insert(table).compile(dialect=conn.dialect, column_keys=list(row))
-        order = tuple(compiled.positiontup or ())
-        processors = tuple(
-            None
-            if name == as_is
-            else table.c[name].type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
-            for name in order
-        )
-        prepared = cache[key] = (compiled.string, order, processors)
-    return cast("tuple[str, tuple[str, ...], tuple[Any, ...]]", prepared)
 
 
 def _once_per_value(process: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -59,6 +59,8 @@ STALE_CHECK = 0.01
 STALE_GRACE = 0.2
 
 _BEGIN = "BEGIN IMMEDIATE"
+#: Where :func:`begin_write` keeps a connection's busy timeout (its pool record's info).
+_BUSY_MS = "flask_defer.busy_timeout_ms"
 
 
 class FairLock:
@@ -269,8 +271,15 @@ def begin_write(conn: Connection) -> None:
         return
     if conn.get_transaction() is None:
         conn.begin()  # SQLAlchemy's side of it; pysqlite sends no BEGIN of its own
+    # The connection's busy timeout, read once per connection: every enqueue takes the
+    # lock this way, and the read was one of its four statements.
+    info = conn.connection.info
+    busy_ms = info.get(_BUSY_MS)
+    if busy_ms is None:
+        (busy_ms,) = dbapi.execute("PRAGMA busy_timeout").fetchone()
+        info[_BUSY_MS] = busy_ms
     try:
-        write_lock_of(conn.engine).begin(dbapi)
+        write_lock_of(conn.engine).begin(dbapi, busy_ms)
     except sqlite3.Error as error:
         raise DBAPIError.instance(_BEGIN, None, error, sqlite3.Error) from error
 
