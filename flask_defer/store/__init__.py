@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from .acks import AckStatements
 from .batches import BatchStatements
+from .bulk_inserts import BulkInsertStatements
 from .claims import ClaimStatements
 from .control import ControlStatements
 from .pauses import PauseStatements
@@ -32,7 +33,6 @@ from .records import (
     QueueCounts,
     StatusCounts,
 )
-from .scheduling import SchedulingStatements
 from .upkeep import UpkeepStatements
 
 __all__ = [
@@ -53,7 +53,7 @@ __all__ = [
 
 
 class JobStore(
-    SchedulingStatements,
+    BulkInsertStatements,
     ControlStatements,
     BatchStatements,
     ReadStatements,

@@ -112,7 +112,7 @@ class StoreBase:
         self._insert_sql: dict[
             tuple[bool, bool], tuple[str, list[str], list[tuple[int, Any]]]
         ] = {}
-        # The prebuilt bulk insert (PostgreSQL), see SchedulingStatements._pg_insert_many.
+        # The prebuilt bulk insert (PostgreSQL), see BulkInsertStatements._pg_insert_many.
         self._insert_sql_text: dict[str, str] = {}
         # The prebuilt claim and next-due statements, by (kind, with queues, limit) (see
         # ClaimStatements._claim_statement); SQLite names their indexes while this holds.
