@@ -178,8 +178,11 @@ class ClaimStatements(DueStatements):
             sql, build = self._driver_claim(kind, queues, params["limit"])
             return [build(row) for row in conn.exec_driver_sql(sql, params)]
         result = conn.execute(self._claim_statement(kind, queues, params["limit"]), params)
-        build = Job.builder(list(result.keys()))
-        return [build(row) for row in result]
+        # Every claim statement returns the table's columns: one builder for them all.
+        make = self._claim_sql.get(("builder", False, None))
+        if make is None:
+            make = self._claim_sql[("builder", False, None)] = Job.builder(list(result.keys()))
+        return [make(row) for row in result]
 
     def _driver_claim(
         self, kind: str, queues: bool, limit: int
