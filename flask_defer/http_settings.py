@@ -5,7 +5,8 @@ is refused at ``init_app`` with an error naming the key, not when the first job 
 
 * ``DEFER_HTTP_ALLOWED_NETWORKS``: networks a call may connect to although they are not
   public (loopback, private, link-local ...); everything else non-public is refused;
-* ``DEFER_HTTP_SECRETS``: header values by name, for ``secret("name")`` in headers;
+* ``DEFER_HTTP_SECRETS``: header values by name, for ``secret("name")`` in headers,
+  each a valid header value (visible ASCII, see :func:`header_value_problem`);
 * ``DEFER_WEBHOOK_SECRETS``: Standard Webhooks signing keys by name, one or several
   (several while rotating: each call is signed with every one of them).
 
@@ -33,6 +34,41 @@ WEBHOOK_SECRET_PREFIX = "whsec_"
 MIN_WEBHOOK_KEY_BYTES = 24
 
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+#: A header name: an RFC 9110 token. Anything else (a tab, a space, a colon, a control
+#: character) is read differently by different servers and proxies: ``Host\t`` is
+#: ``Host`` to a lenient one, which is how a request is smuggled past a check.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}")
+#: A header value: visible ASCII, with spaces and tabs inside but not at either end
+#: (RFC 9110's field-value). No line break, NUL, VT, FF or non-ASCII character.
+_HEADER_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\t\x20-\x7e]*[\x21-\x7e])?)?")
+#: The longest header value sent (servers refuse header sections of 8 to 16 KiB).
+MAX_HEADER_VALUE_CHARS = 8192
+
+
+def header_name_problem(name: Any) -> str | None:
+    """Why *name* cannot be sent as an HTTP header name, or None if it can."""
+    if not isinstance(name, str):
+        return f"names must be strings, got {name!r}"
+    if not _HEADER_NAME.fullmatch(name):
+        return (
+            f"invalid header name {name!r}: expected 1 to 256 letters, digits or "
+            "!#$%&'*+-.^_`|~ (an RFC 9110 token)"
+        )
+    return None
+
+
+def header_value_problem(value: Any) -> str | None:
+    """Why *value* cannot be sent as an HTTP header value, or None if it can."""
+    if not isinstance(value, str):
+        return f"expected a string, got {type(value).__name__}"
+    if len(value) > MAX_HEADER_VALUE_CHARS:
+        return f"longer than {MAX_HEADER_VALUE_CHARS} characters"
+    if not _HEADER_VALUE.fullmatch(value):
+        return (
+            "expected visible ASCII characters, with spaces or tabs only between them "
+            "(no line break, control or non-ASCII character)"
+        )
+    return None
 
 
 def check_secret_name(name: Any, argument: str) -> str:
@@ -68,11 +104,12 @@ def header_secrets(value: Any) -> Mapping[str, str]:
     name = "DEFER_HTTP_SECRETS"
     checked: dict[str, str] = {}
     for key, secret in _named(value, name).items():
-        if not isinstance(secret, str) or not secret or any(c in secret for c in "\r\n\x00"):
-            # The value is sent as a header: a line break would start another header.
-            raise InvalidArgument(
-                f"{name}[{key!r}]", "expected a non-empty string without line breaks"
-            )
+        # The value is sent as a header: a line break would start another header, and
+        # what is not visible ASCII is read differently by each server on the way.
+        why = "is empty" if secret == "" else header_value_problem(secret)
+        if why is not None:
+            # Never the value itself in the message: it is a secret.
+            raise InvalidArgument(f"{name}[{key!r}]", f"not a valid header value: {why}")
         checked[key] = secret
     return MappingProxyType(checked)
 

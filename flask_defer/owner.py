@@ -67,16 +67,18 @@ def require_secret_key() -> None:
     """Raise :class:`NotConfigured` naming ``SECRET_KEY`` when the app has none.
 
     The Undo UI keeps the anonymous owner id and its own CSRF token in Flask's signed
-    session, which needs ``SECRET_KEY``. Without this check the first ``undoable()``
+    session, which needs ``SECRET_KEY``; so do the dashboard's forms, for their CSRF
+    token. Without this check the first ``undoable()``
     would die deep in Flask with "The session is unavailable"; checked here, at the
     first call that needs the session and before any row is written, because apps
     that only schedule jobs and run a worker never need a secret key.
     """
     if not current_app.secret_key:
         raise NotConfigured(
-            "the Undo UI keeps its owner id and CSRF token in Flask's session, which "
-            "needs a secret key: set app.config['SECRET_KEY'] (e.g. from the "
-            "environment) before using undoable(), soft_delete() or defer_toasts()"
+            "the Undo UI and the jobs dashboard keep an owner id and a CSRF token in "
+            "Flask's session, which needs a secret key: set app.config['SECRET_KEY'] "
+            "(e.g. from the environment) before using undoable(), soft_delete(), "
+            "defer_toasts() or the dashboard"
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import email.message
 import json
 import logging
 import re
@@ -24,7 +25,7 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from flask_defer import InvalidArgument, Job, JobStatus, secret
-from flask_defer.helpers import http_guard, http_transport
+from flask_defer.helpers import http_guard, http_signing, http_transport
 from flask_defer.helpers.http_jobs import EXCERPT_CHARS, HTTP_JOB
 
 from .conftest import AppKit
@@ -63,6 +64,9 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/hang":
             state.release.wait(20)
             return
+        if path.startswith("/echo"):  # a receiver that shows the request it got
+            self._echo(path)
+            return
         status, headers, payload = state.routes.get(path, (404, {}, b"no such route"))
         self.send_response(status)
         for name, value in headers.items():
@@ -71,6 +75,18 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(payload)
+
+    def _echo(self, path: str) -> None:
+        as_json = path.endswith("-json")
+        if as_json:
+            payload = json.dumps(dict(self.headers)).encode()
+        else:
+            payload = "".join(f"{k}: {v}\n" for k, v in self.headers.items()).encode()
+        self.send_response(200 if "-ok" in path else 503)
+        self.send_header("Content-Type", "application/json" if as_json else "text/plain")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _handle
 
@@ -314,7 +330,7 @@ def test_schedule_http_refuses_bad_arguments(kit: AppKit) -> None:
     assert refused(timeout=11) == "timeout"  # above DEFER_HTTP_TIMEOUT (10 s)
     assert refused(headers={"X-A": "1\r\nX-B: 2"}) == "headers"
     assert refused(headers={"X A": "1"}) == "headers"
-    assert refused(json={1, 2}) == "payload"
+    assert refused(json={1, 2}) == "json"
     assert refused(run_at=datetime(2030, 1, 1)) == "run_at"
 
 
@@ -784,3 +800,150 @@ def test_https_goes_to_the_checked_address_and_verifies_the_certificate_of_the_u
     assert retried.status is JobStatus.PENDING
     assert "CERTIFICATE_VERIFY_FAILED" in retried.last_error
     assert len(tls_server.received) == 1 and set(connections.attempts) == {"127.0.0.1"}
+
+
+# -- hostile requests: smuggling, unsendable input, the internal job, echoed secrets ----
+
+
+def refused_argument(kit: AppKit, url: str = "https://api.example.com/", **options: Any) -> str:
+    """The argument ``schedule_http`` names when it refuses the call."""
+    with pytest.raises(InvalidArgument) as raised:
+        kit.defer.schedule_http(url, **options)
+    return raised.value.argument
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Host\t", "\tHost", "Transfer-Encoding\t", "Content-Length\t", "Idempotency-Key\t",
+        "Host\x0b", "X-A\x00", "X A", "X:A", "X-Ä", "X-A\u2028", "", "X-A\r",
+        "Host", "TE", "Expect", "Upgrade", "Keep-Alive",
+    ],
+)  # fmt: skip
+def test_a_header_name_that_is_not_a_token_or_is_reserved_is_refused(
+    kit: AppKit, name: str
+) -> None:
+    assert refused_argument(kit, headers={name: "evil"}) == "headers"
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["a\x0bb", "a\x0cb", "a\x00b", "café", "a\u2028b", "a\rb", "a\nb", " lead", "trail\t"],
+)
+def test_a_header_value_that_is_not_visible_ascii_is_refused(kit: AppKit, value: str) -> None:
+    assert refused_argument(kit, headers={"X-Note": value}) == "headers"
+
+
+def test_the_same_header_twice_in_other_cases_is_refused(kit: AppKit) -> None:
+    assert refused_argument(kit, headers={"X-A": "1", "x-a": "2"}) == "headers"
+
+
+def test_a_control_character_is_refused_naming_the_argument_the_caller_passed(
+    kit: AppKit,
+) -> None:
+    assert refused_argument(kit, "https://api.example.com/a\x00b") == "url"
+    assert refused_argument(kit, "https://api.example.com/a\u2028b") == "url"
+    assert refused_argument(kit, "https://api.example.com/\x7f") == "url"
+    assert refused_argument(kit, headers={"X-A": "a\x00b"}) == "headers"
+    assert refused_argument(kit, json={"text": "a\x00b"}) == "json"
+    assert refused_argument(kit, json={"n": float("nan")}) == "json"
+
+
+def test_a_secret_that_is_not_a_valid_header_value_is_refused_at_init_app(
+    make_app: Callable[..., AppKit],
+) -> None:
+    for bad in ("Bearer \x0bx", "Bearer é", "Bearer x\n", ""):
+        with pytest.raises(InvalidArgument) as raised:
+            make_app(DEFER_HTTP_SECRETS={"token": bad})
+        assert raised.value.argument == "DEFER_HTTP_SECRETS['token']"
+        assert bad not in str(raised.value) or bad == ""
+
+
+def test_a_non_ascii_url_is_sent_percent_encoded_as_browsers_do(
+    kit: AppKit, server: Server
+) -> None:
+    job = kit.defer.schedule_http(server.url + "/café?q=ü", method="GET")
+    assert job.payload["url"] == server.url + "/caf%C3%A9?q=%C3%BC"
+    run(kit, job)
+    [request] = server.received
+    assert request.path == "/caf%C3%A9?q=%C3%BC"
+
+
+def test_a_non_ascii_host_is_stored_in_its_idna_form(kit: AppKit) -> None:
+    job = kit.defer.schedule_http("https://bücher.example/a", delay=3600)
+    assert job.payload["url"] == "https://xn--bcher-kva.example/a"
+    assert refused_argument(kit, "https://a..b\u00e9/") == "url"  # no valid IDNA form
+
+
+def direct(kit: AppKit, payload: dict[str, Any]) -> Job:
+    """The internal job scheduled as ``defer.schedule`` allows, around schedule_http."""
+    job = kit.defer.schedule(HTTP_JOB, payload)
+    kit.db.session.commit()
+    return job
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"method": "PROPFIND"},
+        {"headers": {"Host": "169.254.169.254"}},
+        {"headers": {"Transfer-Encoding": "chunked"}},
+        {"headers": {"Host\t": "evil"}},
+        {"headers": {"X-A": "caf\u00e9"}},
+        {"headers": {"X-A": "a\u2028b"}},
+        {"headers": "X-A: 1"},
+        {"secret_headers": {"Authorization": "not configured"}},
+        {"secret_headers": {"Content-Length": "token"}},
+        {"sign": "nobody"},
+        {"timeout": 3600},
+        {"id": "has a space"},
+        {"proxy": "http://elsewhere"},
+    ],
+    ids=lambda payload: repr(payload)[:40],
+)
+def test_the_internal_job_scheduled_directly_gets_every_check_before_sending(
+    kit: AppKit, server: Server, payload: dict[str, Any]
+) -> None:
+    job = direct(kit, {"url": server.url + "/ok", "method": "POST", **payload})
+    failed = run(kit, job)
+    assert failed.status is JobStatus.FAILED and failed.attempts == 1, failed.last_error
+    assert "refused the" in failed.last_error
+    assert server.received == []
+
+
+def test_a_secret_echoed_by_the_receiver_is_stored_nowhere(
+    make_app: Callable[..., AppKit], server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    token = "Bearer sk_live_51Hx9supersecretvalue"
+    kit = make_app(
+        DEFER_HTTP_ALLOWED_NETWORKS=LOOPBACK,
+        DEFER_HTTP_SECRETS={"tok": token},
+        DEFER_WEBHOOK_SECRETS={"hook": CURRENT},
+    )
+    with kit.app.app_context(), caplog.at_level(logging.INFO, logger="flask_defer"):
+        kit.db.create_all()
+        jobs = [
+            kit.defer.schedule_http(
+                server.url + path, headers={"Authorization": secret("tok")}, sign="hook"
+            )
+            for path in ("/echo", "/echo-json", "/echo-ok", "/echo-ok-json")
+        ]
+        kit.db.session.commit()
+        kit.defer.run_due(now=later())
+        stored = "".join(stored_text(kit, job.id) for job in jobs)
+    sent = server.received[0].headers
+    assert sent["Authorization"] == token  # the receiver got it, and echoed it
+    signature = sent["webhook-signature"]
+    logged = caplog.text
+    for leaked in (token, "sk_live_51Hx9supersecretvalue", signature, signature[3:]):
+        assert leaked not in stored and leaked not in logged, leaked
+    assert "[redacted]" in stored and "HTTP 503" in stored
+
+
+def test_a_secret_cut_by_the_read_limit_leaves_no_prefix(kit: AppKit) -> None:
+    redact = http_signing.Redactor(["sk_live_51Hx9supersecretvalue"])
+    raw = b"x" * 100 + b"sk_live_51Hx9sup"
+    headers = email.message.Message()
+    headers["Content-Type"] = "text/plain"
+    text = http_transport.excerpt(raw, headers, truncated=True, redact=redact)
+    assert "sk_live" not in text and "[redacted]" in text

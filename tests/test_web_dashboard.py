@@ -968,3 +968,14 @@ def test_without_babel_the_dashboard_stays_english(ops: OpsApp, jobs: Seeded) ->
     )
     assert '<html lang="en">' in html and ">Owed<" in html and ">Run now<" in html
     assert "Überfällig" not in html
+
+
+def test_an_open_dashboard_without_a_secret_key_answers_a_page_naming_the_setting(
+    make_ops: Callable[..., OpsApp],
+) -> None:
+    ops = make_ops(auth=False, SECRET_KEY=None)
+    ops.app.debug = True  # the dashboard opens to any request in debug mode
+    response = ops.app.test_client().get("/defer/")
+    body = response.get_data(as_text=True)
+    assert response.status_code == 500
+    assert "SECRET_KEY" in body and "dashboard" in body

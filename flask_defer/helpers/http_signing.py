@@ -10,7 +10,9 @@ secrets and they are looked up in the worker's config when the call runs:
   Webhooks with every key of ``DEFER_WEBHOOK_SECRETS["billing"]``.
 
 A name missing from the config fails the call with a message saying which, rather
-than sending it unauthenticated or unsigned.
+than sending it unauthenticated or unsigned. And what the receiver answers is kept
+(``last_error``, history, logs, the dashboard) only after every secret value sent,
+the signature header and the signing keys are cut out of it (:class:`Redactor`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-from collections.abc import Mapping, Sequence
+import html
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..http_settings import check_secret_name
@@ -85,3 +89,61 @@ def webhook_headers(
         "webhook-timestamp": str(timestamp),
         "webhook-signature": signatures,
     }
+
+
+#: Text that replaces a secret found in what a receiver answered.
+REDACTED = "[redacted]"
+#: Shorter pieces of a secret are not searched for on their own: replacing every "abc"
+#: of an answer would garble it and hide nothing worth hiding.
+_MIN_PIECE_CHARS = 4
+
+
+class Redactor:
+    """Removes the values of secrets from text a receiver answered before it is kept.
+
+    A receiver that echoes the request (a debugging endpoint, an error page listing the
+    headers) would otherwise put ``Authorization`` into ``last_error``, the history and
+    the dashboard. Each secret is searched for as sent, as JSON and HTML would escape
+    it, with its whitespace runs collapsed (as an excerpt collapses them), and piece by
+    piece (the token of ``Bearer <token>``); the longest first, so a piece never leaves
+    the rest of its secret behind.
+    """
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        needles: set[str] = set()
+        for value in secrets:
+            for form in (value, " ".join(value.split())):
+                escaped = json.dumps(form)[1:-1]
+                needles.update((form, escaped, escaped.replace("/", "\\/"), html.escape(form)))
+            needles.update(value.split())
+        self._needles = sorted((n for n in needles if len(n) >= _MIN_PIECE_CHARS), key=len)[::-1]
+
+    def __call__(self, text: str) -> str:
+        """*text* with every secret replaced by :data:`REDACTED`."""
+        for needle in self._needles:
+            if needle in text:
+                text = text.replace(needle, REDACTED)
+        return text
+
+    def cut_partial(self, text: str) -> str:
+        """*text* without a trailing start of a secret (a body cut short mid-secret)."""
+        for needle in self._needles:
+            for size in range(min(len(needle) - 1, len(text)), _MIN_PIECE_CHARS - 1, -1):
+                if text.endswith(needle[:size]):
+                    return text[:-size] + REDACTED
+        return text
+
+
+def sent_secrets(
+    headers: Mapping[str, str], secret_headers: Iterable[str], keys: Sequence[bytes]
+) -> list[str]:
+    """What of one request must never be kept: secret header values, the signature
+    header, and the signing keys in the forms they could be written in."""
+    values = [headers[name] for name in secret_headers if name in headers]
+    if "webhook-signature" in headers:
+        values.append(headers["webhook-signature"])
+        values.extend(headers["webhook-signature"].split())
+    for key in keys:
+        encoded = base64.b64encode(key).decode()
+        values.extend((encoded, "whsec_" + encoded))
+    return values

@@ -22,7 +22,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
-from typing import Any
+from typing import Any, Protocol
 
 from .http_guard import Target
 
@@ -31,6 +31,14 @@ EXCERPT_CHARS = 500
 #: Bytes read from a response at most; the rest is never downloaded. More than the
 #: excerpt: an HTML page's visible text often starts after kilobytes of markup.
 READ_LIMIT = 64 * 1024
+
+class Redact(Protocol):
+    """Cuts secrets out of text (:class:`~.http_signing.Redactor`)."""
+
+    def __call__(self, text: str) -> str: ...
+
+    def cut_partial(self, text: str) -> str: ...
+
 
 _TEXT_SUBTYPES = frozenset({"json", "xml", "javascript", "x-www-form-urlencoded", "csv"})
 _tls: ssl.SSLContext | None = None
@@ -102,11 +110,13 @@ def send(
     headers: Mapping[str, str],
     body: bytes | None,
     timeout: float,
+    redact: Redact | None = None,
 ) -> Answer:
     """Make one request and read its answer within *timeout* seconds in all.
 
     Connection and read errors raise :class:`OSError` or
-    :class:`http.client.HTTPException`; any status is an :class:`Answer`.
+    :class:`http.client.HTTPException`; any status is an :class:`Answer`, whose reason
+    and excerpt have passed through *redact* (secrets the receiver echoed are cut out).
     """
     started = time.monotonic()
     kind = _PinnedTLSConnection if scheme == "https" else _PinnedConnection
@@ -116,12 +126,13 @@ def send(
         response = connection.getresponse()
         raw, truncated = _read(response, deadline=started + timeout)
         content_type = response.getheader("Content-Type")
+        reason = " ".join((response.reason or "").split())
         return Answer(
             status=response.status,
-            reason=response.reason or "",
+            reason=redact(reason) if redact else reason,
             retry_after=response.getheader("Retry-After"),
             content_type=content_type,
-            excerpt=excerpt(raw, response.headers, truncated=truncated),
+            excerpt=excerpt(raw, response.headers, truncated=truncated, redact=redact),
         )
     finally:
         connection.close()
@@ -144,11 +155,15 @@ def _read(response: http.client.HTTPResponse, *, deadline: float) -> tuple[bytes
     return b"".join(chunks), True
 
 
-def excerpt(raw: bytes, headers: Any, *, truncated: bool = False) -> str:
+def excerpt(
+    raw: bytes, headers: Any, *, truncated: bool = False, redact: Redact | None = None
+) -> str:
     """At most EXCERPT_CHARS of the body as one line of text ("…" when cut short).
 
     *headers* is the response's :class:`email.message.Message`. HTML becomes its
-    visible text; a body that is not text becomes "[N bytes of image/png]".
+    visible text; a body that is not text becomes "[N bytes of image/png]". *redact*
+    runs on the text as decoded and again once whitespace is collapsed, and before the
+    text is cut to length, so no part of a secret survives the cut.
     """
     content_type = headers.get_content_type() if headers.get("Content-Type") else None
     if not raw:
@@ -157,12 +172,18 @@ def excerpt(raw: bytes, headers: Any, *, truncated: bool = False) -> str:
         more = "+" if truncated else ""
         return f"[{len(raw)}{more} bytes of {content_type or 'binary data'}]"
     text = raw.decode(headers.get_content_charset() or "utf-8", errors="replace")
+    if redact is not None:
+        text = redact(text)
     if content_type in ("text/html", "application/xhtml+xml"):
         text = _visible_text(text)
     # Control characters would garble a log line or a terminal; whitespace runs and line
     # breaks become single spaces, so the excerpt is one line.
     text = "".join(" " if unicodedata.category(c) == "Cc" else c for c in text)
     text = " ".join(text.split())
+    if redact is not None:
+        text = redact(text)
+        if truncated:  # the body was cut at READ_LIMIT, perhaps inside a secret
+            text = redact.cut_partial(text)
     if len(text) > EXCERPT_CHARS or truncated:
         return text[:EXCERPT_CHARS] + "…"
     return text

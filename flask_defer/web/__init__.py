@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Flask, Response, g, has_request_context, request
+from flask import Blueprint, Flask, Response, g, has_request_context, render_template, request
 
 from .. import signals
 from ..config import DeferConfig
+from ..errors import NotConfigured
 from ..jobs import Job
 from ..resources import static_dir, templates_dir
 from . import dashboard, undo_views
@@ -43,7 +44,14 @@ def create_blueprint() -> Blueprint:
     undo_views.register(blueprint)
     # -- the operator dashboard and metrics --
     dashboard.register(blueprint)
+    blueprint.register_error_handler(NotConfigured, _not_configured)
     return blueprint
+
+
+def _not_configured(error: NotConfigured) -> tuple[str, int]:
+    """A page that names the missing setting (a bare 500 would send the operator to
+    the logs); the layout is not used, as it needs what is missing."""
+    return render_template("defer/not_configured.html", message=str(error)), 500
 
 
 def init_web(app: Flask, config: DeferConfig) -> None:
