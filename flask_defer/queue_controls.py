@@ -1,7 +1,8 @@
 """A job's queue controls: priority, per-key concurrency limit and expiry, checked once.
 
 ``schedule()`` and ``@defer.job(...)`` both take them; what a call leaves out comes
-from its handler's registration, and what that leaves out from the defaults here
+from its handler's registration (``HandlerSpec.controls``), and what that leaves out
+from the defaults here
 (priority 0, no key, no expiry). The checks name the argument and what was wrong, at
 the call, so a bad value never reaches the table.
 """
@@ -10,14 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import InvalidArgument
 from .timeutil import Duration, as_duration, as_utc
 from .validation import checked_text, storable_text
-
-if TYPE_CHECKING:
-    from .registry import HandlerSpec
 
 #: Priorities run from the most urgent to the least; lower numbers are claimed first.
 MIN_PRIORITY = -100
@@ -69,32 +67,6 @@ def checked_concurrency_limit(value: Any, argument: str = "concurrency_limit") -
 def checked_ttl(value: Duration | None, argument: str = "ttl") -> timedelta | None:
     """A positive duration (how late after ``run_at`` a job may still start), or None."""
     return None if value is None else as_duration(value, argument, allow_zero=False)
-
-
-def controls_for(
-    spec: HandlerSpec, *, run_at: datetime, queue: Any, **given: Any
-) -> dict[str, Any]:
-    """The ``NewJob`` fields of one ``schedule()`` call's queue controls.
-
-    *given* are its ``priority``, ``concurrency_key``, ``concurrency_limit``,
-    ``expires_at`` and ``ttl``; what it leaves out comes from the handler's *spec*.
-    """
-    if queue is not None:
-        validate_queue(queue)
-    controls = resolve_controls(
-        run_at=run_at,
-        default_priority=spec.priority,
-        default_concurrency_limit=spec.concurrency_limit,
-        default_ttl=spec.ttl,
-        **given,
-    )
-    return {
-        "queue": queue if queue is not None else spec.queue,
-        "priority": controls.priority,
-        "concurrency_key": controls.concurrency_key,
-        "concurrency_limit": controls.concurrency_limit,
-        "expires_at": controls.expires_at,
-    }
 
 
 def resolve_controls(

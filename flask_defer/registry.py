@@ -7,7 +7,7 @@ import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from .errors import InvalidArgument
@@ -16,6 +16,7 @@ from .queue_controls import (
     checked_concurrency_limit,
     checked_priority,
     checked_ttl,
+    resolve_controls,
     validate_queue,
 )
 from .timeutil import Duration
@@ -56,6 +57,29 @@ class HandlerSpec:
     def is_async(self) -> bool:
         """True for an ``async def`` handler: the worker awaits it on its event loop."""
         return inspect.iscoroutinefunction(self.func)
+
+    def controls(self, *, run_at: datetime, queue: Any, **given: Any) -> dict[str, Any]:
+        """The ``NewJob`` fields of one ``schedule()`` call's queue controls.
+
+        *given* are its ``priority``, ``concurrency_key``, ``concurrency_limit``,
+        ``expires_at`` and ``ttl``; what it leaves out comes from this handler.
+        """
+        if queue is not None:
+            validate_queue(queue)
+        controls = resolve_controls(
+            run_at=run_at,
+            default_priority=self.priority,
+            default_concurrency_limit=self.concurrency_limit,
+            default_ttl=self.ttl,
+            **given,
+        )
+        return {
+            "queue": queue if queue is not None else self.queue,
+            "priority": controls.priority,
+            "concurrency_key": controls.concurrency_key,
+            "concurrency_limit": controls.concurrency_limit,
+            "expires_at": controls.expires_at,
+        }
 
 
 class Registry:

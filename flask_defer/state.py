@@ -29,7 +29,6 @@ from .health import Health
 from .jobs import Job, JobEvent
 from .maintenance import expire_due, reclaim_lapsed
 from .maintenance import prune as prune_settled
-from .queue_controls import controls_for
 from .registry import HandlerSpec, Registry
 from .runner import Runner
 from .schema import SchemaNames, define_history_table, define_pauses_table
@@ -160,8 +159,8 @@ class DeferState:
             payload_json=text,
             run_at=when,
             max_attempts=self.max_attempts(spec),
-            **controls_for(
-                spec, run_at=when, queue=queue, priority=priority, ttl=ttl,
+            **spec.controls(
+                run_at=when, queue=queue, priority=priority, ttl=ttl,
                 concurrency_key=concurrency_key, concurrency_limit=concurrency_limit,
                 expires_at=expires_at,
             ),  # fmt: skip

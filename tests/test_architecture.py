@@ -132,3 +132,74 @@ def test_flask_in_the_engine_breaks_the_forbidden_contract(tmp_path: Path) -> No
     result = lint_imports(tmp_path)
     assert result.returncode != 0
     assert "flask_defer.runner is not allowed to import flask" in result.stdout
+
+
+def import_circles(package: str, path: Path) -> list[list[str]]:
+    """Groups of modules of *package* that import each other, directly or through
+    others (strongly connected components of the import graph, TYPE_CHECKING too)."""
+    import grimp
+
+    sys.path.insert(0, str(path))
+    try:
+        graph = grimp.build_graph(package, cache_dir=None)
+    finally:
+        sys.path.remove(str(path))
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(start: str) -> None:  # iterative Tarjan
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        work = [(start, iter(sorted(graph.find_modules_directly_imported_by(start))))]
+        while work:
+            module, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append(
+                        (target, iter(sorted(graph.find_modules_directly_imported_by(target))))
+                    )
+                elif target in on_stack:
+                    low[module] = min(low[module], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[module])
+            if low[module] == index[module]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == module:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def test_no_module_of_the_package_imports_itself_through_others() -> None:
+    assert import_circles("flask_defer", ROOT) == []
+
+
+def test_the_circle_check_finds_a_circle_even_under_type_checking(tmp_path: Path) -> None:
+    package = tmp_path / "circled"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from . import b\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n"
+    )
+    (package / "c.py").write_text("from . import a\n")
+    assert import_circles("circled", tmp_path) == [["circled.a", "circled.b"]]

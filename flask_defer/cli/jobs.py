@@ -10,7 +10,7 @@ import click
 from flask.cli import with_appcontext
 
 from ..errors import JobNotPending
-from ..extension import current_defer
+from ..facade import current_defer
 from ..jobs import Job, JobStatus
 from .common import CLI_ACTOR, errors_to_exit_codes
 

@@ -8,7 +8,7 @@ from dataclasses import asdict
 import click
 from flask.cli import with_appcontext
 
-from ..extension import current_defer
+from ..facade import current_defer
 from .common import CLI_ACTOR, errors_to_exit_codes
 
 _QUEUE = click.option("--queue", default=None, help="The queue (as in @defer.job(queue=...)).")

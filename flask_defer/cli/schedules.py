@@ -8,7 +8,7 @@ from typing import Any
 import click
 from flask.cli import with_appcontext
 
-from ..extension import current_defer
+from ..facade import current_defer
 from ..store.schedules import ScheduleRow
 from .common import errors_to_exit_codes
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from flask.cli import with_appcontext
 
-from ..extension import current_defer
+from ..facade import current_defer
 from .common import errors_to_exit_codes
 
 

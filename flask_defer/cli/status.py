@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import click
 from flask.cli import with_appcontext
 
-from ..extension import current_defer
+from ..facade import current_defer
 from .common import CLI_ACTOR, errors_to_exit_codes
 
 

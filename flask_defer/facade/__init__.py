@@ -1,10 +1,52 @@
-"""The groups of ``Defer``'s public methods, one concern a module, mixed into ``Defer``.
+"""The one facade every caller uses: ``Defer``'s public methods, one concern a module.
 
-:class:`~flask_defer.Defer` is the one facade every caller uses; its methods are many,
-so they are written here by concern and ``Defer`` inherits them all: the Undo UI
-(:mod:`.undo`), schema revisions (:mod:`.schema`), recurring schedules
-(:mod:`.recurring`), the built-in helpers (:mod:`.helpers`), the operator dashboard
-(:mod:`.dashboard`) and paused queues and job names (:mod:`.pauses`). Each method is as
-thin as those in ``extension.py``: it checks its arguments and hands the current app's
-state to the module that owns the rule.
+Python code, the web blueprint and the CLI all call these methods, so a cancel from
+the UI, from ``flask defer cancel`` and from a view is one code path with one set of
+race rules. :class:`DeferFacade` gathers the groups: the core (:mod:`.core`: handlers,
+scheduling, control, reads, running), the Undo UI (:mod:`.undo`), schema revisions
+(:mod:`.schema`), recurring schedules (:mod:`.recurring`), the built-in features
+(:mod:`.helpers`), the operator dashboard (:mod:`.dashboard`) and paused queues and
+job names (:mod:`.pauses`). Each method is thin: it checks its arguments and hands the
+current app's state to the module that owns the rule.
+
+The facade stands below ``cli/`` and ``web/``, which reach it through
+:func:`current_defer`; :class:`~flask_defer.Defer` (``extension.py``) adds the wiring
+(``init_app``) above them, so registering the blueprint and the CLI group makes no
+import circle.
 """
+
+from __future__ import annotations
+
+from ..state import current_state
+from .core import CoreMethods
+from .dashboard import DashboardMethods
+from .helpers import HelperMethods
+from .pauses import PauseMethods
+from .recurring import RecurringMethods
+from .schema import SchemaMethods
+from .undo import UndoMethods
+
+__all__ = ["DeferFacade", "current_defer"]
+
+
+class DeferFacade(
+    CoreMethods,
+    UndoMethods,
+    SchemaMethods,
+    RecurringMethods,
+    HelperMethods,
+    DashboardMethods,
+    PauseMethods,
+):
+    """Every public method of :class:`~flask_defer.Defer` but its wiring."""
+
+
+def current_defer() -> DeferFacade:
+    """The ``Defer`` bound to the current app: what the blueprint and the CLI call.
+
+    Raises :class:`~flask_defer.NotConfigured` outside an app context or on an app
+    that ``init_app`` was never called on.
+    """
+    extension = current_state().extension
+    assert isinstance(extension, DeferFacade)
+    return extension

@@ -13,6 +13,7 @@ from ..owner import OwnerLoader
 from ..registry import Registry
 from ..schema import SchemaNames
 from ..state import DeferState, current_state
+from ..store import versioning
 from ..undo_hooks import UndoHooks
 
 #: The dashboard's authorisation hook: no arguments, True to let the request in.
@@ -49,3 +50,8 @@ class FacadeBase:
         """The current app's tables, and whether its own Alembic (Flask-Migrate) runs."""
         migrate = "migrate" in current_app.extensions
         return replace(self._tables(self._state()), app_migrations=migrate)
+
+    def _require_current_schema(self) -> None:
+        """Raise :class:`SchemaMismatch` unless the schema matches the code."""
+        # A worker on a schema behind or ahead of the code would fail on every claim.
+        versioning.require_current(self._state().store.engine, self._schema_names())

@@ -32,8 +32,3 @@ class SchemaMethods(FacadeBase):
     def schema_sql(self) -> str:
         """The SQL the upgrade would run, not executed (``flask defer db sql``)."""
         return versioning.pending_sql(self._state().store.engine, self._schema_names())
-
-    def _require_current_schema(self) -> None:
-        """Raise :class:`SchemaMismatch` unless the schema matches the code."""
-        # A worker on a schema behind or ahead of the code would fail on every claim.
-        versioning.require_current(self._state().store.engine, self._schema_names())

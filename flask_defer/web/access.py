@@ -15,7 +15,7 @@ from typing import TypeVar
 from flask import abort
 from flask.typing import ResponseReturnValue
 
-from ..extension import current_defer
+from ..facade import current_defer
 from ..owner import flask_login_owner
 from .i18n import gettext
 

@@ -10,13 +10,11 @@ reload. Like every view of the blueprint, these call the facade (``list``,
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import Any
 
 from flask import (
     Blueprint,
-    Response,
     abort,
-    get_flashed_messages,
     render_template,
     request,
     url_for,
@@ -30,10 +28,10 @@ from ..timeutil import utcnow
 from ..undo import MAX_JOB_ID
 from . import dashboard_actions, dashboard_confirm, formatting, metrics_view, queues, schedules
 from .access import current_defer, operators_only
-from .csrf import csrf_token, field_name
-from .dashboard_actions import FLASH_OK, FLASH_REFUSED, ActionOutcome
+from .dashboard_actions import ActionOutcome
 from .i18n import gettext
 from .job_query import JobQuery
+from .pages import form_context, page_context, refresh_seconds, uncached_page, wants_fragment
 from .redirects import path_of
 from .responses import is_htmx, no_store
 
@@ -63,17 +61,6 @@ def _bad_request(error: BadRequest) -> ResponseReturnValue:
         return error
     outcome = ActionOutcome(False, error.description or gettext("The request was refused."))
     return no_store((render_template("defer/_dashboard_outcome.html", outcome=outcome), 400))
-
-
-def wants_fragment() -> bool:
-    """True when htmx asks for a part of the page (not a history restore of all of it)."""
-    return is_htmx() and request.headers.get("HX-History-Restore-Request") != "true"
-
-
-def uncached_page(body: str) -> Response:
-    """A dashboard page or fragment: never cached, and varying on ``HX-Request``
-    (the list's URL serves both the page and its fragment)."""
-    return no_store(body, vary_htmx=True)
 
 
 @operators_only
@@ -183,28 +170,6 @@ def bulk_counts(query: JobQuery, health: Health) -> dict[str, int | None]:
         else:
             result[status.value] = None if counts is None else counts.get(status.value, 0)
     return result
-
-
-def form_context() -> dict[str, Any]:
-    """The CSRF token and field every action form carries."""
-    return {"csrf_token": csrf_token(), "csrf_field": field_name()}
-
-
-def page_context() -> dict[str, Any]:
-    """What only full pages need: the outcomes of no-JavaScript actions."""
-    flashed = cast(
-        "list[tuple[str, str]]",
-        get_flashed_messages(with_categories=True, category_filter=[FLASH_OK, FLASH_REFUSED]),
-    )
-    return {
-        "flashed": [(category == FLASH_OK, str(text)) for category, text in flashed],
-        "home_url": current_defer().config.dashboard_home_url,
-    }
-
-
-def refresh_seconds() -> float:
-    """How often an open page refreshes itself (0: never)."""
-    return current_defer().config.dashboard_refresh.total_seconds()
 
 
 def _back_to_list() -> str:

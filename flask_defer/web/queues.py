@@ -16,12 +16,13 @@ from flask import Blueprint, abort, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
 from ..errors import InvalidArgument
-from ..extension import Defer
+from ..facade import DeferFacade
 from ..timeutil import utcnow
 from .access import current_defer, operator, operators_only, require_operator
 from .csrf import require_csrf
 from .dashboard_actions import ActionOutcome, answer
 from .i18n import N_, gettext
+from .pages import form_context, page_context, refresh_seconds, uncached_page, wants_fragment
 
 #: The outcome sentences, by (action, kind, changed), each a catalogue message.
 SENTENCES = {
@@ -56,14 +57,6 @@ def dom_id(kind: str, value: str) -> str:
 @operators_only
 def queues_page() -> ResponseReturnValue:
     """Every queue and job name known, with pending, due and running jobs and its state."""
-    from .dashboard import (
-        form_context,
-        page_context,
-        refresh_seconds,
-        uncached_page,
-        wants_fragment,
-    )
-
     now = utcnow()
     rows = current_defer().queues(now=now)
     context = {
@@ -84,12 +77,12 @@ def queues_page() -> ResponseReturnValue:
 
 def pause() -> ResponseReturnValue:
     """Pause the queue or name of the form; one already paused is reported as such."""
-    return _switch("pause", Defer.pause)
+    return _switch("pause", DeferFacade.pause)
 
 
 def resume() -> ResponseReturnValue:
     """Resume the queue or name of the form; one not paused is reported as such."""
-    return _switch("resume", Defer.resume)
+    return _switch("resume", DeferFacade.resume)
 
 
 def _switch(action: str, method: Callable[..., bool]) -> ResponseReturnValue:

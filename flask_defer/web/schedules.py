@@ -13,13 +13,14 @@ from flask import Blueprint, abort, render_template, url_for
 from flask.typing import ResponseReturnValue
 
 from ..errors import ScheduleNotFound
-from ..extension import Defer
+from ..facade import DeferFacade
 from ..recurrence import ID_PATTERN
 from ..timeutil import utcnow
 from .access import current_defer, operators_only, require_operator
 from .csrf import require_csrf
 from .dashboard_actions import ActionOutcome, answer
 from .i18n import N_, gettext
+from .pages import form_context, page_context, uncached_page, wants_fragment
 
 
 def register(blueprint: Blueprint) -> None:
@@ -36,8 +37,6 @@ def register(blueprint: Blueprint) -> None:
 @operators_only
 def schedules_page() -> ResponseReturnValue:
     """Every schedule (orphaned ones too) with its rule, state, next and last run."""
-    from .dashboard import form_context, page_context, uncached_page, wants_fragment
-
     context = {
         "schedules": current_defer().list_recurring(),
         "now": utcnow(),
@@ -62,7 +61,7 @@ def pause(schedule_id: str) -> ResponseReturnValue:
     """running → paused; an already paused schedule is reported as such."""
     return _switch(
         schedule_id,
-        Defer.pause_recurring,
+        DeferFacade.pause_recurring,
         N_("Schedule {id} paused."),
         N_("Schedule {id} was already paused."),
     )
@@ -72,14 +71,14 @@ def resume(schedule_id: str) -> ResponseReturnValue:
     """paused → running from its next tick (the paused ticks are not run)."""
     return _switch(
         schedule_id,
-        Defer.resume_recurring,
+        DeferFacade.resume_recurring,
         N_("Schedule {id} resumed."),
         N_("Schedule {id} was not paused."),
     )
 
 
 def _switch(
-    schedule_id: str, method: Callable[[Defer, str], bool], done: str, unchanged: str
+    schedule_id: str, method: Callable[[DeferFacade, str], bool], done: str, unchanged: str
 ) -> ResponseReturnValue:
     """Pause or resume (the facade's *method*): the *done* sentence if this call changed
     it, else *unchanged* (each a catalogue message with ``{id}``)."""
