@@ -7,6 +7,7 @@ Undo is a guarded update that wins or loses cleanly against the worker's claim.
 from __future__ import annotations
 
 from .bulk import JobSpec
+from .engine.execution import Outcome, RunSummary
 from .errors import (
     DeferError,
     InvalidArgument,
@@ -19,7 +20,6 @@ from .errors import (
     SchemaMismatch,
     UnknownJob,
 )
-from .execution import Outcome, RunSummary
 from .extension import Defer
 from .health import Health
 from .helpers.batching import Batched

@@ -10,6 +10,8 @@ them), and they reach the facade below them, so there is no import circle.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +19,8 @@ from flask import Flask
 
 from . import versioning_hooks as _versioning_hooks
 from .cli import defer_cli
+from .engine.embedded import EMBEDDED_SHUTDOWN_GRACE, EmbeddedWorker
+from .engine.worker import Worker
 from .facade import DeferFacade, current_defer
 from .facade.base import DashboardAuth
 from .helpers import builtin_handlers
@@ -117,7 +121,6 @@ class Defer(DeferFacade):
         object.__setattr__(state, "recurring", self._ticker_for(state))
         # -- the worker: an embedded one for development ---------------------------
         if config.embedded_worker:
-            from .embedded import EMBEDDED_SHUTDOWN_GRACE, install
 
             grace = min(config.shutdown_grace, EMBEDDED_SHUTDOWN_GRACE)
             def check() -> None:  # as flask defer worker's, asked from the thread
@@ -125,8 +128,48 @@ class Defer(DeferFacade):
                 names = replace(self._tables(state), app_migrations=migrate)
                 versioning.require_current(state.store.engine, names)
 
-            install(app, lambda: state.worker(shutdown_grace=grace), check)
+            install_embedded_worker(app, lambda: state.worker(shutdown_grace=grace), check)
 
         app.cli.add_command(defer_cli)
         # -- Undo UI: blueprint, defer_toasts() and the htmx refresh trigger --
         init_web(app, config)
+
+
+def is_serving_process() -> bool:
+    """True in the process that will serve ``flask run`` requests.
+
+    That is the reloader's child, or ``flask run`` with the reloader off. The
+    reloader's watcher process imports the app too but never serves.
+    """
+    if os.environ.get("WERKZEUG_RUN_MAIN") == "true":
+        return True
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or ctx.info_name != "run":
+        return False
+    reload = ctx.params.get("reload")
+    if reload is None:
+        from flask.helpers import get_debug_flag
+
+        reload = get_debug_flag()
+    return not reload
+
+
+def install_embedded_worker(
+    app: Flask, make_worker: Callable[[], Worker], check: Callable[[], None] | None = None
+) -> EmbeddedWorker:
+    """Arrange for *app*'s embedded worker to start once, in the serving process.
+
+    *check* raises while the schema does not match the code (see ``EmbeddedWorker``).
+    """
+    embedded = EmbeddedWorker(make_worker, check)
+    app.extensions["defer.embedded_worker"] = embedded
+    if is_serving_process():
+        embedded.start()
+
+    @app.before_request
+    def _start_embedded_worker() -> None:
+        embedded.start()
+
+    return embedded

@@ -13,8 +13,9 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from .bulk import build_new_jobs
+from .engine.execution import Clock
+from .engine.worker import Worker
 from .errors import InvalidArgument, JobNotFound, JobNotPending
-from .execution import Clock
 from .jobs import Job, JobStatus
 from .queue_controls import checked_priority, checked_ttl
 from .state import DeferState
@@ -29,7 +30,6 @@ from .validation import (
     identity,
     statuses,
 )
-from .worker import Worker
 
 
 class Filters(TypedDict, total=False):

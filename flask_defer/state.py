@@ -22,15 +22,17 @@ from sqlalchemy import Connection
 
 from . import signals
 from .config import DeferConfig, apply_defaults, load_config
+from .engine.execution import Clock, Executor, RunSummary
+from .engine.maintenance import expire_due, reclaim_lapsed
+from .engine.maintenance import prune as prune_settled
+from .engine.runner import Runner
+from .engine.ticks import RecurringTicks
+from .engine.worker import Worker, make_worker
 from .engines import engine_table_session
 from .errors import InvalidArgument, JobNotFound, NotConfigured, UnknownJob
-from .execution import Clock, Executor, RunSummary
 from .health import Health
 from .jobs import Job, JobEvent
-from .maintenance import expire_due, reclaim_lapsed
-from .maintenance import prune as prune_settled
 from .registry import HandlerSpec, Registry
-from .runner import Runner
 from .schema import SchemaNames, define_history_table, define_pauses_table
 from .store import JobStore, NewJob, versioning
 from .store.tuning import tune_sqlite
@@ -44,10 +46,8 @@ from .validation import (
     checked_state_texts,
     checked_text,
 )
-from .worker import Worker, make_worker
 
 if TYPE_CHECKING:
-    from .helpers.recurring import Ticker
     from .metrics import Metrics
 
 
@@ -72,7 +72,7 @@ class DeferState:
     metrics: Metrics | None = None
     #: The app's recurring schedules (:mod:`flask_defer.helpers.recurring`), set by
     #: ``init_app`` right after this state is built; the worker and run_due tick it.
-    recurring: Ticker | None = None
+    recurring: RecurringTicks | None = None
 
     # -- signals and inserts: the one path ------------------------------------------
 

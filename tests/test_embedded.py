@@ -14,7 +14,7 @@ import pytest
 from flask.cli import run_command
 
 from flask_defer import JobStatus
-from flask_defer.embedded import EmbeddedWorker
+from flask_defer.engine.embedded import EmbeddedWorker
 
 from .conftest import AppKit
 from .worker_helpers import wait_until

@@ -18,7 +18,7 @@ from sqlalchemy import String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flask_defer import Job, JobStatus
-from flask_defer.execution import error_summary
+from flask_defer.engine.execution import error_summary
 
 from .conftest import AppKit
 

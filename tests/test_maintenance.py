@@ -10,7 +10,7 @@ from sqlalchemy import Integer
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flask_defer import JobStatus
-from flask_defer.maintenance import reclaim_lapsed
+from flask_defer.engine.maintenance import reclaim_lapsed
 from flask_defer.timeutil import utcnow
 
 from .conftest import AppKit

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from flask_defer.outcomes import Outcome, ProgressLog, RunSummary
+from flask_defer.engine.outcomes import Outcome, ProgressLog, RunSummary
 
 
 def test_the_progress_line_says_what_ran_since_the_last_one_and_nothing_when_idle(

@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.pool import QueuePool
 
-from flask_defer.execution import Outcome
+from flask_defer.engine.execution import Outcome
+from flask_defer.engine.pool import HandlerPool, warn_if_connections_short
 from flask_defer.jobs import Job, JobStatus
-from flask_defer.pool import HandlerPool, warn_if_connections_short
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 

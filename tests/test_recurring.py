@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import update
 
 from flask_defer import InvalidArgument, Job, NotConfigured, ScheduleNotFound, UnknownJob
-from flask_defer.ticks import TickTimer
+from flask_defer.engine.ticks import TickTimer
 from flask_defer.timeutil import utcnow
 
 from .conftest import AppKit

@@ -30,7 +30,7 @@ from flask_defer import (
     UndoOutcome,
     job_cancelled,
 )
-from flask_defer.execution import Outcome
+from flask_defer.engine.execution import Outcome
 from flask_defer.helpers.soft_delete import PURGE_JOB
 
 from .conftest import AppKit

@@ -119,7 +119,7 @@ def test_sqlite_claim_with_the_pause_condition_still_reads_the_partial_index(
 
 @pytest.mark.parametrize("backend", ["postgresql"])
 def test_resume_wakes_the_workers_of_the_queue(store: JobStore, now: datetime) -> None:
-    from flask_defer.wake import Wake, Waker
+    from flask_defer.engine.wake import Wake, Waker
 
     store.pause(kind="queue", value="emails", now=now, actor="app")
     store.pause(kind="name", value="send_digest", now=now, actor="app")

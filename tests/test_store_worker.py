@@ -244,7 +244,7 @@ def test_reschedule_notifies_listeners(
     store: JobStore, new_job: MakeJob, now: datetime
 ) -> None:
     # "Run now" from the dashboard must not wait for a worker's timed wake.
-    from flask_defer.wake import Wake, Waker
+    from flask_defer.engine.wake import Wake, Waker
 
     job_id = insert(store, new_job(run_at=now + timedelta(hours=1)), now)
     waker = Waker(store.open_listener)
@@ -263,7 +263,7 @@ def test_insert_notifies_only_jobs_due_within_a_workers_longest_sleep(
 ) -> None:
     # A sleeping worker looks at the earliest run_at at least every notify_horizon, so
     # a job due later is found in time without a wake-up; one due sooner must wake it.
-    from flask_defer.wake import Wake, Waker
+    from flask_defer.engine.wake import Wake, Waker
 
     store.notify_horizon = timedelta(seconds=10)
     waker = Waker(store.open_listener)

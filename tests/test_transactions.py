@@ -30,7 +30,7 @@ from flask_defer import (
     UndoOutcome,
     job_cancelled,
 )
-from flask_defer.execution import RunSummary
+from flask_defer.engine.execution import RunSummary
 from flask_defer.timeutil import utcnow
 
 from .conftest import AppKit

@@ -9,8 +9,8 @@ from datetime import datetime
 import pytest
 from sqlalchemy import text
 
+from flask_defer.engine.wake import Wake, Waker
 from flask_defer.store import JobStore
-from flask_defer.wake import Wake, Waker
 
 from .worker_helpers import wait_until
 

@@ -23,7 +23,7 @@ from sqlalchemy import Integer, String, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flask_defer import InvalidArgument, Job, JobStatus, NotYet, RetryAfter, signals
-from flask_defer.logs import JsonFormatter
+from flask_defer.engine.logs import JsonFormatter
 from flask_defer.store import NewJob
 from flask_defer.timeutil import utcnow
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from flask_defer.worker import Worker
+from flask_defer.engine.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -128,7 +128,7 @@ def run(ctx: Context) -> Section:
 def _worker_stages(ctx: Context) -> list[str]:
     """Where a job's cost goes inside the worker, stage by stage, per job.
 
-    The real :class:`~flask_defer.worker.Worker` (``defer.worker(burst=True)``, its
+    The real :class:`~flask_defer.engine.worker.Worker` (``defer.worker(burst=True)``, its
     defaults) drains the backlog in this process with its stages timed: the claim on
     the loop's thread (wall and CPU, ``time.thread_time``), each job on its handler
     thread (app context, handler, hand-off of the outcome and the wake-up), the batched

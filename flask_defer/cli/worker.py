@@ -67,7 +67,7 @@ def worker_command(
 
     Start as many as you like on PostgreSQL; on SQLite run one.
     """
-    from ..logs import configure
+    from ..engine.logs import configure
 
     configure(log_level, log_format)
     worker = current_defer().worker(concurrency=concurrency, queues=queues or None, burst=burst)

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from .. import cancels, operations
 from ..config import DeferConfig
+from ..engine.execution import RunSummary
+from ..engine.worker import Worker
 from ..errors import JobNotFound
-from ..execution import RunSummary
 from ..health import Health
 from ..jobs import Job, JobEvent
 from ..operations import Filters
@@ -21,7 +22,6 @@ from ..registry import Handler
 from ..store import JobStore
 from ..timeutil import Duration
 from ..validation import checked_actor, identity
-from ..worker import Worker
 from .base import FacadeBase
 
 if TYPE_CHECKING:

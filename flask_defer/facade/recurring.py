@@ -139,5 +139,6 @@ class RecurringMethods(FacadeBase):
         state = self._state()
         if writes is not None:
             state.transactions.refuse_uncommitted(writes)
-        assert state.recurring is not None
-        return state.recurring
+        ticker = state.recurring
+        assert isinstance(ticker, _recurring.Ticker)  # init_app sets the app's Ticker
+        return ticker

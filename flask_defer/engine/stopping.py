@@ -20,11 +20,11 @@ from types import FrameType
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from ..jobs import Job
+from ..store import JobStore
 from .execution import JobLog
-from .jobs import Job
 from .leases import brief
 from .pool import HandlerPool
-from .store import JobStore
 
 logger = logging.getLogger("flask_defer.worker")
 

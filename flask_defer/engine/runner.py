@@ -22,11 +22,11 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from ..jobs import Job
+from ..store import JobStore
+from ..timeutil import utcnow
 from .execution import Clock, Executor, Outcome, PendingAck, RunSummary
-from .jobs import Job
 from .leases import LeaseHeartbeat, brief
-from .store import JobStore
-from .timeutil import utcnow
 
 logger = logging.getLogger("flask_defer.worker")
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from .errors import InvalidArgument
-from .jobs import Fail, Job
-from .store import Ack
-from .validation import payload_text
+from ..errors import InvalidArgument
+from ..jobs import Fail, Job
+from ..store import Ack
+from ..validation import payload_text
 
 logger = logging.getLogger("flask_defer")
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import time
 
-from .config import MaintenancePolicy
+from ..config import MaintenancePolicy
+from ..store import JobStore
 from .execution import Clock
-from .store import JobStore
 
 logger = logging.getLogger("flask_defer.worker")
 

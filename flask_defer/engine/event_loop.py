@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from ..jobs import Job
 from .execution import JobLog, Outcome, PendingAck
-from .jobs import Job
 
 logger = logging.getLogger("flask_defer.worker")
 
@@ -31,7 +31,7 @@ class CoroutineRunner:
     """Runs coroutine handlers' jobs as tasks of one event loop, started on first use.
 
     *on_done* is called (on the loop's thread) with each job's outcome or pending
-    acknowledgement, as :class:`~flask_defer.pool.HandlerPool` calls it for threads;
+    acknowledgement, as :class:`~flask_defer.engine.pool.HandlerPool` calls it for threads;
     *on_free* after the job has left the runner.
     """
 

@@ -1,7 +1,7 @@
 """Log output for ``flask defer worker``: readable text or one JSON object per line.
 
 Every line about a job carries ``job_id``, ``job_name`` and ``job_key`` as record
-fields (:class:`~flask_defer.execution.JobLog` puts them there), so the JSON form can
+fields (:class:`~flask_defer.engine.execution.JobLog` puts them there), so the JSON form can
 be filtered by job in any log store. Apps that configure logging themselves keep
 their configuration: :func:`configure` only adds a handler when there is none.
 """

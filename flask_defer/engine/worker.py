@@ -5,16 +5,16 @@ One loop, in the thread that calls :meth:`Worker.run`:
 1. record handlers that overran their timeout as failed attempts;
 2. reclaim lapsed leases and prune history when due (one worker at a time);
 3. claim as many due jobs as the pool has idle threads through the
-   :class:`~flask_defer.runner.Runner` (the same claim as ``run_due``): the claim
+   :class:`~flask_defer.engine.runner.Runner` (the same claim as ``run_due``): the claim
    counts each job's attempt and writes its ``started`` event in one statement, and
    the pool hands each job to a thread, which runs it inside a fresh app context;
 4. sleep until the next job's ``run_at``, a free thread, a handler's timeout, the next
    maintenance round or a NOTIFY, whichever comes first (bounded by ``max_sleep``;
    SQLite, which cannot notify, polls every ``poll_interval``).
 
-Handlers' outcomes are written in batches by the :class:`~flask_defer.acks.AckFlusher`
+Handlers' outcomes are written in batches by the :class:`~flask_defer.engine.ack_flusher.AckFlusher`
 on a thread of its own, so a flush's durable commit overlaps the next claim. Coroutine
-handlers (``async def``) run on one event loop (:mod:`flask_defer.event_loop`) and hold
+handlers (``async def``) run on one event loop (:mod:`flask_defer.engine.event_loop`) and hold
 no thread while they wait.
 
 A heartbeat renews running jobs' leases every lease/3. SIGTERM/SIGINT stop claiming,
@@ -31,16 +31,18 @@ import threading
 import time
 from collections.abc import Collection
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from ..config import DeferConfig, WorkerOptions
+from ..jobs import Job
+from ..store import JobStore
+from ..timeutil import utcnow
 from . import stopping as _stopping
-from .acks import AckFlusher
-from .config import DeferConfig, WorkerOptions
+from .ack_flusher import AckFlusher
 from .event_loop import CoroutineRunner
 from .execution import Clock, Executor, JobLog, Outcome, PendingAck, RunSummary
-from .jobs import Job
 from .leases import LeaseHeartbeat
 from .leases import brief as _brief
 from .maintenance import Maintenance
@@ -48,13 +50,8 @@ from .outcomes import ProgressLog
 from .pool import HandlerPool, warn_if_connections_short
 from .runner import Runner
 from .stopping import release, wait_for_handlers
-from .store import JobStore
-from .ticks import TickTimer
-from .timeutil import utcnow
+from .ticks import RecurringTicks, TickTimer
 from .wake import Wake, Waker
-
-if TYPE_CHECKING:
-    from .helpers.recurring import Ticker
 
 logger = logging.getLogger("flask_defer.worker")
 
@@ -74,7 +71,7 @@ class Worker:
         options: WorkerOptions,
         *,
         clock: Clock = utcnow,
-        ticker: Ticker | None = None,
+        ticker: RecurringTicks | None = None,
     ) -> None:
         self.store = store
         #: Recurring schedules: synced at start, their due ticks written each round.
@@ -376,7 +373,7 @@ def make_worker(
     queues: Collection[str] | None = None,
     burst: bool = False,
     clock: Clock | None = None,
-    ticker: Ticker | None = None,
+    ticker: RecurringTicks | None = None,
     **overrides: Any,
 ) -> Worker:
     """A :class:`Worker` configured from *config*; *overrides* replace option fields."""

@@ -11,7 +11,9 @@ child (``WERKZEUG_RUN_MAIN=true``) that does. Two triggers cover it:
   the reloader's watcher never handles a request, so it never starts one.
 
 Other commands (``flask shell``, ``flask defer worker`` ...) start nothing. This is
-for development; in production run ``flask defer worker`` processes.
+for development; in production run ``flask defer worker`` processes. The triggers need
+Flask, so they are the extension's wiring (``extension.install_embedded_worker``);
+this module owns the thread.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ import os
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-
-from flask import Flask
 
 from .worker import Worker
 
@@ -122,43 +122,3 @@ class EmbeddedWorker:
                 logger.info("the schema is current now; the embedded worker starts")
             return True
         return False
-
-
-def is_serving_process() -> bool:
-    """True in the process that will serve ``flask run`` requests.
-
-    That is the reloader's child, or ``flask run`` with the reloader off. The
-    reloader's watcher process imports the app too but never serves.
-    """
-    if os.environ.get("WERKZEUG_RUN_MAIN") == "true":
-        return True
-    import click
-
-    ctx = click.get_current_context(silent=True)
-    if ctx is None or ctx.info_name != "run":
-        return False
-    reload = ctx.params.get("reload")
-    if reload is None:
-        from flask.helpers import get_debug_flag
-
-        reload = get_debug_flag()
-    return not reload
-
-
-def install(
-    app: Flask, make_worker: Callable[[], Worker], check: Callable[[], None] | None = None
-) -> EmbeddedWorker:
-    """Arrange for *app*'s embedded worker to start once, in the serving process.
-
-    *check* raises while the schema does not match the code (see ``EmbeddedWorker``).
-    """
-    embedded = EmbeddedWorker(make_worker, check)
-    app.extensions["defer.embedded_worker"] = embedded
-    if is_serving_process():
-        embedded.start()
-
-    @app.before_request
-    def _start_embedded_worker() -> None:
-        embedded.start()
-
-    return embedded

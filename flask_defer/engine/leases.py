@@ -20,9 +20,9 @@ from types import TracebackType
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from ..jobs import Job
+from ..store import JobStore
 from .execution import Clock
-from .jobs import Job
-from .store import JobStore
 
 logger = logging.getLogger("flask_defer.worker")
 

@@ -18,9 +18,11 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from . import signals
-from .config import RetryPolicy
-from .jobs import Fail, Job, JobStatus, NotYet, RetryAfter
+from .. import signals
+from ..config import RetryPolicy
+from ..jobs import Fail, Job, JobStatus, NotYet, RetryAfter
+from ..registry import Registry
+from ..store import UNKNOWN_HANDLER_NOTE, Ack, JobStore
 from .outcomes import (
     JobLog,
     Outcome,
@@ -32,9 +34,7 @@ from .outcomes import (
     error_text,
     storable,
 )
-from .registry import Registry
 from .retry import backoff_delay
-from .store import UNKNOWN_HANDLER_NOTE, Ack, JobStore
 
 __all__ = [
     "Clock",

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..jobs import Job
 from .execution import JobLog, Outcome, PendingAck
-from .jobs import Job
 
 logger = logging.getLogger("flask_defer.worker")
 
