@@ -20,8 +20,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 from sqlalchemy import MetaData, create_engine, event
 
-from flask_defer.schema import define_jobs_table
 from flask_defer.store import JobStore
+from flask_defer.store.schema import define_jobs_table
 
 from .app import NOOP, sqlite_time
 from .env import Database

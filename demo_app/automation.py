@@ -27,7 +27,7 @@ from flask import (
 from sqlalchemy import select
 
 from flask_defer import InvalidArgument, JobStatus, ScheduleNotFound
-from flask_defer.helpers.http_jobs import HTTP_JOB
+from flask_defer.features.http_jobs import HTTP_JOB
 
 from .jobs import DIGEST_SCHEDULE, SYNC_PARTNER
 from .models import WebhookCall, db, defer, utcnow

@@ -14,7 +14,7 @@ from sqlalchemy import ForeignKey, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from flask_defer import Defer, SoftDeleteMixin
-from flask_defer.schema import UTCDateTime  # aware UTC on SQLite and PostgreSQL alike
+from flask_defer.store.schema import UTCDateTime  # aware UTC on SQLite and PostgreSQL alike
 
 
 class Base(DeclarativeBase):

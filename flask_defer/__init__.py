@@ -6,7 +6,6 @@ Undo is a guarded update that wins or loses cleanly against the worker's claim.
 
 from __future__ import annotations
 
-from .bulk import JobSpec
 from .engine.execution import Outcome, RunSummary
 from .errors import (
     DeferError,
@@ -21,11 +20,12 @@ from .errors import (
     UnknownJob,
 )
 from .extension import Defer
-from .health import Health
-from .helpers.batching import Batched
-from .helpers.http_signing import Secret, secret
-from .helpers.soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
+from .features.batching import Batched
+from .features.http_signing import Secret, secret
+from .features.soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
 from .jobs import Fail, Job, JobEvent, JobStatus, NotYet, RetryAfter
+from .operations.bulk import JobSpec
+from .operations.health import Health
 from .signals import (
     job_cancelled,
     job_failed,

@@ -10,34 +10,36 @@ them), and they reach the facade below them, so there is no import circle.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from flask import Flask
 
-from . import versioning_hooks as _versioning_hooks
 from .cli import defer_cli
 from .engine.embedded import EMBEDDED_SHUTDOWN_GRACE, EmbeddedWorker
 from .engine.worker import Worker
 from .facade import DeferFacade, current_defer
 from .facade.base import DashboardAuth
-from .helpers import builtin_handlers
-from .helpers import recurring as _recurring
-from .helpers import soft_delete as _soft_delete
-from .owner import OwnerLoader
-from .registry import Registry
-from .schema import (
+from .features import builtin_handlers
+from .features import recurring as _recurring
+from .features import soft_delete as _soft_delete
+from .features.owner import OwnerLoader
+from .operations.state import build_state
+from .registry import Registry, UndoHooks
+from .store import JobStore, versioning
+from .store.schema import (
     DEFAULT_SCHEDULES_TABLE_NAME,
     DEFAULT_TABLE_NAME,
+    SchemaNames,
     define_jobs_table,
     define_pauses_table,
     define_schedules_table,
 )
-from .state import build_state
-from .store import versioning
-from .undo_hooks import UndoHooks
 from .web import init_web
 
 __all__ = ["DashboardAuth", "Defer", "current_defer"]
@@ -114,9 +116,9 @@ class Defer(DeferFacade):
         app.extensions["defer"] = state
         config = state.config
         if db is None and not config.database_uri:
-            _versioning_hooks.warn_if_app_database_ignored(app)
+            warn_if_app_database_ignored(app)
         # -- migrations: one warning on the web side when the schema does not match --
-        _versioning_hooks.warn_once_on_mismatch(app, state.store)
+        warn_once_on_mismatch(app, state.store)
         # -- helpers: recurring schedules, ticked by this app's worker and run_due --
         object.__setattr__(state, "recurring", self._ticker_for(state))
         # -- the worker: an embedded one for development ---------------------------
@@ -173,3 +175,51 @@ def install_embedded_worker(
         embedded.start()
 
     return embedded
+
+
+# -- the Flask side of schema versioning ------------------------------------------
+# The web keeps serving on a schema that does not match the code (a deploy may start
+# the new web processes before `flask defer db upgrade` ran), but says so once,
+# clearly; the worker refuses to start instead (``Defer.worker``).
+
+logger = logging.getLogger("flask_defer")
+
+
+def warn_once_on_mismatch(app: Flask, store: JobStore) -> None:
+    """Before the app's first request, log one warning if the schema does not match.
+
+    Checked lazily, not in ``init_app``: tests and factories create the tables after
+    ``init_app``, and a database that is down at import time must not break startup.
+    """
+    done = threading.Event()
+
+    def check_schema() -> None:
+        if done.is_set():
+            return
+        done.set()
+        try:
+            status = versioning.check(store.engine, SchemaNames(jobs=store.table.name))
+        except Exception:  # the request itself will report a database that is down
+            logger.warning("flask_defer could not check its schema version", exc_info=True)
+            return
+        if not status.ok:
+            logger.warning("%s (the web keeps serving; workers refuse to start)", status.message)
+
+    app.before_request(check_schema)
+
+
+def warn_if_app_database_ignored(app: Flask) -> None:
+    """Warn when ``init_app(app)`` got no ``db`` in an app that has Flask-SQLAlchemy.
+
+    Jobs would silently go to a SQLite file in the instance folder: outside the app's
+    transactions and migrations, and one file per host.
+    """
+    if "sqlalchemy" in app.extensions:
+        warnings.warn(
+            "flask_defer: this app uses Flask-SQLAlchemy but init_app() got no db, so jobs "
+            "go to a separate SQLite file (instance/defer.sqlite3), outside the app's "
+            "transactions and migrations; pass defer.init_app(app, db=db) "
+            "(or set DEFER_DATABASE_URI to keep them apart on purpose)",
+            UserWarning,
+            stacklevel=3,
+        )

@@ -1,4 +1,14 @@
-"""Handlers by name: what ``@defer.job(...)`` records and the worker looks up."""
+"""What an app declares by name: its handlers and its undo hooks.
+
+``@defer.job(...)`` records a handler that the worker looks up by the job's name.
+``@defer.on_undo("name")`` records a hook that runs in the transaction that cancels a
+job of that name: cancelling "send this email" needs nothing more than the guarded
+cancel, but cancelling "purge this project" must also bring the project back, and
+both must happen together or not at all (a hook that raises rolls the cancel back).
+An operator's cancel (``defer.cancel(..., actor=...)``: the dashboard, ``flask defer
+cancel``) runs the same hooks: for the app, a job an operator stopped is as undone as
+one its owner took back. The app's own ``defer.cancel()`` without an actor runs none.
+"""
 
 from __future__ import annotations
 
@@ -202,3 +212,28 @@ def validate_handler(func: object) -> None:
     """Refuse a handler that cannot be called, at the decorator line."""
     if not callable(func):
         raise InvalidArgument("handler", f"expected a function taking the job, got {func!r}")
+
+
+#: A function run with the just-cancelled job, inside the undo's transaction.
+UndoHook = Callable[[Job], None]
+
+
+class UndoHooks:
+    """Hooks by job name, run in registration order when a job of that name is undone."""
+
+    def __init__(self) -> None:
+        self._hooks: dict[str, list[UndoHook]] = {}
+
+    def add(self, name: str, hook: UndoHook) -> None:
+        """Run *hook* whenever a pending job called *name* is undone."""
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument("name", f"expected a job name, got {name!r}")
+        if not callable(hook):
+            raise InvalidArgument("hook", f"expected a callable, got {hook!r}")
+        hooks = self._hooks.setdefault(name, [])
+        if hook not in hooks:
+            hooks.append(hook)
+
+    def for_name(self, name: str) -> tuple[UndoHook, ...]:
+        """The hooks of job *name*, in the order they were registered."""
+        return tuple(self._hooks.get(name, ()))

@@ -27,8 +27,8 @@ from sqlalchemy.orm import DeclarativeBase
 from werkzeug.serving import WSGIRequestHandler, make_server
 
 from flask_defer import Defer
-from flask_defer.schema import define_jobs_table
 from flask_defer.store import JobStore, NewJob
+from flask_defer.store.schema import define_jobs_table
 
 from .pg_cluster import PostgresCluster
 from .pg_databases import EmptyDatabases

@@ -117,11 +117,12 @@ def test_the_package_keeps_every_import_contract() -> None:
 def test_an_upward_import_breaks_the_layers_contract(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "flask_defer", tmp_path / "flask_defer")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    tuning = tmp_path / "flask_defer" / "store" / "tuning.py"
-    tuning.write_text(tuning.read_text() + "\nfrom ..state import DeferState  # upward\n")
+    versioning = tmp_path / "flask_defer" / "store" / "versioning.py"
+    upward = "\nfrom ..operations.state import DeferState  # upward\n"
+    versioning.write_text(versioning.read_text() + upward)
     result = lint_imports(tmp_path)
     assert result.returncode != 0
-    assert "flask_defer.store is not allowed to import flask_defer.state" in result.stdout
+    assert "flask_defer.store is not allowed to import flask_defer.operations" in result.stdout
 
 
 def test_flask_in_the_engine_breaks_the_forbidden_contract(tmp_path: Path) -> None:

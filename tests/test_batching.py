@@ -460,9 +460,9 @@ def test_batching_runs_against_the_per_app_state_without_a_defer(database_url: s
     """The helper needs only the app's state: no ``Defer``, no app context to add."""
     from flask import Flask
 
-    from flask_defer.helpers import batching
+    from flask_defer.features import batching
+    from flask_defer.operations.state import build_state
     from flask_defer.registry import HandlerSpec, Registry
-    from flask_defer.state import build_state
 
     ran: list[list[Any]] = []
     registry = Registry()

@@ -6,7 +6,7 @@ from ipaddress import ip_address, ip_network
 
 import pytest
 
-from flask_defer.helpers.http_guard import literal_refusal, refusal
+from flask_defer.features.http_guard import literal_refusal, refusal
 
 
 @pytest.mark.parametrize(

@@ -25,8 +25,8 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from flask_defer import InvalidArgument, Job, JobStatus, secret
-from flask_defer.helpers import http_guard, http_signing, http_transport
-from flask_defer.helpers.http_jobs import EXCERPT_CHARS, HTTP_JOB
+from flask_defer.features import http_guard, http_signing, http_transport
+from flask_defer.features.http_jobs import EXCERPT_CHARS, HTTP_JOB
 
 from .conftest import AppKit
 
@@ -350,9 +350,9 @@ def test_schedule_http_runs_against_the_per_app_state_without_a_defer(database_u
     from flask import Flask
 
     from flask_defer import InvalidArgument
-    from flask_defer.helpers import http_jobs
+    from flask_defer.features import http_jobs
+    from flask_defer.operations.state import build_state
     from flask_defer.registry import Registry
-    from flask_defer.state import build_state
 
     registry = Registry()
     http_jobs.register(registry)
@@ -720,7 +720,7 @@ def test_a_failed_attempt_records_status_and_a_text_excerpt_in_last_error_and_hi
     retried = run(kit, job)
     message = retried.last_error.strip().splitlines()[-1]
     assert message.startswith(
-        "flask_defer.helpers.http_jobs.HttpCallFailed: HTTP 500 Internal Server Error from POST "
+        "flask_defer.features.http_jobs.HttpCallFailed: HTTP 500 Internal Server Error from POST "
         f"{server.url}/error-page: 500 Internal Server Error Internal Server Error Traceback line"
     ), message
     assert "<" not in message and "body{color" not in message  # visible text only

@@ -7,7 +7,7 @@ from flask import Flask
 from flask_login import LoginManager, UserMixin, login_user
 
 from flask_defer import Defer, NotConfigured
-from flask_defer.owner import BROWSER_PREFIX, SESSION_KEY, default_owner, resolve_owner
+from flask_defer.features.owner import BROWSER_PREFIX, SESSION_KEY, default_owner, resolve_owner
 
 
 class User(UserMixin):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from flask_defer.resources import resource_dir, static_dir, templates_dir
+from flask_defer.web.resources import resource_dir, static_dir, templates_dir
 
 
 def test_a_source_checkout_uses_the_top_level_folders(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Dialect
 from sqlalchemy.dialects import postgresql, sqlite
 
-from flask_defer.schema import UTCDateTime
+from flask_defer.store.schema import UTCDateTime
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 

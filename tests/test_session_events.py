@@ -10,8 +10,8 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.orm import DeclarativeBase
 
 from flask_defer import Defer
-from flask_defer.helpers.soft_delete import _hide_deleted
-from flask_defer.transactions import clear_uncommitted as _clear_uncommitted
+from flask_defer.features.soft_delete import _hide_deleted
+from flask_defer.store.transactions import clear_uncommitted as _clear_uncommitted
 
 
 def test_every_new_app_gets_its_session_listeners(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from flask_defer import (
     job_cancelled,
 )
 from flask_defer.engine.execution import Outcome
-from flask_defer.helpers.soft_delete import PURGE_JOB
+from flask_defer.features.soft_delete import PURGE_JOB
 
 from .conftest import AppKit
 

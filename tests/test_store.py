@@ -421,7 +421,7 @@ def test_sqlite_bulk_insert_stores_exactly_what_sqlalchemy_executemany_stores(
 
     from sqlalchemy import MetaData, create_engine, insert
 
-    from flask_defer.schema import define_jobs_table
+    from flask_defer.store.schema import define_jobs_table
 
     jobs = [
         new_job(
@@ -487,7 +487,7 @@ def test_bulk_insert_stores_what_sqlalchemy_stores_and_one_event_per_row(
     from sqlalchemy import MetaData, select
     from sqlalchemy import insert as sa_insert
 
-    from flask_defer.schema import define_history_table, define_jobs_table
+    from flask_defer.store.schema import define_history_table, define_jobs_table
 
     metadata = MetaData()
     store = JobStore(engine, define_jobs_table(metadata), define_history_table(metadata))

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import MetaData, create_engine, select
 
 from flask_defer.jobs import Job, JobStatus
-from flask_defer.schema import define_history_table, define_jobs_table
 from flask_defer.store import JobFilter, JobStore, NewJob
+from flask_defer.store.schema import define_history_table, define_jobs_table
 
 MakeJob = Callable[..., NewJob]
 

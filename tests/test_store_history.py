@@ -16,8 +16,8 @@ from flask import Flask
 from sqlalchemy import Engine, MetaData, event, func, inspect, select
 
 from flask_defer import Defer, InvalidArgument, Job, JobEvent, JobStatus, NotYet
-from flask_defer.schema import define_history_table, define_jobs_table
 from flask_defer.store import Ack, JobFilter, JobStore, NewJob
+from flask_defer.store.schema import define_history_table, define_jobs_table
 from flask_defer.timeutil import utcnow
 
 from .conftest import AppKit

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import Engine, MetaData
 
 from flask_defer import InvalidArgument, Job, JobStatus
-from flask_defer.schema import define_jobs_table
 from flask_defer.store import JobStore, NewJob, Pause
+from flask_defer.store.schema import define_jobs_table
 
 from .conftest import AppKit
 

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import Engine, event, text
 
 from flask_defer.jobs import Job, JobStatus
-from flask_defer.schema import define_jobs_table
 from flask_defer.store import UNKNOWN_HANDLER_NOTE, Ack, JobStore, NewJob
+from flask_defer.store.schema import define_jobs_table
 
 MakeJob = Callable[..., NewJob]
 

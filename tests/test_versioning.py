@@ -20,8 +20,8 @@ from sqlalchemy.exc import IntegrityError
 
 from flask_defer import Defer, Job, SchemaMismatch
 from flask_defer.migrations import VERSION_TABLE
-from flask_defer.schema import SchemaNames
 from flask_defer.store import versioning
+from flask_defer.store.schema import SchemaNames
 from flask_defer.store.schema_diff import differences
 
 from .conftest import AppKit

@@ -1,4 +1,4 @@
-"""What init_app wires for schema versioning (flask_defer/versioning_hooks.py)."""
+"""What init_app wires for schema versioning (the end of flask_defer/extension.py)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import circle.
 
 from __future__ import annotations
 
-from ..state import current_state
+from ..operations.state import current_state
 from .core import CoreMethods
 from .dashboard import DashboardMethods
 from .helpers import HelperMethods

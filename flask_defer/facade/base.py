@@ -8,13 +8,12 @@ from typing import Any
 
 from flask import current_app
 
-from ..helpers import recurring as _recurring
-from ..owner import OwnerLoader
-from ..registry import Registry
-from ..schema import SchemaNames
-from ..state import DeferState, current_state
+from ..features import recurring as _recurring
+from ..features.owner import OwnerLoader
+from ..operations.state import DeferState, current_state
+from ..registry import Registry, UndoHooks
 from ..store import versioning
-from ..undo_hooks import UndoHooks
+from ..store.schema import SchemaNames
 
 #: The dashboard's authorisation hook: no arguments, True to let the request in.
 DashboardAuth = Callable[[], Any]

@@ -1,6 +1,6 @@
 """``Defer``'s core methods: handlers, scheduling, control, reads and running.
 
-The rules live below (:mod:`flask_defer.operations`, the per-app state); each method
+The rules live below (:mod:`flask_defer.operations.reads`, the per-app state); each method
 here checks what only the public signature knows and hands the current app's state on.
 """
 
@@ -10,14 +10,15 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
-from .. import cancels, operations
 from ..config import DeferConfig
 from ..engine.execution import RunSummary
 from ..engine.worker import Worker
 from ..errors import JobNotFound
-from ..health import Health
 from ..jobs import Job, JobEvent
-from ..operations import Filters
+from ..operations import control as cancels
+from ..operations import reads as operations
+from ..operations.health import Health
+from ..operations.reads import Filters
 from ..registry import Handler
 from ..store import JobStore
 from ..timeutil import Duration
@@ -25,7 +26,7 @@ from ..validation import checked_actor, identity
 from .base import FacadeBase
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
+    from ..operations.metrics import Metrics
 
 F = TypeVar("F", bound=Handler)
 

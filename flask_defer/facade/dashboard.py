@@ -6,10 +6,10 @@ from typing import Unpack
 
 from flask import current_app
 
-from .. import operations
 from ..errors import InvalidArgument
 from ..jobs import Job
-from ..operations import Filters
+from ..operations import reads as operations
+from ..operations.reads import Filters
 from ..timeutil import utcnow
 from ..validation import checked_actor
 from .base import DashboardAuth, FacadeBase

@@ -1,6 +1,6 @@
 """``Defer``'s helper methods: soft delete and restore, batching, HTTP jobs.
 
-Each forwards to its plugin in :mod:`flask_defer.helpers`, which receives the current
+Each forwards to its plugin in :mod:`flask_defer.features`, which receives the current
 app's state and never sees ``Defer``.
 """
 
@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from ..helpers import batching, http_jobs
-from ..helpers import soft_delete as _soft_delete
-from ..helpers.http_signing import Secret
+from ..features import batching, http_jobs
+from ..features import soft_delete as _soft_delete
+from ..features.http_signing import Secret
+from ..features.owner import resolve_owner
 from ..jobs import Job
-from ..owner import resolve_owner
 from ..timeutil import Duration
 from .base import FacadeBase
 
@@ -62,7 +62,7 @@ class HelperMethods(FacadeBase):
         max_wait: Duration | None = None,
         now: datetime | None = None,
     ) -> batching.Batched:
-        """Add *item* to the batch job *name* of *key* (see :mod:`flask_defer.helpers.batching`).
+        """Add *item* to the batch job *name* of *key* (see :mod:`flask_defer.features.batching`).
 
         The handler of *name* receives every item of the batch, in order, in
         ``job.payload["items"]``. Joins ``db.session``: the item is added when the
@@ -90,7 +90,7 @@ class HelperMethods(FacadeBase):
         owner: str | None = None,
         label: str | None = None,
     ) -> Job:
-        """Schedule an HTTP request (see :mod:`flask_defer.helpers.http_jobs`); returns its job.
+        """Schedule an HTTP request (see :mod:`flask_defer.features.http_jobs`); returns its job.
 
         2xx is done (status and a body excerpt in ``job.result``); 408, 429, 5xx and
         network errors are retried, honouring ``Retry-After``; other 4xx fail at once.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .. import signals
-from ..health import SCHEDULED_COUNT_CAP
+from ..operations.health import SCHEDULED_COUNT_CAP
 from ..store import Pause
 from ..timeutil import as_utc, utcnow
 from ..validation import checked_actor, pause_target

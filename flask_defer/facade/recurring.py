@@ -1,7 +1,7 @@
 """``Defer``'s recurring-schedule methods: declare, list, pause, resume, run one now.
 
 The ticker that writes each tick's job (exactly one per tick across workers) is
-:mod:`flask_defer.helpers.recurring`; these methods declare schedules in code and
+:mod:`flask_defer.features.recurring`; these methods declare schedules in code and
 drive the current app's ticker.
 """
 
@@ -12,13 +12,13 @@ from typing import Any
 
 from .. import signals
 from ..errors import UnknownJob
-from ..helpers import recurring as _recurring
+from ..features import recurring as _recurring
 from ..jobs import Job
+from ..operations.state import DeferState
 from ..recurrence import CatchUp, RecurringSpec, make_rule, make_spec
-from ..schema import define_schedules_table
-from ..state import DeferState
 from ..store import versioning
 from ..store.schedules import ScheduleRow, ScheduleStore
+from ..store.schema import define_schedules_table
 from ..timeutil import Duration, as_utc, utcnow
 from ..validation import checked_payload
 from .base import FacadeBase

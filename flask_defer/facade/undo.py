@@ -1,8 +1,8 @@
 """``Defer``'s Undo methods: owners, undoable jobs, holds, the Undo itself, toasts.
 
 The facade of the Undo UI: the blueprint's toast and Undo views call only these. The
-rules live in :mod:`flask_defer.operations` (the guarded hold) and
-:mod:`flask_defer.cancels` (the Undo, its hooks and its outcome).
+rules live in :mod:`flask_defer.operations.reads` (the guarded hold) and
+:mod:`flask_defer.operations.control` (the Undo, its hooks and its outcome).
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from .. import cancels, operations
 from ..errors import InvalidArgument
+from ..features.owner import OwnerLoader, resolve_owner
 from ..jobs import Job
-from ..owner import OwnerLoader, resolve_owner
+from ..operations import control as cancels
+from ..operations import reads as operations
+from ..registry import UndoHook
 from ..timeutil import Duration
 from ..undo import Toast, UndoOutcome
-from ..undo_hooks import UndoHook
 from ..validation import checked_text
 from .base import FacadeBase
 

@@ -24,7 +24,6 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
-from ..schema import UTCDateTime, define_pauses_table, typed_jobs_table
 from .claim_sql import KEYED_MEMORY, ClaimTables
 from .filters import job_filter
 from .records import (
@@ -32,6 +31,7 @@ from .records import (
     HistoryEvent,
     JobFilter,
 )
+from .schema import UTCDateTime, define_pauses_table, typed_jobs_table
 from .tuples import Prepared, insert_tuples
 from .versioning import record_on_create
 from .write_lock import begin_write

@@ -37,7 +37,6 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job
-from ..schema import UTCDateTime
 from .claim_sql import (
     KEYED,
     KEYED_MEMORY,
@@ -47,6 +46,7 @@ from .due import DueStatements
 from .records import (
     HistoryEvent,
 )
+from .schema import UTCDateTime
 
 #: Seconds a claim trusts a look that found no keyed job pending.
 KEYED_UNSEEN = 0.1

@@ -20,13 +20,13 @@ from sqlalchemy import (
 )
 
 from ..jobs import Job, JobStatus
-from ..schema import UTCDateTime
 from .history import HistoryStatements
 from .records import (
     HistoryEvent,
     JobFilter,
     NewJob,
 )
+from .schema import UTCDateTime
 
 #: A stand-in job, only to learn the column names an insert binds.
 _PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)

@@ -15,9 +15,9 @@ from typing import Any
 from sqlalchemy import BindParameter, Integer, bindparam, column, text
 from sqlalchemy.exc import OperationalError
 
-from ..schema import UTCDateTime
 from .claim_sql import KEYED, next_keyed_sql, next_unkeyed_sql
 from .history import HistoryStatements
+from .schema import UTCDateTime
 
 
 class DueStatements(HistoryStatements):

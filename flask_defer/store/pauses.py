@@ -37,9 +37,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from ..errors import InvalidArgument
-from ..schema import PAUSE_KINDS, UTCDateTime
 from .base import StoreBase, logger
 from .records import Pause, QueueCounts
+from .schema import PAUSE_KINDS, UTCDateTime
 
 
 class PauseStatements(StoreBase):

@@ -21,7 +21,6 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
-from ..schema import LIVE_STATUSES, UTCDateTime
 from .base import StoreBase, logger
 from .records import (
     SCHEDULED_COUNT_CAP,
@@ -30,6 +29,7 @@ from .records import (
     JobFilter,
     StatusCounts,
 )
+from .schema import LIVE_STATUSES, UTCDateTime
 
 
 class ReadStatements(StoreBase):

@@ -22,13 +22,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from ..errors import JobExists
 from ..jobs import Job, JobStatus
-from ..schema import LIVE_STATUSES
 from .history import HistoryStatements
 from .records import (
     NOTIFY_CHANNEL,
     HistoryEvent,
     NewJob,
 )
+from .schema import LIVE_STATUSES
 from .write_lock import begin_write
 
 #: A stand-in job, only to learn the column names an insert binds.

@@ -14,7 +14,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, MetaData, inspect
 
-from ..schema import (
+from .schema import (
     SchemaNames,
     define_history_table,
     define_jobs_table,

@@ -24,12 +24,12 @@ from sqlalchemy import (
 )
 
 from ..jobs import Job, JobStatus
-from ..schema import UTCDateTime
 from .history import HistoryStatements
 from .records import (
     NOTIFY_CHANNEL,
     HistoryEvent,
 )
+from .schema import UTCDateTime
 
 
 class UpkeepStatements(HistoryStatements):

@@ -15,7 +15,7 @@ revisions created the table has ``alembic_version`` without a flask_defer row: t
 the check compares the live schema with the code's instead.
 
 Everything here takes a bare engine or connection (no Flask) and the app's
-:class:`~flask_defer.schema.SchemaNames`; only the CLI turns the errors into exit codes.
+:class:`~flask_defer.store.schema.SchemaNames`; only the CLI turns the errors into exit codes.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from ..migrations import (
     TABLE_ATTRIBUTE,
     VERSION_TABLE,
 )
-from ..schema import DEFAULT_TABLE_NAME, SchemaNames
+from .schema import DEFAULT_TABLE_NAME, SchemaNames
 from .schema_diff import differences
 
 #: The default tables (``defer_jobs``, ``defer_schedules``, ``defer_jobs_history``,

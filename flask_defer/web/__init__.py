@@ -16,10 +16,10 @@ from .. import signals
 from ..config import DeferConfig
 from ..errors import NotConfigured
 from ..jobs import Job
-from ..resources import static_dir, templates_dir
 from . import dashboard, undo_views
 from .csrf import csrf_token
 from .headers import security_headers
+from .resources import static_dir, templates_dir
 from .toasts import defer_toasts
 
 #: The event htmx fires on ``body`` when a response carries ``HX-Trigger: defer-toasts``;

@@ -14,7 +14,7 @@ import secrets
 
 from flask import abort, current_app, request, session
 
-from ..owner import require_secret_key
+from ..features.owner import require_secret_key
 from .i18n import gettext
 
 #: The session key of the extension's own token.

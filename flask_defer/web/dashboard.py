@@ -22,8 +22,8 @@ from flask import (
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest
 
-from ..health import SCHEDULED_COUNT_CAP, SETTLED_COUNT_CAP, Health
 from ..jobs import JobStatus
+from ..operations.health import SCHEDULED_COUNT_CAP, SETTLED_COUNT_CAP, Health
 from ..timeutil import utcnow
 from ..undo import MAX_JOB_ID
 from . import dashboard_actions, dashboard_confirm, formatting, metrics_view, queues, schedules

@@ -27,7 +27,7 @@ counts the partial index's own ``status`` as a column the query reads).
 Two copies of the table exist on purpose. The one in the app's metadata uses plain
 SQLAlchemy types only (``DateTime(timezone=True)``, ``JSON`` with a ``JSONB`` variant), so
 a revision that Alembic autogenerates from it applies as generated: a custom type would
-render as ``flask_defer.schema.UTCDateTime()`` in a file that does not import it. The
+render as ``flask_defer.store.schema.UTCDateTime()`` in a file that does not import it. The
 store runs its statements on :func:`typed_jobs_table`, a copy with the same DDL whose
 timestamps go in and come out aware UTC.
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, IPv6Network, ip_address
 
-from ..http_settings import IPNetwork
+from ..config.http import IPNetwork
 
 IPAddress = IPv4Address | IPv6Address
 

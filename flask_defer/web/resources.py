@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+#: The ``flask_defer`` package's folder (this module lives in its ``web/``).
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
 def resource_dir(name: str, package_dir: Path = PACKAGE_DIR) -> Path:

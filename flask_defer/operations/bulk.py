@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from .errors import InvalidArgument
-from .store import NewJob
-from .timeutil import Duration, resolve_run_at
-from .validation import checked_text, payload_text
+from ..errors import InvalidArgument
+from ..store import NewJob
+from ..timeutil import Duration, resolve_run_at
+from ..validation import checked_text, payload_text
 
 
 @dataclass(frozen=True, slots=True)

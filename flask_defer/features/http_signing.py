@@ -25,7 +25,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..http_settings import check_secret_name
+from ..config.http import check_secret_name
 
 
 class SecretMissing(Exception):  # noqa: N818 - reads as what happened

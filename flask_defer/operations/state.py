@@ -1,7 +1,7 @@
 """The per-app state in ``app.extensions["defer"]``, and the one insert-and-signal path.
 
 ``init_app`` builds one :class:`DeferState` per app with :func:`build_state`: the frozen
-config, the store over the app's engine, the app's :class:`~flask_defer.transactions.
+config, the store over the app's engine, the app's :class:`~flask_defer.store.transactions.
 Transactions`, and the runner (claim → execute → acknowledge) that ``run_due`` and the
 worker share. Everything that writes a new job goes through :meth:`DeferState.insert`,
 and every signal is sent by :meth:`DeferState.send`, with the app as sender. The
@@ -20,32 +20,31 @@ from blinker import Signal
 from flask import Flask, current_app, has_app_context
 from sqlalchemy import Connection
 
-from . import signals
-from .config import DeferConfig, apply_defaults, load_config
-from .engine.execution import Clock, Executor, RunSummary
-from .engine.maintenance import expire_due, reclaim_lapsed
-from .engine.maintenance import prune as prune_settled
-from .engine.runner import Runner
-from .engine.ticks import RecurringTicks
-from .engine.worker import Worker, make_worker
-from .engines import engine_table_session
-from .errors import InvalidArgument, JobNotFound, NotConfigured, UnknownJob
-from .health import Health
-from .jobs import Job, JobEvent
-from .registry import HandlerSpec, Registry
-from .schema import SchemaNames, define_history_table, define_pauses_table
-from .store import JobStore, NewJob, versioning
-from .store.tuning import tune_sqlite
-from .timeutil import Duration, as_utc, resolve_run_at, utcnow
-from .transactions import Transactions
-from .undo_hooks import UndoHooks
-from .validation import (
+from .. import signals
+from ..config import DeferConfig, apply_defaults, load_config
+from ..engine.execution import Clock, Executor, RunSummary
+from ..engine.maintenance import expire_due, reclaim_lapsed
+from ..engine.maintenance import prune as prune_settled
+from ..engine.runner import Runner
+from ..engine.ticks import RecurringTicks
+from ..engine.worker import Worker, make_worker
+from ..errors import InvalidArgument, JobNotFound, NotConfigured, UnknownJob
+from ..jobs import Job, JobEvent
+from ..registry import HandlerSpec, Registry, UndoHooks
+from ..store import JobStore, NewJob, versioning
+from ..store.schema import SchemaNames, define_history_table, define_pauses_table
+from ..store.transactions import Transactions
+from ..store.tuning import tune_sqlite
+from ..timeutil import Duration, as_utc, resolve_run_at, utcnow
+from ..validation import (
     checked_actor,
     checked_max_seconds,
     checked_payload_text,
     checked_state_texts,
     checked_text,
 )
+from .databases import engine_table_session
+from .health import Health
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -70,7 +69,7 @@ class DeferState:
     db: Any = None
     #: The app's Prometheus metrics (``DEFER_METRICS``), or None.
     metrics: Metrics | None = None
-    #: The app's recurring schedules (:mod:`flask_defer.helpers.recurring`), set by
+    #: The app's recurring schedules (:mod:`flask_defer.features.recurring`), set by
     #: ``init_app`` right after this state is built; the worker and run_due tick it.
     recurring: RecurringTicks | None = None
 

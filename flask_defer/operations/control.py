@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import signals
-from .errors import InvalidArgument, JobNotFound
-from .jobs import Job, JobStatus
-from .operations import Filters, job_filter
+from .. import signals
+from ..errors import InvalidArgument, JobNotFound
+from ..jobs import Job, JobStatus
+from ..timeutil import utcnow
+from ..undo import MAX_JOB_ID, UndoOutcome
+from ..validation import DEFAULT_ACTOR, checked_commit, checked_text, identity
+from .reads import Filters, job_filter
 from .state import DeferState
-from .timeutil import utcnow
-from .undo import MAX_JOB_ID, UndoOutcome
-from .validation import DEFAULT_ACTOR, checked_commit, checked_text, identity
 
 
 def is_operator(actor: str) -> bool:
@@ -45,7 +45,7 @@ def cancel(
     else: it goes through :func:`cancel_with_hooks`, so the job's ``on_undo`` hooks run
     in its transaction, as for :func:`undo`. The app's own cancel runs the guarded
     statement alone. ``commit=False`` runs either in the caller's transaction (see
-    :meth:`~flask_defer.transactions.Transactions.caller`).
+    :meth:`~flask_defer.store.transactions.Transactions.caller`).
     """
     job_id, key = identity(job_id, key)
     commit = checked_commit(commit)

@@ -27,10 +27,10 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session, scoped_session
 
-from .errors import InvalidArgument, NotConfigured
-from .jobs import Fail
+from ..errors import InvalidArgument, NotConfigured
+from ..jobs import Fail
+from . import JobStore
 from .session_events import listen_once
-from .store import JobStore
 
 #: Marks a session whose transaction holds scheduled jobs not yet committed.
 UNCOMMITTED = "flask_defer.uncommitted"

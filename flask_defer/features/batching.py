@@ -44,7 +44,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection
 
 from ..errors import DeferError, InvalidArgument, JobExists
-from ..state import DeferState
+from ..operations.state import DeferState
 from ..store import BatchAppend, NewJob
 from ..timeutil import Duration, as_duration, as_utc, utcnow
 from ..validation import payload_text, storable_text

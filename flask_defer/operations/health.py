@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from .store import SCHEDULED_COUNT_CAP, SETTLED_COUNT_CAP, StatusCounts
+from ..store import SCHEDULED_COUNT_CAP, SETTLED_COUNT_CAP, StatusCounts
 
 __all__ = ["SCHEDULED_COUNT_CAP", "SETTLED_COUNT_CAP", "Health", "NameHealth"]
 

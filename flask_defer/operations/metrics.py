@@ -23,11 +23,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import signals
-from .errors import NotConfigured
+from .. import signals
+from ..errors import NotConfigured
+from ..jobs import Job
+from ..timeutil import utcnow
 from .health import Health
-from .jobs import Job
-from .timeutil import utcnow
 
 #: Seconds a handler ran: from a few milliseconds to the default 10-minute timeout.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from flask import current_app, has_request_context, session
 
-from .errors import NotConfigured
+from ..errors import NotConfigured
 
 #: A function returning the current owner's id, or None when there is none.
 OwnerLoader = Callable[[], "str | None"]

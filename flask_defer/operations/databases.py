@@ -13,9 +13,9 @@ from typing import Any
 from flask import Flask
 from sqlalchemy import Engine, MetaData, Table, create_engine
 
-from .config import DeferConfig
-from .errors import NotConfigured
-from .schema import define_jobs_table
+from ..config import DeferConfig
+from ..errors import NotConfigured
+from ..store.schema import define_jobs_table
 
 
 def default_sqlite_uri(app: Flask) -> str:

@@ -1,7 +1,7 @@
 """What the facade's control, Undo and read methods do, over one app's state.
 
 ``Defer``'s public methods validate nothing themselves and call these functions with
-the current app's :class:`~flask_defer.state.DeferState`, so the rules live here once:
+the current app's :class:`~flask_defer.operations.state.DeferState`, so the rules live here once:
 which transaction each operation uses (joined for reads and inserts, its own for
 anything that decides a race) and what a refused guarded change means.
 """
@@ -12,17 +12,15 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
-from .bulk import build_new_jobs
-from .engine.execution import Clock
-from .engine.worker import Worker
-from .errors import InvalidArgument, JobNotFound, JobNotPending
-from .jobs import Job, JobStatus
-from .queue_controls import checked_priority, checked_ttl
-from .state import DeferState
-from .store import JobFilter
-from .timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
-from .undo import MAX_JOB_ID, WAITING_HORIZON, Toast
-from .validation import (
+from ..engine.execution import Clock
+from ..engine.worker import Worker
+from ..errors import InvalidArgument, JobNotFound, JobNotPending
+from ..jobs import Job, JobStatus
+from ..queue_controls import checked_priority, checked_ttl
+from ..store import JobFilter
+from ..timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
+from ..undo import MAX_JOB_ID, WAITING_HORIZON, Toast
+from ..validation import (
     DEFAULT_ACTOR,
     checked_commit,
     checked_limit,
@@ -30,6 +28,8 @@ from .validation import (
     identity,
     statuses,
 )
+from .bulk import build_new_jobs
+from .state import DeferState
 
 
 class Filters(TypedDict, total=False):

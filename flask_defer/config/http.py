@@ -23,7 +23,7 @@ from ipaddress import IPv4Network, IPv6Network, ip_network
 from types import MappingProxyType
 from typing import Any
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 IPNetwork = IPv4Network | IPv6Network
 

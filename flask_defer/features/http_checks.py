@@ -25,8 +25,8 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from ..config import DeferConfig
+from ..config.http import check_secret_name, header_name_problem, header_value_problem
 from ..errors import InvalidArgument
-from ..http_settings import check_secret_name, header_name_problem, header_value_problem
 from ..jobs import Job
 from ..timeutil import Duration, as_duration
 from ..validation import payload_text

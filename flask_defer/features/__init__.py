@@ -1,6 +1,6 @@
 """Helpers built on the per-app state: soft delete, batching, HTTP jobs, recurring.
 
-Each helper is handed the app's :class:`~flask_defer.state.DeferState` (or the
+Each helper is handed the app's :class:`~flask_defer.operations.state.DeferState` (or the
 registry, to register its built-in jobs) and never imports ``Defer``; the facade's
 ``soft_delete``, ``restore``, ``batch``, ``schedule_http`` and the ``*_recurring``
 methods only forward to them.
@@ -10,8 +10,7 @@ the way a task queue ships a blueprint of built-in tasks.
 
 from __future__ import annotations
 
-from ..registry import Registry
-from ..undo_hooks import UndoHooks
+from ..registry import Registry, UndoHooks
 from . import http_jobs, soft_delete
 
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from .errors import InvalidArgument
-from .http_settings import IPNetwork, allowed_networks, header_secrets, webhook_secrets
-from .timeutil import as_duration
+from ..errors import InvalidArgument
+from ..timeutil import as_duration
+from .http import IPNetwork, allowed_networks, header_secrets, webhook_secrets
 
 #: Every setting with its default. The README's configuration table mirrors this.
 DEFAULTS: dict[str, Any] = {

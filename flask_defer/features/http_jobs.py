@@ -39,8 +39,8 @@ from typing import Any
 from ..config import DeferConfig
 from ..errors import InvalidArgument
 from ..jobs import Fail, Job, RetryAfter
+from ..operations.state import DeferState, current_state
 from ..registry import HandlerSpec, Registry
-from ..state import DeferState, current_state
 from ..timeutil import Duration
 from ..validation import payload_text
 from . import http_guard, http_signing, http_transport

@@ -43,15 +43,14 @@ from sqlalchemy.orm import (
 from .. import signals
 from ..errors import DeferError, InvalidArgument, NotConfigured
 from ..jobs import Fail, Job, JobStatus
+from ..operations.state import DeferState, current_state
 from ..registry import HandlerSpec
-from ..schema import UTCDateTime
-from ..session_events import listen_once
-from ..state import DeferState, current_state
+from ..store.schema import UTCDateTime
+from ..store.session_events import listen_once
 from ..timeutil import Duration, as_duration, utcnow
 
 if TYPE_CHECKING:
-    from ..registry import Registry
-    from ..undo_hooks import UndoHooks
+    from ..registry import Registry, UndoHooks
 
 #: Name of the built-in job that hard-deletes a soft-deleted row.
 PURGE_JOB = "flask_defer.purge"
