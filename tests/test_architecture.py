@@ -12,10 +12,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
-#: One module, one idea: longer means two ideas, or a reason to say.
+#: One module, one idea: a longer one says in its docstring why it is one piece
+#: ("... over 400 lines because ..."), so it is never cut in two only for length.
 MAX_MODULE_LINES = 400
-#: ``extension.py`` may be longer only as wiring plus thin, documented public methods.
-MAX_FACADE_LINES = 520
+MODULE_REASON = re.compile(r"over 400 lines because", re.IGNORECASE)
 MAX_FUNCTION_LINES = 60
 #: The comment a longer function carries, inside it, saying why it is one piece.
 LONG_REASON = re.compile(r"#\s*long (because|on purpose):", re.IGNORECASE)
@@ -32,14 +32,15 @@ def modules(package: Path) -> list[Path]:
 
 
 def oversized_modules(package: Path) -> list[str]:
-    """Modules over their line limit, as ``path: lines``."""
+    """Modules over the line limit whose docstring does not say why, as ``path: lines``."""
     found = []
     for path in modules(package):
-        lines = len(path.read_text().splitlines())
-        name = path.relative_to(package).as_posix()
-        limit = MAX_FACADE_LINES if name == "extension.py" else MAX_MODULE_LINES
-        if lines > limit:
-            found.append(f"{name}: {lines} lines (limit {limit})")
+        source = path.read_text()
+        lines = len(source.splitlines())
+        docstring = ast.get_docstring(ast.parse(source)) or ""
+        if lines > MAX_MODULE_LINES and not MODULE_REASON.search(" ".join(docstring.split())):
+            name = path.relative_to(package).as_posix()
+            found.append(f"{name}: {lines} lines, and its docstring does not say why")
     return found
 
 
@@ -61,7 +62,7 @@ def long_functions_without_a_reason(package: Path) -> list[str]:
     return found
 
 
-def test_no_module_is_over_400_lines_and_the_facade_stays_under_520() -> None:
+def test_a_module_over_400_lines_says_why_in_its_docstring() -> None:
     assert oversized_modules(ROOT / "flask_defer") == []
 
 
@@ -77,8 +78,9 @@ def test_the_size_checks_report_a_long_module_and_an_unexplained_long_function(
     body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
     explained = f"def explained():\n    # Long because: one table, one place.\n{body}"
     (package / "long.py").write_text(f"def unexplained():\n{body}\n\n{explained}")
-    (package / "extension.py").write_text("x = 1\n" * MAX_FACADE_LINES)
-    (package / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    reason = '"""One idea. Over 400 lines because: one table of statements."""\n'
+    (package / "explained.py").write_text(reason + "x = 1\n" * MAX_MODULE_LINES)
+    (package / "big.py").write_text('"""Big."""\n' + "x = 1\n" * MAX_MODULE_LINES)
     (package / "migrations" / "versions").mkdir(parents=True)
     (package / "migrations" / "versions" / "0001.py").write_text(
         f"def upgrade():\n{body}" + "x = 1\n" * MAX_MODULE_LINES
@@ -86,9 +88,9 @@ def test_the_size_checks_report_a_long_module_and_an_unexplained_long_function(
     assert long_functions_without_a_reason(package) == [
         f"long.py:1 unexplained() is {MAX_FUNCTION_LINES + 1} lines"
     ]
-    # extension.py at its own limit passes; the frozen revision is not looked at.
+    # The module that says why passes; the frozen revision is not looked at.
     assert oversized_modules(package) == [
-        f"big.py: {MAX_MODULE_LINES + 1} lines (limit {MAX_MODULE_LINES})"
+        f"big.py: {MAX_MODULE_LINES + 1} lines, and its docstring does not say why"
     ]
 
 

@@ -277,7 +277,7 @@ def test_appenders_beside_a_running_worker_never_wait_past_the_busy_timeout(
     handler alone lets a writer that comes straight back take the lock again and
     again: appends waited 2.1-3.1 s beside a worker whose longest write transaction
     was 26-51 ms, and with the due-batch rule's extra statements this test then fails
-    with "database is locked". In turn (``store/write_lock``) no writer is starved.
+    with "database is locked". In turn (``store/sqlite/write_lock``) no writer is starved.
     Every item still lands in exactly one batch.
     """
     busy_timeout = 3.0

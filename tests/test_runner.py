@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from flask_defer import InvalidArgument, Job, JobStatus, runner
+from flask_defer import InvalidArgument, Job, JobStatus
+from flask_defer.engine import runner
 from flask_defer.store import JobStore
 from flask_defer.timeutil import utcnow
 

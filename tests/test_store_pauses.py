@@ -109,7 +109,8 @@ def test_sqlite_claim_with_the_pause_condition_still_reads_the_partial_index(
     store: JobStore, now: datetime
 ) -> None:
     params = {"now": now, "limit": 10, "token": "t", "lease_until": now}
-    compiled = store._claim_statement("due", False, 10).bindparams(**params).compile(store.engine)
+    statement = store.driver._claim_statement("due", False)
+    compiled = statement.bindparams(**params).compile(store.engine)
     values = tuple(compiled.params[name] for name in compiled.positiontup)
     with store.engine.connect() as conn:
         rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + str(compiled), values).all()

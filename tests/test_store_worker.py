@@ -41,14 +41,15 @@ def test_sqlite_poll_and_claim_step_into_the_priority_index_never_scanning_the_t
     store: JobStore, now: datetime
 ) -> None:
     claim_params = {"now": now, "limit": 10, "token": "t", "lease_until": now}
-    claim = plan(store, store._claim_statement("due", True, 10), queues=["default"], **claim_params)
+    statement = store.driver._claim_statement("due", True)
+    claim = plan(store, statement, queues=["default"], **claim_params)
     poll = plan(store, store._next_statement("next", True), now=now, queues=["default"])
     for found in (claim, poll):
         assert "ix_defer_jobs_pending_priority (priority=?" in found, found
         assert "SCAN defer_jobs /" not in found + " /", found
     # The claim takes the chosen priority's due rows in index order: no sort.
     assert "TEMP B-TREE" not in claim
-    keyed = plan(store, store._claim_statement("keyed", False, 10), **claim_params)
+    keyed = plan(store, store.driver._claim_statement("keyed", False), **claim_params)
     assert "ix_defer_jobs_keyed_pending" in keyed
 
 
@@ -90,8 +91,7 @@ def test_postgresql_claim_keeps_one_plan_that_scans_no_table(
     with store.begin() as conn:
         due = [new_job(run_at=now - timedelta(minutes=1)) for _ in range(20_000)]
         store.insert_many(conn, due, now=now)
-    statement = store._claim_statement("due", False, 20)
-    sql = str(statement.compile(dialect=store.engine.dialect))
+    sql, _build = store.driver._claim_statement("due", False, 20)
     values = {"now": now, "token": "u", "lease_until": now, "actor": "w", "limit": 20}
     with store.engine.connect() as conn:
         conn.exec_driver_sql("ANALYZE defer_jobs")
@@ -115,7 +115,7 @@ def test_a_claimed_job_is_the_row_as_get_reads_it_in_utc_whatever_the_session_zo
     """PostgreSQL's claim reads its rows through the driver, not SQLAlchemy's types: the
     job must still be exactly what ``get`` returns, every timestamp aware UTC, the payload
     parsed, even when the connection's time zone is not UTC."""
-    if store.is_postgres:
+    if store.driver.name == "postgresql":
 
         @event.listens_for(store.engine, "connect")
         def _zone(dbapi_connection: Any, _record: Any) -> None:
@@ -189,7 +189,7 @@ def test_missing_pending_index_falls_back_to_a_plain_query(
     with caplog.at_level(logging.WARNING, logger="flask_defer"):
         assert store.next_run_at(now=now) == now
         assert len(store.claim(now=now, limit=5, token="t", lease_until=now)) == 1
-    if store.is_sqlite:
+    if store.driver.name == "sqlite":
         assert "falling back to unhinted queries" in caplog.text
 
 
@@ -319,7 +319,7 @@ def test_a_batched_ack_writes_each_outcome_as_a_single_ack_would(
 
 
 def test_a_lost_claim_inside_a_batch_is_reported_and_keeps_the_new_owner(
-    store: JobStore, new_job: MakeJob, now: datetime
+    store: JobStore, new_job: MakeJob, now: datetime, backend: str
 ) -> None:
     ids = [insert(store, new_job(), now) for _ in range(3)]
     store.claim(now=now, limit=3, token="old", lease_until=now + timedelta(seconds=1))
@@ -328,7 +328,7 @@ def test_a_lost_claim_inside_a_batch_is_reported_and_keeps_the_new_owner(
     with store.begin() as conn:
         conn.execute(
             text("UPDATE defer_jobs SET lease_expires_at = :at WHERE id = :id"),
-            {"at": store._sqlite_time(now) if store.is_sqlite else now, "id": ids[1]},
+            {"at": store.driver.stored_time(now) if backend == "sqlite" else now, "id": ids[1]},
         )
     store.reclaim_lapsed(now=lapsed - timedelta(seconds=4, microseconds=1))
     [taken] = store.claim(
@@ -421,11 +421,12 @@ def test_a_claim_commits_without_waiting_for_the_disk_and_leaves_the_connection_
         insert(store, new_job(), now)
     lease = now + timedelta(minutes=1)
     params = {"now": now, "limit": 1, "token": "me", "lease_until": lease, "actor": "w"}
-    if store.is_postgres:
+    if store.driver.name == "postgresql":
         # Run inside an open transaction, the claim statement turns the wait off for it.
+        sql, _build = store.driver._claim_statement("due", False, 1)
         with store.engine.connect() as conn, conn.begin():
             assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
-            assert len(conn.execute(store._claim_statement("due", False, 1), params).all()) == 1
+            assert len(conn.exec_driver_sql(sql, params).all()) == 1
             assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "off"
             conn.rollback()
         assert len(store.claim(now=now, limit=3, token="me", lease_until=lease)) == 3
@@ -465,7 +466,7 @@ def test_a_claim_told_of_a_backlog_skips_the_look_before_the_write_lock(
     insert(store, new_job(), now)
     insert(store, new_job(run_at=now + timedelta(hours=1)), now)
     seen: list[str] = []
-    if store.is_sqlite:
+    if store.driver.name == "sqlite":
 
         @event.listens_for(store.engine, "connect")
         def traced(dbapi: Any, _record: Any) -> None:
@@ -475,7 +476,7 @@ def test_a_claim_told_of_a_backlog_skips_the_look_before_the_write_lock(
     lease = now + timedelta(minutes=1)
     claimed = store.claim(now=now, limit=5, token="me", lease_until=lease, look_first=False)
     assert len(claimed) == 1 and claimed[0].run_at <= now
-    if store.is_sqlite:
+    if store.driver.name == "sqlite":
         before_lock = seen[: next(i for i, sql in enumerate(seen) if sql.startswith("BEGIN"))]
         assert not [sql for sql in before_lock if sql.lstrip().upper().startswith("SELECT")]
         seen.clear()

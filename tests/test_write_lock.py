@@ -14,15 +14,15 @@ import pytest
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 
-from flask_defer.store.tuning import tune_sqlite
-from flask_defer.store.write_lock import FairLock, write_lock_of
+from flask_defer.store.sqlite import SqliteDriver
+from flask_defer.store.sqlite.write_lock import FairLock, write_lock_of
 
 
 @pytest.fixture
 def tuned(tmp_path: Path) -> Iterator[Engine]:
     """A SQLite file engine tuned as flask_defer tunes the app's, busy timeout 1 s."""
     engine = create_engine(f"sqlite:///{tmp_path / 'app.sqlite3'}")
-    tune_sqlite(engine, timedelta(seconds=1))
+    SqliteDriver.prepare_engine(engine, timedelta(seconds=1))
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE events (who TEXT)"))
     yield engine

@@ -95,9 +95,10 @@ class Executor:
         self.atomic_scope = atomic_scope
         self.emit = emit
         self.uncommitted = uncommitted
-        # SQLite: an atomic handler that writes holds the one write lock until its
-        # done mark commits; past the busy timeout other writers have started failing.
-        self.lock_warning = sqlite_busy_timeout if store.is_sqlite else None
+        # Where writes are serialised (SQLite), an atomic handler that writes holds the
+        # one write lock until its done mark commits; past the busy timeout other
+        # writers have started failing.
+        self.lock_warning = sqlite_busy_timeout if store.driver.serialises_writes else None
 
     def execute(
         self, job: Job, clock: Clock, *, batch: bool = False, actor: str = "app"

@@ -151,7 +151,7 @@ class Worker:
                 self.name,
                 self.options.concurrency,
                 ",".join(self.options.queues) if self.options.queues else "all",
-                self.store.engine.dialect.name,
+                self.store.driver.name,
                 " (LISTEN)" if self.waker.listening else "",
             )
             self._loop()
@@ -385,10 +385,11 @@ def make_worker(
 
 def _waker(store: JobStore, options: WorkerOptions) -> Waker:
     """LISTEN where the driver can (psycopg 3), else a poll every ``poll_interval``."""
-    if store.is_postgres and not store.can_listen:
+    why_not = store.driver.listen_unavailable
+    if why_not is not None:
         logger.warning(
-            "LISTEN/NOTIFY needs the psycopg 3 driver (postgresql+psycopg://); "
-            "this worker polls every %g s instead",
+            "%s; this worker polls every %g s instead",
+            why_not,
             options.poll_interval.total_seconds(),
         )
     return Waker(store.open_listener if store.can_listen else None, queues=options.queues)

@@ -22,9 +22,9 @@ items: the next item moves it out of its slot (``f"{key}#due-{id}"``) and opens 
 batch there. So a busy key's items never keep a due batch locked away from the
 worker's claim (PostgreSQL's SKIP LOCKED passes over a row an open transaction has
 updated; on SQLite they would be more writers queued for the lock ahead of the claim,
-see ``store/write_lock``), and ``max_wait`` holds however many producers there are. Keys ending in
-``#<number>``, ``#full-<number>`` or ``#due-<number>`` are therefore reserved for
-batching. In a rare race (a running
+see ``store/sqlite/write_lock``), and ``max_wait`` holds however many producers there
+are. Keys ending in ``#<number>``, ``#full-<number>`` or ``#due-<number>`` are
+therefore reserved for batching. In a rare race (a running
 batch finishing between another item's two steps) two pending batches of a key can
 coexist for a while: each item is still in exactly one of them, and both are delivered.
 

@@ -31,10 +31,9 @@ from ..engine.worker import Worker, make_worker
 from ..errors import InvalidArgument, JobNotFound, NotConfigured, UnknownJob
 from ..jobs import Job, JobEvent
 from ..registry import HandlerSpec, Registry, UndoHooks
-from ..store import JobStore, NewJob, versioning
+from ..store import JobStore, NewJob, driver_class, versioning
 from ..store.schema import SchemaNames, define_history_table, define_pauses_table
 from ..store.transactions import Transactions
-from ..store.tuning import tune_sqlite
 from ..timeutil import Duration, as_utc, resolve_run_at, utcnow
 from ..validation import (
     checked_actor,
@@ -307,8 +306,9 @@ def build_state(
     apply_defaults(app.config)
     config = load_config(app.config)
     engine, table, session = engine_table_session(app, config, db, table_name)
-    if engine.dialect.name == "sqlite":
-        tune_sqlite(engine, config.sqlite_busy_timeout)
+    # The driver tunes the engine once, before any connection is used (SQLite: WAL, the
+    # busy timeout, writers taking turns).
+    driver_class(engine.dialect).prepare_engine(engine, config.sqlite_busy_timeout)
     # The history table joins the jobs table's metadata (db.create_all, autogenerate).
     history = define_history_table(table.metadata, table.name) if config.history else None
     # So is the pauses table, always (the claim reads it).

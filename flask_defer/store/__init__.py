@@ -12,11 +12,10 @@ own. All times are passed in (``now=``) so tests can drive the clock.
 
 from __future__ import annotations
 
-from .acks import AckStatements
 from .batches import BatchStatements
-from .bulk_inserts import BulkInsertStatements
 from .claims import ClaimStatements
 from .control import ControlStatements
+from .driver import Driver, driver_class
 from .pauses import PauseStatements
 from .reads import ReadStatements
 from .records import (
@@ -33,6 +32,7 @@ from .records import (
     QueueCounts,
     StatusCounts,
 )
+from .scheduling import SchedulingStatements
 from .upkeep import UpkeepStatements
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "UNKNOWN_HANDLER_NOTE",
     "Ack",
     "BatchAppend",
+    "Driver",
     "HistoryEvent",
     "JobFilter",
     "JobStore",
@@ -49,16 +50,16 @@ __all__ = [
     "Pause",
     "QueueCounts",
     "StatusCounts",
+    "driver_class",
 ]
 
 
 class JobStore(
-    BulkInsertStatements,
+    SchedulingStatements,
     ControlStatements,
     BatchStatements,
     ReadStatements,
     ClaimStatements,
-    AckStatements,
     UpkeepStatements,
     PauseStatements,
 ):

@@ -5,36 +5,30 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
     Table,
+    and_,
     bindparam,
-    func,
-    insert,
+    literal,
     literal_column,
-    select,
     update,
 )
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
 from .claim_sql import KEYED_MEMORY, ClaimTables
-from .filters import job_filter
-from .records import (
-    NOTIFY_CHANNEL,
-    HistoryEvent,
-    JobFilter,
-)
+from .driver import Driver, make_driver
+from .parts import StoreParts
+from .records import HistoryEvent, JobFilter, NewJob
 from .schema import UTCDateTime, define_pauses_table, typed_jobs_table
-from .tuples import Prepared, insert_tuples
 from .versioning import record_on_create
-from .write_lock import begin_write
 
 logger = logging.getLogger("flask_defer")
 
@@ -88,36 +82,16 @@ class StoreBase:
         #: The history table (a typed copy, like the jobs table's), or None when history
         #: is off (``DEFER_HISTORY = False``).
         self.history_table = typed_jobs_table(history) if history is not None else None
-        self._history_insert: Any = (
-            insert(self.history_table) if self.history_table is not None else None
-        )
-        #: SQLite's compiled INSERTs for :func:`~.tuples.insert_tuples`, by column set.
-        self._tuple_inserts: Prepared = {}
-        self.is_postgres = engine.dialect.name == "postgresql"
-        self.is_sqlite = engine.dialect.name == "sqlite"
-        if not (self.is_postgres or self.is_sqlite):
-            raise ValueError(
-                f"flask_defer supports SQLite and PostgreSQL, not {engine.dialect.name!r}"
-            )
-        # SQLite: the partial run_at index health's counts name explicitly (see
-        # ReadStatements); None if this table has no such index.
-        pending_index = f"ix_{table.name}_pending_run_at_name"
-        self._sqlite_pending_index: str | None = (
-            pending_index if any(ix.name == pending_index for ix in table.indexes) else None
-        )
+        self._quoted_table = engine.dialect.identifier_preparer.format_table(table)
+        #: What differs between the databases (:mod:`.driver`): the only code here that
+        #: knows which one this is.
+        self.driver: Driver = make_driver(cast("StoreParts", self))  # JobStore has every part
         #: Jobs due further ahead than this send no NOTIFY (see ``wants_notify``); the
         #: extension sets it to ``DEFER_MAX_SLEEP``, the longest a worker sleeps.
         self.notify_horizon = timedelta(seconds=10)
-        # The prebuilt keyless insert, by (NOTIFY, history event) in its CTEs (per store).
-        self._insert_sql: dict[
-            tuple[bool, bool], tuple[str, list[str], list[tuple[int, Any]]]
-        ] = {}
-        # The prebuilt bulk insert (PostgreSQL), see BulkInsertStatements._pg_insert_many.
-        self._insert_sql_text: dict[str, str] = {}
-        # The prebuilt claim and next-due statements, by (kind, with queues, limit) (see
-        # ClaimStatements._claim_statement); SQLite names their indexes while this holds.
+        # The prebuilt portable statements of the claim's helpers (keyed probe, next
+        # due), by (kind, with queues, limit).
         self._claim_sql: dict[tuple[str, bool, int | None], Any] = {}
-        self._sqlite_hints = True
         # Keyed jobs (a concurrency_key) are claimed by a statement of their own, run
         # while keyed jobs were seen lately (monotonic deadlines; ClaimStatements).
         self._keyed_until = 0.0
@@ -126,11 +100,11 @@ class StoreBase:
         # other prebuilt control statements, by name.
         self._ack_one_sql: dict[str, Any] = {}
         self._control_sql: dict[str, Any] = {}
-        # The prebuilt batched acknowledgement, per backend.
-        self._ack_sql: dict[str, str] = {}
-        self._quoted_table = engine.dialect.identifier_preparer.format_table(table)
-        process = UTCDateTime().dialect_impl(engine.dialect).bind_processor(engine.dialect)
-        self._sqlite_time_processor = process
+
+    @property
+    def quoted_table(self) -> str:
+        """The jobs table's name as the SQL text writes it."""
+        return self._quoted_table
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
@@ -148,39 +122,15 @@ class StoreBase:
         with self.engine.connect() as conn:
             yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
-    def _sqlite_time(self, value: datetime | None) -> Any:
-        """A datetime in the form the table stores on this backend (None stays None)."""
-        if value is None:
-            return None
-        process = self._sqlite_time_processor
-        return process(value) if process is not None else value
-
-    @contextmanager
-    def begin_immediate(self) -> Iterator[Connection]:
-        """A write transaction that takes SQLite's write lock up front.
+    def begin_immediate(self) -> AbstractContextManager[Connection]:
+        """A write transaction that takes the write lock up front, where there is one.
 
         On SQLite a deferred transaction that reads first and writes later can fail
-        with "database is locked" without waiting; ``BEGIN IMMEDIATE`` waits for the
-        lock (busy timeout) instead, in turn with this process's other writers
-        (:mod:`flask_defer.store.write_lock`). PostgreSQL needs nothing special.
+        with "database is locked" without waiting; this one waits for the lock (busy
+        timeout) instead, in turn with this process's other writers. PostgreSQL
+        needs nothing special (the driver's ``write_transaction``).
         """
-        if not self.is_sqlite:
-            with self.engine.begin() as conn:
-                yield conn
-            return
-        with self.engine.connect() as conn, self.begin_immediate_on(conn):
-            yield conn
-
-    @contextmanager
-    def begin_immediate_on(self, conn: Connection) -> Iterator[None]:
-        """SQLite: :meth:`begin_immediate` on a connection the caller has open."""
-        begin_write(conn)
-        try:
-            yield
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.commit()
+        return self.driver.write_transaction()
 
     def create_table(self, *, history: bool = True) -> None:
         """Create the tables and indexes if they do not exist (``flask defer install``).
@@ -204,19 +154,11 @@ class StoreBase:
         """Insert *events* in *conn*'s transaction: one statement for the whole list."""
         if self.history_table is None or not events:
             return
-        rows = [event.row() for event in events]
-        if self.is_sqlite:
-            insert_tuples(conn, self.history_table, rows, self._tuple_inserts)
-        elif len(rows) == 1:
-            conn.execute(self._history_insert, rows[0])
-        else:
-            # Batched multi-row VALUES (SQLAlchemy's insertmanyvalues) on psycopg.
-            conn.execute(self._history_insert, rows)
+        self.driver.record_events(conn, events)
 
     def notify(self, conn: Connection, queue: str) -> None:
-        """Wake PostgreSQL workers when the caller's transaction commits (no-op on SQLite)."""
-        if self.is_postgres:
-            conn.execute(select(func.pg_notify(NOTIFY_CHANNEL, queue)))
+        """Wake listening workers when the caller's transaction commits (where they listen)."""
+        self.driver.notify(conn, queue)
 
     def keyed_scheduled(self) -> None:
         """Keyed jobs are about (this process scheduled one, or a claim took some): the
@@ -224,21 +166,12 @@ class StoreBase:
         self._keyed_until = time.monotonic() + KEYED_MEMORY
 
     def claim_tables(self) -> ClaimTables:
-        """The names the claim statements use, with SQLite's index hints while they hold."""
-        quote = self.engine.dialect.identifier_preparer.quote
-
-        def hint(suffix: str) -> str:
-            name = f"ix_{self.table.name}_{suffix}"
-            if not (self.is_sqlite and self._sqlite_hints):
-                return ""
-            if not any(ix.name == name for ix in self.table.indexes):
-                return ""
-            return f" INDEXED BY {quote(name)}"
-
+        """The names the claim statements use, with the driver's index hints."""
+        name = self.table.name
         return ClaimTables(
             jobs=self._quoted_table,
-            unkeyed_hint=hint("pending_priority"),
-            keyed_hint=hint("keyed_pending"),
+            unkeyed_hint=self.driver.index_hint(f"ix_{name}_pending_priority"),
+            keyed_hint=self.driver.index_hint(f"ix_{name}_keyed_pending"),
             pauses=self.engine.dialect.identifier_preparer.format_table(self.pauses_table),
         )
 
@@ -250,18 +183,8 @@ class StoreBase:
 
     def _lost_pending_index(self, error: OperationalError) -> bool:
         """After "no such index" (a database migrated without it), stop naming it."""
-        message = str(error.orig)
-        if not self.is_sqlite or not self._sqlite_hints or not (
-            "no such index" in message or "no query solution" in message
-        ):
+        if not self.driver.lost_index(error):
             return False
-        logger.warning(
-            "an index named in a query is missing from the database (%s); falling back "
-            "to unhinted queries (create it with `flask defer install` or a migration)",
-            message,
-        )
-        self._sqlite_pending_index = None
-        self._sqlite_hints = False
         self._claim_sql.clear()
         return True
 
@@ -351,4 +274,48 @@ class StoreBase:
         return t.c.key == key
 
     def _filter(self, where: JobFilter) -> ColumnElement[bool]:
-        return job_filter(self.table, where, sqlite=self.is_sqlite)
+        """Every condition *where* sets, ANDed (``TRUE`` when it sets none): the filter
+        of ``list``, ``count`` and the bulk cancel and retry, so every caller filters
+        alike. A key prefix matches exactly, case and wildcards included."""
+        t = self.table
+        conditions: list[ColumnElement[bool]] = []
+        if where.statuses:
+            conditions.append(t.c.status.in_([s.value for s in where.statuses]))
+        if where.name is not None:
+            conditions.append(t.c.name == where.name)
+        if where.owner is not None:
+            conditions.append(t.c.owner == where.owner)
+        if where.queue is not None:
+            conditions.append(t.c.queue == where.queue)
+        if where.key_prefix is not None:
+            conditions.append(self.driver.key_startswith(t, where.key_prefix))
+        return and_(literal(True), *conditions)
+
+    @staticmethod
+    def row_values(new: NewJob, now: datetime) -> dict[str, Any]:
+        """The column values of a new job's row, in the table's column order (the
+        prebuilt inserts bind their placeholders in this order)."""
+        return {
+            "name": new.name,
+            "queue": new.queue,
+            "key": new.key,
+            "payload": new.payload,
+            "status": JobStatus.PENDING.value,
+            "run_at": new.run_at,
+            "due_at": new.run_at,
+            "attempts": 0,
+            "max_attempts": new.max_attempts,
+            "owner": new.owner,
+            "label": new.label,
+            "waiting_label": new.waiting_label,
+            "done_label": new.done_label,
+            "failed_label": new.failed_label,
+            "undone_label": new.undone_label,
+            "undo_until": new.undo_until,
+            "created_at": now,
+            "updated_at": now,
+            "priority": new.priority,
+            "concurrency_key": new.concurrency_key,
+            "concurrency_limit": new.concurrency_limit,
+            "expires_at": new.expires_at,
+        }

@@ -28,8 +28,6 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     String,
-    Text,
-    bindparam,
     case,
     cast,
     func,
@@ -38,7 +36,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects import postgresql
 
 from ..jobs import Job, JobStatus
 from .history import HistoryStatements
@@ -56,7 +53,7 @@ class BatchStatements(HistoryStatements):
     """Batch appends: items joining one pending job per (name, key) window."""
 
     def batch_lock(self, conn: Connection, *, name: str, key: str) -> None:
-        """PostgreSQL: take the (name, key) batch lock for the rest of *conn*'s transaction.
+        """Take the (name, key) batch lock for the rest of *conn*'s transaction.
 
         Producers of one key then append one after the other, as they would queue for
         the open batch's row anyway, and the slot statements below never wait for each
@@ -64,11 +61,7 @@ class BatchStatements(HistoryStatements):
         rollback; a hash collision only makes two keys take turns. SQLite has one
         writer at a time and needs nothing.
         """
-        if self.is_postgres:
-            conn.execute(
-                select(func.pg_advisory_xact_lock(func.hashtextextended(bindparam("k"), 0))),
-                {"k": f"{self.table.name}\x1f{name}\x1f{key}"},
-            )
+        self.driver.lock_batch_key(conn, f"{self.table.name}\x1f{name}\x1f{key}")
 
     def batch_append(
         self,
@@ -97,38 +90,14 @@ class BatchStatements(HistoryStatements):
         ``<key>#full-<id>``. ``None`` when no such row accepts the item, which includes
         a batch already due at *now*.
         """
-        # Long on purpose: one guarded UPDATE built for both dialects; splitting it would
-        # hide which conditions the single statement checks together.
+        # Long on purpose: one guarded UPDATE; splitting it would hide which conditions
+        # the single statement checks together. The JSON expressions are the driver's.
         t = self.table
-        if self.is_postgres:
-            items = t.c.payload.op("->")(literal_column("'items'"))
-            count_before = func.jsonb_array_length(items)
-            # A one-element array concatenated to the list appends the item, even
-            # when the item is itself an array.
-            appended = func.jsonb_set(
-                t.c.payload,
-                literal_column("'{items}'"),
-                items.op("||")(cast(literal("[" + item_json + "]", Text()), postgresql.JSONB)),
-            )
-            count_after: ColumnElement[Any] = literal_column(
-                "jsonb_array_length(payload -> 'items')"
-            )
-            flush_by: ColumnElement[Any] = cast(
-                t.c.payload.op("->>")(literal_column("'flush_by'")),
-                postgresql.TIMESTAMP(timezone=True),
-            )
-            earliest: Any = func.least
-        else:
-            count_before = func.json_array_length(t.c.payload, literal_column("'$.items'"))
-            appended = func.json_insert(
-                t.c.payload, literal_column("'$.items[#]'"), func.json(literal(item_json, Text()))
-            )
-            count_after = literal_column("json_array_length(payload, '$.items')")
-            # flush_by is ISO 8601 UTC; SQLite stores times as "YYYY-MM-DD HH:MM:SS.ffffff",
-            # which compares correctly as text once the "T" and the offset are cut.
-            iso = func.json_extract(t.c.payload, literal_column("'$.flush_by'"))
-            flush_by = func.substr(iso, 1, 10).op("||")(" ").op("||")(func.substr(iso, 12, 15))
-            earliest = func.min
+        json_items = self.driver.batch_items(t, item_json)
+        count_before, appended = json_items.count_before, json_items.appended
+        count_after, flush_by, earliest = (
+            json_items.count_after, json_items.flush_by, json_items.earliest
+        )
         run_at: ColumnElement[Any] = t.c.run_at
         if debounce_until is not None:
             candidate = literal(debounce_until, UTCDateTime())
@@ -195,25 +164,20 @@ class BatchStatements(HistoryStatements):
         return bool(conn.execute(stmt).rowcount)
 
     def _unlocked_row(self, conditions: list[ColumnElement[bool]]) -> list[ColumnElement[bool]]:
-        """PostgreSQL: *conditions* narrowed to the one matching row no one else holds.
+        """*conditions* narrowed to the one matching row no one else holds (where rows
+        lock one by one: PostgreSQL).
 
         ``id = (SELECT id ... LIMIT 1 FOR UPDATE SKIP LOCKED)``: one row at most (the
         live-key index allows one pending row per key), skipped rather than waited
         for when another transaction (the worker's claim) holds it, so the producer
         never waits while holding another batch row (see the module docstring).
-        SQLite: unchanged (one writer at a time, no row locks).
+        Where writes are serialised (SQLite): unchanged, as no row is ever held.
         """
-        if not self.is_postgres:
+        if self.driver.serialises_writes:
             return conditions
         t = self.table
-        row = (
-            select(t.c.id)
-            .where(*conditions)
-            .limit(1)
-            .with_for_update(skip_locked=True)
-            .scalar_subquery()
-        )
-        return [t.c.id == row, *conditions]
+        row = self.driver.skip_locked(select(t.c.id).where(*conditions).limit(1))
+        return [t.c.id == row.scalar_subquery(), *conditions]
 
     def hold_claim(self, conn: Connection, job: Job) -> bool:
         """Lock a claimed job's row in the caller's transaction; False if the claim is lost.

@@ -146,67 +146,6 @@ def keyed_ids_sql(
     )
 
 
-def claim_update_sql(
-    tables: ClaimTables,
-    *,
-    keyed: bool,
-    queues: bool,
-    postgres: bool,
-    columns: list[str],
-    history: str | None,
-    limit: int | None = None,
-) -> str:
-    """The whole claim: pick the ids, start the jobs, return their *columns*.
-
-    PostgreSQL: one autocommit statement whose CTEs lock the ids (``FOR UPDATE SKIP
-    LOCKED``), update them, insert their ``started`` events into *history* (when
-    given) and turn off the commit's wait for the disk. SQLite: one UPDATE inside the
-    caller's ``BEGIN IMMEDIATE``; the caller writes the events. *limit* writes the
-    number of jobs into the text (see :func:`limit_sql`); None binds ``:limit``.
-    """
-    t = tables.jobs
-    sets = (
-        "status = 'running', attempts = attempts + 1, claim_token = :token,"
-        " lease_expires_at = :lease_until, updated_at = :now"
-    )
-    if keyed:
-        ctes, ids = "", keyed_ids_sql(tables, queues=queues, limit=limit, array=postgres)
-    else:
-        ctes, ids = due_ids_sql(
-            tables, queues=queues, lock=postgres, limit=limit, array=postgres
-        )
-    if not postgres:
-        # No second "status = 'pending'" test on the outer UPDATE: the subquery picks
-        # pending rows inside the same BEGIN IMMEDIATE transaction, which no other
-        # writer can interleave with, and the extra term made SQLite walk every pending
-        # row through the status index instead of looking the chosen ids up by rowid.
-        prefix = f"WITH RECURSIVE {ctes} " if ctes else ""
-        return f"{prefix}UPDATE {t} SET {sets} WHERE id IN ({ids}) RETURNING {', '.join(columns)}"
-    if keyed:
-        ids = f"SELECT id FROM {t} WHERE id IN ({ids}) AND {KEYED} FOR UPDATE SKIP LOCKED"
-    # A materialised CTE runs the locking SELECT exactly once. As an IN (...) subquery
-    # PostgreSQL may re-run it per row, claiming more than *limit*.
-    parts = [ctes] if ctes else []
-    parts.append(f"due AS MATERIALIZED ({ids})")
-    # = ANY(ARRAY(...)): the ids looked up by primary key whatever the plan guesses of
-    # their number (a join planned for an unknown count hashed a scan of the table).
-    parts.append(
-        f"claimed AS (UPDATE {t} SET {sets} WHERE id = ANY(ARRAY(SELECT id FROM due))"
-        f" RETURNING {', '.join(columns)})"
-    )
-    if history is not None:
-        parts.append(
-            f"recorded AS (INSERT INTO {history} (job_id, event, at, actor, attempt)"
-            " SELECT id, 'started', :now, :actor, attempts FROM claimed)"
-        )
-    # set_config(..., true): this transaction's commit does not wait for the WAL flush
-    # (measured: the flush was 0.4-1 ms of every claim with fsync on).
-    return (
-        f"WITH RECURSIVE {', '.join(parts)} SELECT {', '.join(columns)},"
-        " set_config('synchronous_commit', 'off', true) AS _no_flush_wait FROM claimed"
-    )
-
-
 def next_unkeyed_sql(tables: ClaimTables, *, queues: bool) -> str:
     """The earliest ``run_at`` of a claimable unkeyed job: one step per priority present.
 

@@ -53,9 +53,9 @@ class ControlStatements(HistoryStatements):
         ``undone`` for the owner's Undo.
         """
         by = "id" if job_id is not None else "key"
-        # PostgreSQL writes the history event in the same statement (one round trip
-        # less for every Undo); SQLite, where a statement costs no round trip, apart.
-        with_event = self.is_postgres and self.history_table is not None
+        # Where a statement is a round trip (PostgreSQL) the history event rides in the
+        # same statement (one round trip less for every Undo); elsewhere, apart.
+        with_event = self.driver.events_in_statement and self.history_table is not None
         name = f"cancel_by_{by}" + ("_owned" if owner is not None else "")
         stmt = self._control_sql.get(name)
         if stmt is None:

@@ -33,7 +33,6 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from ..errors import InvalidArgument
@@ -57,9 +56,8 @@ class PauseStatements(StoreBase):
         """
         p = self.pauses_table
         row = {"kind": _checked_kind(kind), "value": value, "paused_at": now, "actor": actor}
-        dialect_insert = postgresql.insert if self.is_postgres else sqlite.insert
         stmt = (
-            dialect_insert(p)
+            self.driver.insert_ignoring(p)
             .values(row)
             .on_conflict_do_nothing(index_elements=[p.c.kind, p.c.value])
             .returning(p.c.kind)
@@ -150,10 +148,8 @@ class PauseStatements(StoreBase):
         cached = self._queue_counts_sql
         if cached is not None:
             return cached
-        jobs = by_time = self._quoted_table
-        if self.is_sqlite and self._sqlite_pending_index is not None:
-            quote = self.engine.dialect.identifier_preparer.quote
-            by_time = f"{jobs} INDEXED BY {quote(self._sqlite_pending_index)}"
+        jobs = self._quoted_table
+        by_time = jobs + self.driver.index_hint(f"ix_{self.table.name}_pending_run_at_name")
         parts = [
             ("due", by_time, "status = 'pending' AND run_at <= :now", "run_at"),
             ("scheduled", by_time, "status = 'pending' AND run_at > :now", "run_at"),

@@ -21,7 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
-from .base import StoreBase, logger
+from .base import StoreBase
 from .records import (
     SCHEDULED_COUNT_CAP,
     SETTLED_COUNT_CAP,
@@ -137,10 +137,8 @@ class ReadStatements(StoreBase):
         except OperationalError as error:
             # A database without the indexes of revision flask_defer_0005 (not upgraded
             # yet; the web keeps serving): count without naming them.
-            if not (self.is_sqlite and "no such index" in str(error.orig)):
+            if not self._lost_pending_index(error):
                 raise
-            logger.warning("health counts: %s; counting without it", error.orig)
-            self._counts_indexed_by = False
             self._counts_sql = None
             rows = conn.execute(self._counts_statement(), params).all()
         for kind, name, n, oldest, lapsed in rows:
@@ -197,17 +195,10 @@ class ReadStatements(StoreBase):
         cached = self._counts_sql
         if cached is not None:
             return cached
-        quote = self.engine.dialect.identifier_preparer.quote
         jobs = self._quoted_table
-        by_time = by_error = jobs
-        if self.is_sqlite and self._counts_indexed_by:
-            names = {ix.name for ix in self.table.indexes}
-            if self._sqlite_pending_index is not None:
-                by_time = f"{jobs} INDEXED BY {quote(self._sqlite_pending_index)}"
-            errors = f"ix_{self.table.name}_pending_errors"
-            if errors in names:
-                by_error = f"{jobs} INDEXED BY {quote(errors)}"
-        none = "CAST(NULL AS TIMESTAMP WITH TIME ZONE)" if self.is_postgres else "NULL"
+        by_time = jobs + self.driver.index_hint(f"ix_{self.table.name}_pending_run_at_name")
+        by_error = jobs + self.driver.index_hint(f"ix_{self.table.name}_pending_errors")
+        none = self.driver.null_time
         settled = [
             f"SELECT '{status}', name, count(*), {none}, 0 FROM ("
             f"SELECT name FROM {jobs} WHERE status = '{status}'"

@@ -200,3 +200,18 @@ class QueueCounts:
     #: Pending and not due yet.
     scheduled: int
     running: int
+
+
+@dataclass(frozen=True)
+class BatchItems:
+    """The expressions of one batch append, in the driver's JSON dialect."""
+
+    #: Items in the batch before the append, and after it (over the updated row).
+    count_before: Any
+    count_after: Any
+    #: The payload with the item appended to its ``items`` list.
+    appended: Any
+    #: The batch's ``flush_by`` deadline as a comparable time (NULL if unset).
+    flush_by: Any
+    #: The SQL function that takes the earlier of two times.
+    earliest: Any

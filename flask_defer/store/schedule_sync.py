@@ -28,7 +28,6 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 
 from ..recurrence import CatchUp, RecurringSpec, Rule
 
@@ -187,7 +186,7 @@ class ScheduleSync:
         values = _declared_values(spec)
         if old is None:
             stmt = (
-                self._dialect_insert()(t)
+                self.jobs.driver.insert_ignoring(t)
                 .values(
                     id=spec.id,
                     **values,
@@ -303,9 +302,6 @@ class ScheduleSync:
             t.c.tz == old.tz,
             t.c.orphaned == (true() if old.orphaned else false()),
         )
-
-    def _dialect_insert(self) -> Any:
-        return postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
 
 
 def _declared_values(spec: RecurringSpec) -> dict[str, Any]:

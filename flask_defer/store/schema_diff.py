@@ -14,6 +14,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, MetaData, inspect
 
+from .driver import driver_class
 from .schema import (
     SchemaNames,
     define_history_table,
@@ -57,7 +58,7 @@ def _predicate_differences(conn: Connection, metadata: MetaData) -> list[str]:
     mentions: PostgreSQL reflects ``status = ANY (ARRAY['pending'::varchar, ...])``
     where the code says ``status IN ('pending', ...)``, which mean the same.
     """
-    dialect = conn.dialect.name
+    dialect = driver_class(conn.dialect).name  # SQLAlchemy's dialect option prefix
     inspector = inspect(conn)
     found: list[str] = []
     present = set(inspector.get_table_names())

@@ -6,9 +6,8 @@ so two workers never reclaim (or prune) the same rows twice.
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +15,6 @@ from sqlalchemy import (
     Connection,
     bindparam,
     delete,
-    func,
     literal_column,
     select,
     tuple_,
@@ -26,7 +24,6 @@ from sqlalchemy import (
 from ..jobs import Job, JobStatus
 from .history import HistoryStatements
 from .records import (
-    NOTIFY_CHANNEL,
     HistoryEvent,
 )
 from .schema import UTCDateTime
@@ -159,9 +156,7 @@ class UpkeepStatements(HistoryStatements):
         with self.engine.connect() as conn:
             if conn.execute(select(t.c.id).where(*expiring).limit(1)).first() is None:
                 return 0
-        batch = select(t.c.id).where(*expiring).limit(batch_size)
-        if self.is_postgres:
-            batch = batch.with_for_update(skip_locked=True)
+        batch = self.driver.skip_locked(select(t.c.id).where(*expiring).limit(batch_size))
         note = "expired: not started by its expires_at"
         with self.begin_immediate() as conn:
             rows = conn.execute(
@@ -216,51 +211,22 @@ class UpkeepStatements(HistoryStatements):
             if deleted < batch_size or (max_batches is not None and batches >= max_batches):
                 return total
 
-    @contextmanager
-    def maintenance_lock(self) -> Iterator[bool]:
+    def maintenance_lock(self) -> AbstractContextManager[bool]:
         """Yield True in the one worker that may reclaim and prune right now.
 
-        PostgreSQL: a transaction-scoped advisory lock, tried without waiting, held on
-        a connection of its own for the duration of the block and released by its
-        commit, or by the server if this worker dies. SQLite: always True; its
-        writes are serialised anyway and reclaim/prune are guarded statements.
+        The driver's lock: on PostgreSQL a transaction-scoped advisory lock per jobs
+        table, tried without waiting and released by the server if this worker dies;
+        on SQLite always True (its writes are serialised anyway and reclaim and prune
+        are guarded statements).
         """
-        if not self.is_postgres:
-            yield True
-            return
-        with self.engine.connect() as conn, conn.begin():
-            locked = conn.execute(
-                select(func.pg_try_advisory_xact_lock(self._maintenance_lock_key()))
-            ).scalar()
-            yield bool(locked)
-
-    def _maintenance_lock_key(self) -> int:
-        # One lock per jobs table, so two apps sharing a database do not exclude
-        # each other. crc32 fits PostgreSQL's bigint key and is stable across runs.
-        return zlib.crc32(f"flask_defer:{self.table.name}".encode())
+        return self.driver.maintenance_lock()
 
     @property
     def can_listen(self) -> bool:
         """True when workers can LISTEN for NOTIFY (PostgreSQL through psycopg 3)."""
-        return self.is_postgres and self.engine.dialect.driver == "psycopg"
+        return self.driver.can_listen
 
     def open_listener(self) -> Any:
-        """A dedicated psycopg connection, in autocommit, LISTENing on the channel.
-
-        Taken from the engine (so it has the app's credentials and connect options)
-        and detached from its pool: it lives as long as the worker and is closed by
-        the caller. PostgreSQL only.
-        """
-        if not self.can_listen:
-            raise RuntimeError("LISTEN needs PostgreSQL through psycopg 3")
-        pooled = self.engine.raw_connection()
-        conn: Any = pooled.driver_connection
-        pooled.detach()
-        try:
-            conn.rollback()
-            conn.autocommit = True
-            conn.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        """A dedicated connection, in autocommit, LISTENing on the channel (the driver's;
+        it lives as long as the worker and is closed by the caller)."""
+        return self.driver.open_listener()

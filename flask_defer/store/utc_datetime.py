@@ -9,6 +9,8 @@ from sqlalchemy import DateTime, Dialect
 from sqlalchemy.types import TypeDecorator
 
 _NOTHING = object()
+#: Whether a dialect class stores timestamps as text (see UTCDateTime._stored_as_text).
+_AS_TEXT: dict[type, bool] = {}
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -27,7 +29,17 @@ class UTCDateTime(TypeDecorator[datetime]):
         if not isinstance(value, datetime) or value.tzinfo is None:
             raise ValueError(f"flask_defer stores aware datetimes only, got {value!r}")
         utc: datetime = value.astimezone(UTC)
-        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+        return utc.replace(tzinfo=None) if self._stored_as_text(dialect) else utc
+
+    def _stored_as_text(self, dialect: Dialect) -> bool:
+        """True where the database keeps timestamps as text without a zone (SQLite):
+        asked of the dialect's own DateTime type, once per dialect class."""
+        kind = type(dialect)
+        found = _AS_TEXT.get(kind)
+        if found is None:
+            impl = self.impl_instance.dialect_impl(dialect)
+            found = _AS_TEXT[kind] = getattr(impl, "_storage_format", None) is not None
+        return found
 
     def bind_processor(self, dialect: Dialect) -> Any:
         """The usual processing (``process_bind_param``, then the dialect's), remembering
@@ -38,7 +50,8 @@ class UTCDateTime(TypeDecorator[datetime]):
         is most of what a bulk enqueue spends in Python. Datetimes are immutable and the
         remembered value is held, so an identity match always means the same result.
         """
-        process = _sqlite_text(dialect, self.impl_instance) or super().bind_processor(dialect)
+        impl = self.impl_instance.dialect_impl(dialect)
+        process = _default_text_writer(impl) or super().bind_processor(dialect)
         if process is None:
             return None
         last: list[tuple[Any, Any]] = [(_NOTHING, None)]
@@ -62,15 +75,15 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
-def _sqlite_text(dialect: Dialect, impl: Any) -> Any:
-    """SQLite: the whole bind conversion in one step, when the column stores SQLAlchemy's
-    default text format (else None, and the usual chain is used).
+def _default_text_writer(impl: Any) -> Any:
+    """Where timestamps are stored as SQLAlchemy's default text format (SQLite's
+    DATETIME): the whole bind conversion in one step (else None: the usual chain).
 
     ``isoformat`` writes the same text as SQLAlchemy's ``%``-format of that default
     (four-digit year, always six digits of microseconds; a test compares them) in C,
     and every enqueue converts four to six timestamps.
     """
-    if dialect.name != "sqlite" or getattr(impl, "_storage_format", None) != _SQLITE_DEFAULT_FORMAT:
+    if getattr(impl, "_storage_format", None) != _SQLITE_DEFAULT_FORMAT:
         return None
 
     def to_text(value: Any) -> str | None:

@@ -40,6 +40,7 @@ from ..migrations import (
     TABLE_ATTRIBUTE,
     VERSION_TABLE,
 )
+from .driver import driver_class
 from .schema import DEFAULT_TABLE_NAME, SchemaNames
 from .schema_diff import differences
 
@@ -166,7 +167,7 @@ def pending_sql(engine: Engine, names: SchemaNames = DEFAULT_NAMES) -> str:
         return f"-- flask_defer schema is current at {status.code}: nothing to run\n"
     buffer = io.StringIO()
     config = _config(names)
-    config.attributes["dialect_name"] = engine.dialect.name
+    config.attributes["dialect_name"] = driver_class(engine.dialect).name
     config.attributes["output_buffer"] = buffer
     if status.database == "0.1.0":
         buffer.write("-- record the 0.1.0 schema as revision flask_defer_0001\n")

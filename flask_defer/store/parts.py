@@ -1,0 +1,53 @@
+"""What a driver sees of its store: the tables, the portable statements it reuses.
+
+A driver (:mod:`.sqlite`, :mod:`.postgres`) is handed its store at construction and
+reaches it only through this Protocol, so the drivers import nothing of the store's
+classes and :mod:`.driver`, which picks one, imports them without a circle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from sqlalchemy import Connection, Engine, Table
+
+from .claim_sql import ClaimTables
+from .records import HistoryEvent
+
+
+class StoreParts(Protocol):
+    """The part of a :class:`~flask_defer.store.JobStore` its driver uses."""
+
+    engine: Engine
+    #: The jobs table (a copy typed with aware-UTC times).
+    table: Table
+    #: The history table, or None with ``DEFER_HISTORY = False``.
+    history_table: Table | None
+    pauses_table: Table
+
+    @property
+    def quoted_table(self) -> str:
+        """The jobs table's name as the SQL text writes it."""
+
+    def claim_tables(self) -> ClaimTables:
+        """The names the claim statements use, with the driver's index hints."""
+
+    def keyed_in_play(self, conn: Connection) -> bool:
+        """Whether keyed jobs may be pending (a cheap, remembered look)."""
+
+    def keyed_scheduled(self) -> None:
+        """Keyed jobs are about: the claims look for them for a while."""
+
+    def record_events(self, conn: Connection, events: Sequence[HistoryEvent]) -> None:
+        """Insert history events in *conn*'s transaction."""
+
+    def begin(self) -> AbstractContextManager[Connection]:
+        """A short transaction of the store's own."""
+
+    def autocommit(self) -> AbstractContextManager[Connection]:
+        """A connection where each statement is its own transaction."""
+
+    def row_values(self, new: Any, now: Any) -> dict[str, Any]:
+        """The column values of a new job's row (in the table's column order)."""

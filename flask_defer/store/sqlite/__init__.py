@@ -1,0 +1,473 @@
+"""The SQLite driver: one writer at a time, taken in turn, and statements run in-process.
+
+SQLite lets one transaction write at a time and runs every statement inside this
+process, so its costs are the opposite of PostgreSQL's: a statement costs no round
+trip, and Python around it is most of the time. Hence:
+
+* every write transaction starts with ``BEGIN IMMEDIATE`` through a fair, in-process
+  queue (:mod:`.write_lock`), the app's own writes too (:meth:`SqliteDriver.
+  prepare_engine`, which also turns on WAL and the busy timeout);
+* the hot inserts run the compiled statement on the driver's cursor with positional
+  tuples (:mod:`.tuples`), and history events are a second local statement;
+* the claim is ``UPDATE ... RETURNING`` inside that lock, naming its index
+  (``INDEXED BY``: without statistics the planner would walk every pending row), and
+  commits without an fsync (see :func:`_without_flush_wait`);
+* rows are never locked one by one, so "skip locked rows" and advisory locks have
+  nothing to do, and there is no ``LISTEN``: idle workers poll an indexed query.
+
+Over 400 lines because it is one database's whole side of the store, its hot paths
+side by side with the reasons for their shape (each was profiled); the write lock
+and the tuple inserts, which other code uses on their own, have modules of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Connection,
+    Engine,
+    Integer,
+    Select,
+    String,
+    Table,
+    Text,
+    bindparam,
+    event,
+    func,
+    insert,
+    literal,
+    literal_column,
+    text,
+)
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.exc import OperationalError
+
+from ...jobs import Job, JobStatus
+from ..claim_sql import due_ids_sql, keyed_ids_sql
+from ..parts import StoreParts
+from ..records import Ack, BatchItems, HistoryEvent, NewJob
+from ..utc_datetime import UTCDateTime
+from .tuples import Prepared, insert_tuples
+from .write_lock import begin_write, take_turns_to_write
+
+logger = logging.getLogger("flask_defer")
+
+
+
+class SqliteDriver:
+    """The store's SQLite side (see the module's docstring and :mod:`..driver`)."""
+
+    name: ClassVar[str] = "sqlite"
+    serialises_writes: ClassVar[bool] = True
+    notifies: ClassVar[bool] = False
+    events_in_statement: ClassVar[bool] = False
+    can_listen = False
+    listen_unavailable = None
+    null_time = "NULL"
+
+    def __init__(self, store: StoreParts) -> None:
+        self.store = store
+        # Index hints hold until a database is found without the index (not migrated).
+        self.hints = True
+        # Compiled INSERTs for insert_tuples, by column set.
+        self._tuples: Prepared = {}
+        # Prebuilt statements, by name.
+        self._sql: dict[Any, Any] = {}
+        dialect = store.engine.dialect
+        self._time = UTCDateTime().dialect_impl(dialect).bind_processor(dialect)
+
+    # -- the engine ---------------------------------------------------------------
+
+    @staticmethod
+    def prepare_engine(engine: Engine, busy_timeout: timedelta) -> None:
+        """WAL lets the web read while the worker writes; the busy timeout makes writers
+        wait; every write transaction takes the lock in turn (:mod:`.write_lock`)."""
+        busy_ms = int(busy_timeout.total_seconds() * 1000)
+
+        def on_connect(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
+                if engine.url.database not in (None, "", ":memory:"):
+                    cursor.execute("PRAGMA journal_mode = WAL")
+            finally:
+                cursor.close()
+
+        event.listen(engine, "connect", on_connect)
+        take_turns_to_write(engine, busy_ms)
+        # Connections opened before init_app (if any) are replaced so all get the pragmas.
+        engine.pool.dispose()
+
+    def stored_time(self, value: datetime | None) -> Any:
+        """*value* in the form the table stores it (None stays None)."""
+        if value is None:
+            return None
+        process = self._time
+        return process(value) if process is not None else value
+
+    # -- transactions -------------------------------------------------------------
+
+    @contextmanager
+    def write_transaction(self) -> Iterator[Connection]:
+        """``BEGIN IMMEDIATE``, in turn with this process's other writers.
+
+        A deferred transaction that reads first and writes later can fail with
+        "database is locked" without waiting; this one waits for the lock (busy
+        timeout) instead.
+        """
+        with self.store.engine.connect() as conn:
+            begin_write(conn)
+            try:
+                yield conn
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+
+    def begin_write(self, conn: Connection) -> None:
+        """Take the write lock for *conn*'s transaction (see :mod:`.write_lock`)."""
+        begin_write(conn)
+
+    # -- statements ---------------------------------------------------------------
+
+    def insert_ignoring(self, table: Table) -> Any:
+        return sqlite.insert(table)
+
+    def index_hint(self, index_name: str) -> str:
+        """``INDEXED BY`` the index, while hints hold and the table defines it."""
+        if not self.hints or not any(ix.name == index_name for ix in self.store.table.indexes):
+            return ""
+        quote = self.store.engine.dialect.identifier_preparer.quote
+        return f" INDEXED BY {quote(index_name)}"
+
+    def lost_index(self, error: OperationalError) -> bool:
+        """After "no such index" (a database migrated without it), stop naming indexes."""
+        message = str(error.orig)
+        if not self.hints or not ("no such index" in message or "no query solution" in message):
+            return False
+        logger.warning(
+            "an index named in a query is missing from the database (%s); falling back "
+            "to unhinted queries (create it with `flask defer install` or a migration)",
+            message,
+        )
+        self.hints = False
+        self._sql.clear()
+        return True
+
+    def key_startswith(self, table: Table, prefix: str) -> ColumnElement[bool]:
+        # autoescape escapes % and _ in the bound prefix, so "a_b:" matches only itself;
+        # SQLite's LIKE ignores ASCII case, and the exact substr comparison restores it.
+        like = table.c.key.startswith(prefix, autoescape=True)
+        return like & (func.substr(table.c.key, 1, len(prefix)) == prefix)
+
+    def skip_locked(self, select: Select[Any]) -> Select[Any]:
+        return select  # no row locks: one writer at a time
+
+    def lock_batch_key(self, conn: Connection, lock_name: str) -> None:
+        return None  # one writer at a time: appends already take turns
+
+    def batch_items(self, table: Table, item_json: str) -> BatchItems:
+        t = table
+        iso = func.json_extract(t.c.payload, literal_column("'$.flush_by'"))
+        return BatchItems(
+            count_before=func.json_array_length(t.c.payload, literal_column("'$.items'")),
+            count_after=literal_column("json_array_length(payload, '$.items')"),
+            appended=func.json_insert(
+                t.c.payload, literal_column("'$.items[#]'"), func.json(literal(item_json, Text()))
+            ),
+            # flush_by is ISO 8601 UTC; SQLite stores times as "YYYY-MM-DD
+            # HH:MM:SS.ffffff", which compares correctly as text once the "T" and the
+            # offset are cut.
+            flush_by=func.substr(iso, 1, 10).op("||")(" ").op("||")(func.substr(iso, 12, 15)),
+            earliest=func.min,
+        )
+
+    # -- the hot paths ------------------------------------------------------------
+
+    def record_events(self, conn: Connection, events: Sequence[HistoryEvent]) -> None:
+        history = self.store.history_table
+        if history is None or not events:
+            return
+        insert_tuples(conn, history, [event.row() for event in events], self._tuples)
+
+    def notify(self, conn: Connection, queue: str) -> None:
+        return None  # workers poll
+
+    def insert_one(
+        self,
+        conn: Connection,
+        values: dict[str, Any],
+        *,
+        notify: bool,
+        actor: str,
+        payload_json: str | None,
+    ) -> int:
+        """The keyless insert on the driver's cursor, then the ``scheduled`` event.
+
+        SQLite runs the INSERT in this process in microseconds; SQLAlchemy's execute
+        around it cost more (profiled). The cursor, inside the caller's transaction,
+        sends the compiled statement with each column's own conversion; *payload_json*
+        (the text validation made of the payload) is stored as it is, as the JSON
+        column would have encoded it. The cursor bypasses SQLAlchemy's statement
+        events, where the app's writes take the write lock in turn, so the
+        transaction is opened that way here.
+        """
+        sql, order, processors = self._prebuilt_insert(conn)
+        row = [values[name] for name in order]
+        as_is = order.index("payload") if payload_json is not None else -1
+        for i, process in processors:
+            row[i] = payload_json if i == as_is else process(row[i])
+        begin_write(conn)
+        dbapi = conn.connection.driver_connection
+        assert dbapi is not None
+        cursor = dbapi.cursor()
+        try:
+            job_id = int(cursor.execute(sql, tuple(row)).fetchone()[0])
+            if self.store.history_table is not None:
+                # Its times are the job's created_at and run_at, converted above.
+                at, run_at = row[order.index("created_at")], row[order.index("run_at")]
+                cursor.execute(self._scheduled_event_sql(conn), (job_id, at, actor, run_at))
+        finally:
+            cursor.close()
+        return job_id
+
+    def _prebuilt_insert(self, conn: Connection) -> tuple[str, list[str], list[tuple[int, Any]]]:
+        cached = self._sql.get("insert")
+        if cached is not None:
+            return cached  # type: ignore[no-any-return]
+        table = self.store.table
+        dialect = conn.dialect
+        names = list(self.store.row_values(_PROBE, _PROBE.run_at))
+        compiled = insert(table).returning(table.c.id).compile(dialect=dialect, column_keys=names)
+        order = list(compiled.positiontup or ())
+        # Only the columns with a conversion, by position (most columns have none).
+        processors = [
+            (i, process)
+            for i, name in enumerate(order)
+            if (process := table.c[name].type.dialect_impl(dialect).bind_processor(dialect))
+            is not None
+        ]
+        built = self._sql["insert"] = (compiled.string, order, processors)
+        return built
+
+    def _scheduled_event_sql(self, conn: Connection) -> str:
+        """The INSERT of a new job's ``scheduled`` event, binding its job id, time, actor
+        and run_at (in that order), the rest written into the text."""
+        sql = self._sql.get("scheduled-event")
+        if sql is None:
+            history = self.store.history_table
+            assert history is not None
+            stmt = insert(history).values(
+                job_id=bindparam("b_job_id"),
+                event=literal_column("'scheduled'"),
+                at=bindparam("b_at"),
+                actor=bindparam("b_actor"),
+                attempt=literal_column("0"),
+                run_at=bindparam("b_run_at"),
+            )
+            compiled = stmt.compile(dialect=conn.dialect)
+            assert list(compiled.positiontup or ()) == ["b_job_id", "b_at", "b_actor", "b_run_at"]
+            sql = self._sql["scheduled-event"] = compiled.string
+        return str(sql)
+
+    def insert_many(
+        self,
+        conn: Connection,
+        rows: list[dict[str, Any]],
+        jobs: Sequence[NewJob],
+        *,
+        now: datetime,
+        actor: str,
+    ) -> None:
+        """One prepared INSERT executed per row (``executemany``), then the events.
+
+        SQLAlchemy's RETURNING for many rows on SQLite is one INSERT per row (60% of a
+        bulk enqueue, profiled). Instead: the fast executemany, then the ids from
+        ``last_insert_rowid()``. A table without AUTOINCREMENT gives each new row
+        ``max(rowid) + 1``, and this transaction holds the write lock from its first
+        row on, so the batch's ids are consecutive and end there. The payload column
+        gets the text the bulk path already made while validating each payload.
+        """
+        table = self.store.table
+        encode = table.c.payload.type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
+        for row, job in zip(rows, jobs, strict=True):  # the caller's fresh rows
+            if job.payload_json is not None:
+                row["payload"] = job.payload_json
+            elif encode is not None:
+                row["payload"] = encode(row["payload"])
+        insert_tuples(conn, table, rows, self._tuples, as_is="payload")
+        if self.store.history_table is None:
+            return
+        last = int(conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one())
+        first = last - len(jobs) + 1
+        self.record_events(
+            conn,
+            [
+                HistoryEvent(job_id, "scheduled", now, actor, 0, run_at=job.run_at)
+                for job_id, job in zip(range(first, last + 1), jobs, strict=True)
+            ],
+        )
+
+    def claim(self, params: dict[str, Any], *, queues: bool, actor: str) -> list[Job]:
+        """The keyed claim (when keyed jobs are about), then the batch claim, and their
+        ``started`` events: one ``BEGIN IMMEDIATE`` transaction, committed without an
+        fsync. Keyed jobs go first: a backlog of unkeyed jobs filling every claim
+        must not starve the ones a limit holds back."""
+        limit = params["limit"]
+        jobs: list[Job] = []
+        with self.store.engine.connect() as conn, _without_flush_wait(conn):
+            begin_write(conn)
+            try:
+                if self.store.keyed_in_play(conn):
+                    jobs = self._run_claim(conn, "keyed", queues, params)
+                if len(jobs) < limit:
+                    rest = {**params, "limit": limit - len(jobs)}
+                    jobs += self._run_claim(conn, "due", queues, rest)
+                at = params["now"]
+                started = [HistoryEvent(job.id, "started", at, actor, job.attempts) for job in jobs]
+                self.record_events(conn, started)
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+        return jobs
+
+    def _run_claim(
+        self, conn: Connection, kind: str, queues: bool, params: dict[str, Any]
+    ) -> list[Job]:
+        result = conn.execute(self._claim_statement(kind, queues), params)
+        # Every claim statement returns the table's columns: one builder for them all.
+        make = self._sql.get("builder")
+        if make is None:
+            make = self._sql["builder"] = Job.builder(list(result.keys()))
+        return [make(row) for row in result]
+
+    def _claim_statement(self, kind: str, queues: bool) -> Any:
+        """The claim of *kind* (``due`` or ``keyed``): one UPDATE inside the caller's
+        ``BEGIN IMMEDIATE``, returning the table's columns; every value a bind."""
+        key = ("claim", kind, queues)
+        cached = self._sql.get(key)
+        if cached is not None:
+            return cached
+        table = self.store.table
+        tables = self.store.claim_tables()
+        quote = self.store.engine.dialect.identifier_preparer.quote
+        # Named, in the metadata's order: the result's columns are typed by position, and
+        # a table grown by revisions has its columns in another order than a new one.
+        columns = ", ".join(quote(c.name) for c in table.c)
+        if kind == "keyed":
+            ctes, ids = "", keyed_ids_sql(tables, queues=queues)
+        else:
+            ctes, ids = due_ids_sql(tables, queues=queues, lock=False)
+        sets = (
+            "status = 'running', attempts = attempts + 1, claim_token = :token,"
+            " lease_expires_at = :lease_until, updated_at = :now"
+        )
+        # No second "status = 'pending'" test on the outer UPDATE: the subquery picks
+        # pending rows inside the same BEGIN IMMEDIATE transaction, which no other
+        # writer can interleave with, and the extra term made SQLite walk every pending
+        # row through the status index instead of looking the chosen ids up by rowid.
+        prefix = f"WITH RECURSIVE {ctes} " if ctes else ""
+        sql = f"{prefix}UPDATE {tables.jobs} SET {sets} WHERE id IN ({ids}) RETURNING {columns}"
+        binds: list[BindParameter[Any]] = [
+            bindparam("now", type_=UTCDateTime()),
+            bindparam("token", type_=String()),
+            bindparam("lease_until", type_=UTCDateTime()),
+            bindparam("limit", type_=Integer()),
+        ]
+        if queues:
+            binds.append(bindparam("queues", expanding=True))
+        stmt = self._sql[key] = text(sql).bindparams(*binds).columns(*table.c)
+        return stmt
+
+    def acknowledge_many(self, acks: Sequence[Ack], now: datetime, actor: str) -> set[int]:
+        """One prebuilt UPDATE per row, all in one ``BEGIN IMMEDIATE`` transaction: one
+        commit (one fsync) for the batch, then the events in one INSERT."""
+        sql = self._sql.get("ack")
+        if sql is None:
+            sql = self._sql["ack"] = (
+                f"UPDATE {self.store.quoted_table} SET"
+                " status = ?, run_at = COALESCE(?, run_at), due_at = COALESCE(?, due_at),"
+                " attempts = attempts + ?, last_error = ?,"
+                " result = CASE WHEN ? = 'done' THEN ? ELSE result END,"
+                " finished_at = CASE WHEN ? IN ('done', 'failed') THEN ? ELSE finished_at END,"
+                " claim_token = NULL, lease_expires_at = NULL, updated_at = ?"
+                " WHERE id = ? AND claim_token = ? AND status = 'running'"
+            )
+        stamp = self.stored_time
+        at = stamp(now)
+        owned: set[int] = set()
+        with self.write_transaction() as conn:
+            # The driver's cursor, inside the same transaction: one small UPDATE per row
+            # keeps its compare-and-set, and SQLAlchemy's per-call bookkeeping cost more
+            # than the UPDATE itself (profiled: ~60 of ~75 µs per row).
+            dbapi = conn.connection.driver_connection
+            assert dbapi is not None
+            cursor = dbapi.cursor()
+            for a in acks:
+                params = (
+                    a.status, stamp(a.run_at), stamp(a.due_at), a.attempts_delta,
+                    a.last_error, a.status, result_json(a), a.status, at, at,
+                    a.job_id, a.claim_token,
+                )  # fmt: skip
+                if cursor.execute(sql, params).rowcount == 1:
+                    owned.add(a.job_id)
+            cursor.close()
+            self.record_events(
+                conn,
+                [
+                    HistoryEvent(a.job_id, a.event, now, actor, a.attempt, a.last_error, a.run_at)
+                    for a in acks
+                    if a.job_id in owned
+                ],
+            )
+        return owned
+
+    @contextmanager
+    def maintenance_lock(self) -> Iterator[bool]:
+        """Always True: writes are serialised anyway and reclaim and prune are guarded."""
+        yield True
+
+    def open_listener(self) -> Any:
+        raise RuntimeError("LISTEN needs PostgreSQL through psycopg 3")
+
+
+def result_json(ack: Ack) -> str | None:
+    """The stored form of a done ack's result: JSON text, as the JSON column writes it."""
+    if ack.status != JobStatus.DONE.value:
+        return None
+    return json.dumps(ack.result, allow_nan=False)
+
+
+@contextmanager
+def _without_flush_wait(conn: Connection) -> Iterator[None]:
+    """The next transaction on *conn* commits without an fsync (WAL, NORMAL).
+
+    A claim only has to outlive the worker, which it does once the database has it (see
+    the claim's docstring in :mod:`..claims`). The level can only change outside a
+    transaction, so it is set before and put back after; a level already below NORMAL
+    is left alone.
+    """
+    dbapi = conn.connection.dbapi_connection
+    assert dbapi is not None
+    (level,) = dbapi.execute("PRAGMA synchronous").fetchone()
+    if int(level) <= 1:
+        yield
+        return
+    dbapi.execute("PRAGMA synchronous = NORMAL")
+    try:
+        yield
+    finally:
+        dbapi.execute(f"PRAGMA synchronous = {int(level)}")
+
+
+#: A stand-in job, only to learn the column names an insert binds.
+_PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)
