@@ -36,7 +36,7 @@ from .signals import (
     queue_resumed,
 )
 from .store import Pause
-from .store.schedules import ScheduleRow
+from .store.recurring_statements import ScheduleRow
 from .undo import Toast, UndoOutcome
 
 __all__ = [

@@ -24,7 +24,7 @@ from .cli import defer_cli
 from .engine.embedded import EMBEDDED_SHUTDOWN_GRACE, EmbeddedWorker
 from .engine.worker import Worker
 from .facade import DeferFacade, current_defer
-from .facade.base import DashboardAuth
+from .facade.declarations import DashboardAuth
 from .features import builtin_handlers
 from .features import recurring as _recurring
 from .features import soft_delete as _soft_delete

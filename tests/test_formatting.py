@@ -8,7 +8,7 @@ import pytest
 from flask import Flask
 from flask_babel import Babel
 
-from flask_defer.recurrence import make_rule
+from flask_defer.recurring_rules import make_rule
 from flask_defer.web import formatting
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

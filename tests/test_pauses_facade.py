@@ -1,4 +1,4 @@
-"""``defer.pause`` / ``resume`` / ``paused`` / ``queues`` (facade/pauses.py), from Python,
+"""``defer.pause`` / ``resume`` / ``paused`` / ``queues`` (facade/pause_methods.py), from Python,
 on SQLite and PostgreSQL: argument checks, signals after the commit, the Queues overview."""
 
 from __future__ import annotations

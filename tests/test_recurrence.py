@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from flask_defer import InvalidArgument
-from flask_defer.recurrence import ON_TIME, Rule, make_rule, plan, tick_key
+from flask_defer.recurring_rules import ON_TIME, Rule, make_rule, plan, tick_key
 
 
 def utc(*args: int) -> datetime:

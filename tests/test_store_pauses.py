@@ -1,4 +1,4 @@
-"""Paused queues and job names (store/pauses.py), on both backends: the answers of pause
+"""Paused queues and job names (store/pause_statements.py), on both backends: the answers of pause
 and resume, the claim and the poll leaving paused jobs out, run_due and health."""
 
 from __future__ import annotations

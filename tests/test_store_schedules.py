@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Engine, MetaData
 
-from flask_defer.recurrence import RecurringSpec, make_rule, make_spec, tick_key
+from flask_defer.recurring_rules import RecurringSpec, make_rule, make_spec, tick_key
 from flask_defer.store import JobStore, NewJob
-from flask_defer.store.schedules import ScheduleRow, ScheduleStore
+from flask_defer.store.recurring_statements import ScheduleRow, ScheduleStore
 from flask_defer.store.schema import define_jobs_table, define_schedules_table
 
 T0 = datetime(2026, 3, 1, 10, tzinfo=UTC)

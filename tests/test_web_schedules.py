@@ -11,7 +11,7 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import update
 
-from flask_defer.recurrence import make_rule, make_spec
+from flask_defer.recurring_rules import make_rule, make_spec
 from flask_defer.timeutil import utcnow
 
 from .dashboard_app import OpsApp, create_app

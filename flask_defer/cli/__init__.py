@@ -4,15 +4,15 @@ Each command parses its options, calls one facade method, and prints the result.
 here do errors become exit codes: 1 for a refused operation, 2 for bad input
 (:mod:`.common`). The commands: ``install`` and ``db`` (:mod:`.schema`); ``list``,
 ``cancel``, ``retry``, ``prune`` (:mod:`.jobs`); ``status`` and ``run-due``
-(:mod:`.status`); ``worker`` (:mod:`.worker`); ``schedules`` (:mod:`.schedules`);
-``pause``, ``resume`` and ``paused`` (:mod:`.pauses`).
+(:mod:`.status`); ``worker`` (:mod:`.worker`); ``schedules`` (the recurring
+schedules, :mod:`.recurring`); ``pause``, ``resume`` and ``paused`` (:mod:`.pauses`).
 """
 
 from __future__ import annotations
 
 import click
 
-from . import jobs, pauses, schedules, schema, status, worker
+from . import jobs, pauses, recurring, schema, status, worker
 
 
 @click.group("defer")
@@ -30,7 +30,7 @@ for _command in (
     worker.worker_command,
     jobs.prune_command,
     jobs.retry_command,
-    schedules.schedules_command,
+    recurring.schedules_command,
     pauses.pause_command,
     pauses.resume_command,
     pauses.paused_command,

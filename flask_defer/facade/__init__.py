@@ -18,13 +18,13 @@ import circle.
 from __future__ import annotations
 
 from ..operations.state import current_state
-from .core import CoreMethods
-from .dashboard import DashboardMethods
-from .helpers import HelperMethods
-from .pauses import PauseMethods
-from .recurring import RecurringMethods
-from .schema import SchemaMethods
-from .undo import UndoMethods
+from .core_methods import CoreMethods
+from .dashboard_methods import DashboardMethods
+from .feature_methods import HelperMethods
+from .pause_methods import PauseMethods
+from .recurring_methods import RecurringMethods
+from .schema_methods import SchemaMethods
+from .undo_methods import UndoMethods
 
 __all__ = ["DeferFacade", "current_defer"]
 

@@ -1,14 +1,14 @@
 """Recurring schedules at run time: sync the declarations, write each tick's job once.
 
-``defer.recurring(...)`` adds a :class:`~flask_defer.recurrence.RecurringSpec` to the
+``defer.recurring(...)`` adds a :class:`~flask_defer.recurring_rules.RecurringSpec` to the
 extension's :class:`Declarations` (at import, next to the handler). Each app gets one
 :class:`Ticker` over its schedules table: the worker calls :meth:`Ticker.sync` when it
 starts and :meth:`Ticker.materialise` in its loop; ``run_due`` does both. Tick jobs
 are ordinary jobs (key ``recurring:<id>:<tick>``), so cancel, retries, health and the
 dashboard treat them like any other.
 
-No Flask here and no SQL: the SQL is in :mod:`flask_defer.store.schedules`, the tick
-arithmetic in :mod:`flask_defer.recurrence`.
+No Flask here and no SQL: the SQL is in :mod:`flask_defer.store.recurring_statements`, the tick
+arithmetic in :mod:`flask_defer.recurring_rules`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import InvalidArgument, ScheduleNotFound
 from ..jobs import Job
-from ..recurrence import ON_TIME, RecurringSpec, plan, tick_key
+from ..recurring_rules import ON_TIME, RecurringSpec, plan, tick_key
 from ..registry import Registry
 from ..store.records import NewJob
-from ..store.schedules import ScheduleRow, ScheduleStore, SyncResult
+from ..store.recurring_statements import ScheduleRow, ScheduleStore, SyncResult
 
 logger = logging.getLogger("flask_defer.recurring")
 

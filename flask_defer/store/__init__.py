@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from .batches import BatchStatements
 from .claims import ClaimStatements
-from .control import ControlStatements
+from .control_statements import ControlStatements
 from .driver import Driver, driver_class
-from .pauses import PauseStatements
-from .reads import ReadStatements
+from .pause_statements import PauseStatements
+from .read_statements import ReadStatements
 from .records import (
     NOTIFY_CHANNEL,
     SCHEDULED_COUNT_CAP,

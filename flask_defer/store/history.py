@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, delete, select
 
 from ..jobs import Job, JobEvent
-from .base import StoreBase
+from .core import StoreBase
 
 
 class HistoryStatements(StoreBase):

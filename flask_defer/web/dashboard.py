@@ -26,7 +26,7 @@ from ..jobs import JobStatus
 from ..operations.health import SCHEDULED_COUNT_CAP, SETTLED_COUNT_CAP, Health
 from ..timeutil import utcnow
 from ..undo import MAX_JOB_ID
-from . import dashboard_actions, dashboard_confirm, formatting, metrics_view, queues, schedules
+from . import dashboard_actions, dashboard_confirm, formatting, metrics_view, queues, recurring
 from .access import current_defer, operators_only
 from .dashboard_actions import ActionOutcome
 from .i18n import gettext
@@ -47,7 +47,7 @@ def register(blueprint: Blueprint) -> None:
     blueprint.add_url_rule("/jobs/<int:job_id>", "dashboard_job", job_page, methods=["GET"])
     dashboard_actions.register(blueprint)
     dashboard_confirm.register(blueprint)
-    schedules.register(blueprint)
+    recurring.register(blueprint)
     queues.register(blueprint)
     metrics_view.register(blueprint)
     formatting.register(blueprint)

@@ -20,7 +20,7 @@ from ..registry import UndoHook
 from ..timeutil import Duration
 from ..undo import Toast, UndoOutcome
 from ..validation import checked_text
-from .base import FacadeBase
+from .declarations import FacadeBase
 
 
 class UndoMethods(FacadeBase):

@@ -16,7 +16,7 @@ from ..features.http_signing import Secret
 from ..features.owner import resolve_owner
 from ..jobs import Job
 from ..timeutil import Duration
-from .base import FacadeBase
+from .declarations import FacadeBase
 
 
 class HelperMethods(FacadeBase):

@@ -36,7 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from ..errors import InvalidArgument
-from .base import StoreBase, logger
+from .core import StoreBase, logger
 from .records import Pause, QueueCounts
 from .schema import PAUSE_KINDS, UTCDateTime
 

@@ -15,13 +15,13 @@ from ..errors import UnknownJob
 from ..features import recurring as _recurring
 from ..jobs import Job
 from ..operations.state import DeferState
-from ..recurrence import CatchUp, RecurringSpec, make_rule, make_spec
+from ..recurring_rules import CatchUp, RecurringSpec, make_rule, make_spec
 from ..store import versioning
-from ..store.schedules import ScheduleRow, ScheduleStore
+from ..store.recurring_statements import ScheduleRow, ScheduleStore
 from ..store.schema import define_schedules_table
 from ..timeutil import Duration, as_utc, utcnow
 from ..validation import checked_payload
-from .base import FacadeBase
+from .declarations import FacadeBase
 
 
 class RecurringMethods(FacadeBase):

@@ -1,7 +1,7 @@
 """``Defer``'s pause methods: pause and resume a queue or a job name, list the pauses.
 
 While a queue or a job name is paused, no worker and no ``run_due`` starts a job of it
-(the claim leaves it out: :mod:`flask_defer.store.pauses`); its jobs stay pending with
+(the claim leaves it out: :mod:`flask_defer.store.pause_statements`); its jobs stay pending with
 their ``run_at`` and ``due_at``, and running ones finish normally. The dashboard's
 Queues page and ``flask defer pause``/``resume``/``paused`` call these methods.
 """
@@ -16,7 +16,7 @@ from ..operations.health import SCHEDULED_COUNT_CAP
 from ..store import Pause
 from ..timeutil import as_utc, utcnow
 from ..validation import checked_actor, pause_target
-from .base import FacadeBase
+from .declarations import FacadeBase
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..store import versioning
-from .base import FacadeBase
+from .declarations import FacadeBase
 
 
 class SchemaMethods(FacadeBase):

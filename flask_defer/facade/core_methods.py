@@ -23,7 +23,7 @@ from ..registry import Handler
 from ..store import JobStore
 from ..timeutil import Duration
 from ..validation import checked_actor, identity
-from .base import FacadeBase
+from .declarations import FacadeBase
 
 if TYPE_CHECKING:
     from ..operations.metrics import Metrics

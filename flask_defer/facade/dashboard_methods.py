@@ -12,7 +12,7 @@ from ..operations import reads as operations
 from ..operations.reads import Filters
 from ..timeutil import utcnow
 from ..validation import checked_actor
-from .base import DashboardAuth, FacadeBase
+from .declarations import DashboardAuth, FacadeBase
 
 
 class DashboardMethods(FacadeBase):

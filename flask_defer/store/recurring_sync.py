@@ -29,7 +29,7 @@ from sqlalchemy import (
     update,
 )
 
-from ..recurrence import CatchUp, RecurringSpec, Rule
+from ..recurring_rules import CatchUp, RecurringSpec, Rule
 
 if TYPE_CHECKING:
     from . import JobStore
@@ -100,7 +100,7 @@ class SyncResult:
 
 
 class ScheduleSync:
-    """The sync half of :class:`~flask_defer.store.schedules.ScheduleStore`."""
+    """The sync half of :class:`~flask_defer.store.recurring_statements.ScheduleStore`."""
 
     engine: Engine
     table: Table

@@ -9,7 +9,7 @@ import click
 from flask.cli import with_appcontext
 
 from ..facade import current_defer
-from ..store.schedules import ScheduleRow
+from ..store.recurring_statements import ScheduleRow
 from .common import errors_to_exit_codes
 
 

@@ -14,7 +14,7 @@ from flask.typing import ResponseReturnValue
 
 from ..errors import ScheduleNotFound
 from ..facade import DeferFacade
-from ..recurrence import ID_PATTERN
+from ..recurring_rules import ID_PATTERN
 from ..timeutil import utcnow
 from .access import current_defer, operators_only, require_operator
 from .csrf import require_csrf

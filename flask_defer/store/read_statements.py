@@ -21,7 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job, JobStatus
-from .base import StoreBase
+from .core import StoreBase
 from .records import (
     SCHEDULED_COUNT_CAP,
     SETTLED_COUNT_CAP,

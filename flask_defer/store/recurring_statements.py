@@ -25,7 +25,7 @@ from sqlalchemy import ColumnElement, Engine, Table, and_, false, func, select, 
 from ..errors import JobExists
 from ..jobs import Job
 from .records import NewJob
-from .schedule_sync import ScheduleRow, ScheduleSync, SyncResult
+from .recurring_sync import ScheduleRow, ScheduleSync, SyncResult
 from .schema import typed_schedules_table
 
 __all__ = ["ScheduleRow", "ScheduleStore", "SyncResult"]
