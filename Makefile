@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # Chromium (tests/conftest.py). `make test PYTEST_WORKERS=0` runs in one process (-s, --pdb).
 PYTEST_WORKERS ?= 3
 
-.PHONY: venv test screenshots lint demo bench translations
+.PHONY: venv test screenshots lint demo bench translations docs
 
 venv:
 	scripts/ensure-venv
@@ -33,6 +33,11 @@ lint: venv
 	.venv/bin/ruff check flask_defer tests demo_app
 	.venv/bin/mypy --strict flask_defer
 	.venv/bin/lint-imports
+
+# The documentation: Sphinx with MyST over docs/, the API reference from the docstrings,
+# the configuration page from config.DEFAULTS; any warning fails the build.
+docs: venv
+	.venv/bin/python -m sphinx -W --keep-going -b html -q docs docs/_build/html
 
 demo: venv
 	.venv/bin/python -m demo_app

@@ -89,7 +89,8 @@ class UndoMethods(FacadeBase):
         The owner sees the toast for ``window`` (default ``DEFER_UNDO_WINDOW``, 5 s);
         the job runs ``DEFER_UNDO_MARGIN`` (1 s) after the window closes, so an Undo
         clicked in the last moment still lands. ``owner`` defaults to the current owner
-        (see :meth:`owner_loader`); ``label`` is the toast's text ("Message sent").
+        (see :meth:`owner_loader`); ``label`` is the toast's text ("Message sent"; without
+        one the toast says "Action scheduled").
 
         The toast only says what the server knows, in the texts given for each state:
         ``waiting_label`` once the window closed ("Sending…"), ``done_label`` when the
