@@ -1,4 +1,4 @@
-"""Sample Flask-Migrate apps for tests/test_migrations.py, as the README shows them.
+"""Sample Flask-Migrate apps for tests/store/test_migrations.py, as the README shows them.
 
 ``FLASK_APP=tests.migrate_app:create_app`` includes flask_defer's revisions (the
 "Upgrading" section's Flask-Migrate path); ``...:create_plain_app`` lets the app's own

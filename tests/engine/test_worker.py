@@ -1,0 +1,742 @@
+"""The worker in this process, on SQLite and PostgreSQL: timeouts, snoozes, atomic
+handlers, signals, leases, wake-ups and shutdown.
+
+Tests that only need "what is due at time T" run the worker in burst mode with an
+injected clock. The few that must prove wall-clock behaviour (a timeout, a heartbeat,
+waking at ``run_at`` or on NOTIFY) run a real worker thread and poll for the outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Integer, String, select, update
+from sqlalchemy.orm import Mapped, mapped_column
+
+from flask_defer import InvalidArgument, Job, JobStatus, NotYet, RetryAfter, signals
+from flask_defer.engine.logs import JsonFormatter
+from flask_defer.store import NewJob
+from flask_defer.timeutil import utcnow
+
+from ..conftest import AppKit
+from ..worker_helpers import wait_for_handler_threads, wait_until, worker_thread
+
+MakeKit = Callable[..., AppKit]
+
+
+@pytest.fixture
+def make_kit(make_app: Callable[..., AppKit]) -> Iterator[MakeKit]:
+    """Factory: an app with tables created and its context pushed for the test.
+
+    Worker defaults suit tests: quick polls and reclaims, so nothing waits for long.
+    """
+    with ExitStack() as stack:
+
+        def make(**config: Any) -> AppKit:
+            settings = {"DEFER_POLL_INTERVAL": 0.05, "DEFER_RECLAIM_INTERVAL": 0.1}
+            settings.update(config)
+            kit = make_app(**settings)
+            ctx = kit.app.app_context()
+            ctx.push()
+            stack.callback(ctx.pop)
+            stack.callback(kit.db.session.rollback)
+            kit.db.create_all()
+            return kit
+
+        yield make
+
+
+def load(kit: AppKit, job_id: int) -> Job:
+    """The job as the database has it now (a fresh read, outside db.session)."""
+    store = kit.defer.store
+    with store.begin() as conn:
+        job = store.get(conn, job_id=job_id)
+    assert job is not None
+    return job
+
+
+def burst(kit: AppKit, at: datetime | None = None, **options: Any) -> Any:
+    clock = (lambda: at) if at is not None else None
+    worker = kit.defer.worker(burst=True, clock=clock, **options)
+    return worker.run(install_signal_handlers=False)
+
+
+# -- burst runs ----------------------------------------------------------------------
+
+
+def test_burst_runs_what_is_due_and_leaves_the_future(make_kit: MakeKit, now: datetime) -> None:
+    kit = make_kit()
+    ran: list[int] = []
+
+    @kit.defer.job("note")
+    def note(job: Job) -> int:
+        ran.append(job.payload["n"])
+        return int(job.payload["n"]) * 2
+
+    due = [kit.defer.schedule("note", {"n": n}, run_at=now) for n in range(25)]
+    later = kit.defer.schedule("note", {"n": 99}, run_at=now + timedelta(minutes=5))
+    kit.db.session.commit()
+
+    summary = burst(kit, at=now, concurrency=3)
+
+    assert summary.done == 25 and summary.ran == 25
+    assert sorted(ran) == list(range(25))
+    assert all(load(kit, job.id).status is JobStatus.DONE for job in due)
+    assert load(kit, due[3].id).result == 6
+    assert load(kit, later.id).status is JobStatus.PENDING
+
+
+def test_queue_option_runs_only_those_queues(make_kit: MakeKit, now: datetime) -> None:
+    kit = make_kit()
+    kit.defer.job("mail", queue="mail")(lambda job: None)
+    kit.defer.job("report", queue="reports")(lambda job: None)
+    mail = kit.defer.schedule("mail", run_at=now)
+    report = kit.defer.schedule("report", run_at=now)
+    kit.db.session.commit()
+
+    assert burst(kit, at=now, queues=["mail"]).done == 1
+
+    assert load(kit, mail.id).status is JobStatus.DONE
+    assert load(kit, report.id).status is JobStatus.PENDING
+
+
+def test_not_yet_and_retry_after_through_the_worker(make_kit: MakeKit) -> None:
+    kit = make_kit()
+
+    @kit.defer.job("wait_for_confirmation")
+    def wait_for_confirmation(job: Job) -> None:
+        raise NotYet(timedelta(hours=1))
+
+    @kit.defer.job("rate_limited", max_attempts=3)
+    def rate_limited(job: Job) -> None:
+        raise RetryAfter(120, "the API said 429")
+
+    waiting = kit.defer.schedule("wait_for_confirmation")
+    limited = kit.defer.schedule("rate_limited")
+    kit.db.session.commit()
+    before = utcnow()
+
+    summary = burst(kit)
+
+    assert summary.snoozed == 1 and summary.retried == 1
+    snoozed = load(kit, waiting.id)
+    assert snoozed.status is JobStatus.PENDING and snoozed.attempts == 0
+    assert timedelta(minutes=59) < snoozed.run_at - before < timedelta(minutes=61)
+    assert snoozed.due_at == snoozed.run_at  # not owed before the time it asked for
+    retried = load(kit, limited.id)
+    assert retried.status is JobStatus.PENDING and retried.attempts == 1
+    assert timedelta(seconds=115) < retried.run_at - before < timedelta(seconds=125)
+    assert "the API said 429" in (retried.last_error or "")
+
+
+def test_unknown_handler_stays_pending_and_counts_in_health(
+    make_kit: MakeKit, now: datetime
+) -> None:
+    kit = make_kit()
+    # A newer release of the web app wrote a job this worker has no handler for.
+    store = kit.defer.store
+    with store.begin() as conn:
+        ghost = store.insert(
+            conn, NewJob(name="ghost", payload={}, run_at=now, max_attempts=3), now=now,
+            replace=False,
+        )
+
+    summary = burst(kit, at=now)
+
+    assert summary.unknown == 1
+    job = load(kit, ghost.id)
+    assert job.status is JobStatus.PENDING and job.attempts == 0
+    assert job.run_at == now + timedelta(seconds=30)  # DEFER_UNKNOWN_BACKOFF
+    assert job.due_at == now  # still owed: the backlog age keeps growing
+    assert "no handler registered" in (job.last_error or "")
+    assert kit.defer.health(now=now).unknown_handlers == 1
+    # The new web release knows the name, and its health still shows the worker's gap.
+    web = make_kit()
+    web.defer.job("ghost")(lambda job: None)
+    assert web.defer.health(now=now).unknown_handlers == 1
+
+
+# -- atomic handlers -----------------------------------------------------------------
+
+
+def _note_model(kit: AppKit) -> Any:
+    class Note(kit.db.Model):  # type: ignore[name-defined]
+        __tablename__ = "notes"
+        id: Mapped[int] = mapped_column(Integer, primary_key=True)
+        text: Mapped[str] = mapped_column(String(50))
+
+    kit.db.create_all()
+    return Note
+
+
+def test_atomic_handler_commits_with_the_done_mark_and_a_raise_rolls_back_both(
+    make_kit: MakeKit, now: datetime
+) -> None:
+    kit = make_kit()
+    Note = _note_model(kit)
+
+    @kit.defer.job("write_note", atomic=True, max_attempts=2)
+    def write_note(job: Job) -> None:
+        kit.db.session.add(Note(text=job.payload["text"]))
+        if job.payload.get("fail"):
+            raise RuntimeError("boom after writing")
+
+    kept = kit.defer.schedule("write_note", {"text": "kept"}, run_at=now)
+    lost = kit.defer.schedule("write_note", {"text": "lost", "fail": True}, run_at=now)
+    kit.db.session.commit()
+
+    summary = burst(kit, at=now)
+
+    assert summary.done == 1 and summary.retried == 1
+    assert kit.db.session.scalars(select(Note.text)).all() == ["kept"]
+    assert load(kit, kept.id).status is JobStatus.DONE
+    failed = load(kit, lost.id)
+    assert failed.status is JobStatus.PENDING and failed.attempts == 1
+    assert "boom after writing" in (failed.last_error or "")
+
+
+def test_atomic_handler_that_lost_its_claim_writes_nothing(
+    make_kit: MakeKit, now: datetime
+) -> None:
+    kit = make_kit()
+    Note = _note_model(kit)
+    store = kit.defer.store
+
+    @kit.defer.job("write_note", atomic=True)
+    def write_note(job: Job) -> None:
+        # Meanwhile the lease lapsed and another worker claimed the job.
+        with store.begin() as conn:
+            conn.execute(
+                update(store.table)
+                .where(store.table.c.id == job.id)
+                .values(claim_token="another-worker")
+            )
+        kit.db.session.add(Note(text="from the stale claim"))
+
+    job = kit.defer.schedule("write_note", run_at=now)
+    kit.db.session.commit()
+
+    assert burst(kit, at=now).lost == 1
+
+    assert kit.db.session.scalars(select(Note.text)).all() == []
+    assert load(kit, job.id).claim_token == "another-worker"
+
+
+# -- signals and logging ---------------------------------------------------------------
+
+
+def test_all_five_signals_fire(make_kit: MakeKit, now: datetime) -> None:
+    kit = make_kit()
+    kit.defer.job("works")(lambda job: None)
+
+    @kit.defer.job("breaks", max_attempts=1)
+    def breaks(job: Job) -> None:
+        raise ValueError("broken")
+
+    seen: list[tuple[str, int, Any]] = []
+    lock = threading.Lock()
+
+    def recorder(name: str) -> Callable[..., None]:
+        def receive(sender: Any, **data: Any) -> None:
+            with lock:
+                seen.append((name, data["job"].id, data.get("will_retry")))
+            assert sender is kit.app
+
+        return receive
+
+    with ExitStack() as stack:
+        for name in ("scheduled", "started", "succeeded", "failed", "cancelled"):
+            signal = getattr(signals, f"job_{name}")
+            stack.enter_context(signal.connected_to(recorder(name), sender=kit.app))
+        works = kit.defer.schedule("works", run_at=now)
+        breaking = kit.defer.schedule("breaks", run_at=now)
+        dropped = kit.defer.schedule("works", run_at=now + timedelta(hours=1))
+        kit.db.session.commit()
+        assert kit.defer.cancel(dropped.id)
+        burst(kit, at=now)
+
+    assert sorted(seen) == sorted(
+        [
+            ("scheduled", works.id, None),
+            ("scheduled", breaking.id, None),
+            ("scheduled", dropped.id, None),
+            ("cancelled", dropped.id, None),
+            ("started", works.id, None),
+            ("started", breaking.id, None),
+            ("succeeded", works.id, None),
+            ("failed", breaking.id, False),
+        ]
+    )
+
+
+def test_every_job_log_line_names_the_job(
+    make_kit: MakeKit, now: datetime, caplog: pytest.LogCaptureFixture
+) -> None:
+    kit = make_kit()
+    kit.defer.job("works")(lambda job: None)
+    job = kit.defer.schedule("works", key="invoice:7", run_at=now)
+    kit.db.session.commit()
+
+    with caplog.at_level(logging.DEBUG, logger="flask_defer"):
+        burst(kit, at=now)
+
+    job_lines = [r for r in caplog.records if r.name == "flask_defer"]
+    assert job_lines, "the executor logged nothing"
+    for record in job_lines:
+        assert (record.job_id, record.job_name, record.job_key) == (job.id, "works", "invoice:7")
+        line = json.loads(JsonFormatter().format(record))
+        assert line["job_id"] == job.id and line["job_key"] == "invoice:7"
+        assert f"job {job.id} works key=invoice:7" in line["message"]
+
+
+# -- wall-clock behaviour: timeouts, leases, wake-ups, shutdown ------------------------
+
+
+def test_handler_past_its_timeout_fails_the_attempt_without_blocking_the_worker(
+    make_kit: MakeKit, caplog: pytest.LogCaptureFixture
+) -> None:
+    kit = make_kit()
+    release = threading.Event()
+
+    @kit.defer.job("stuck", timeout=0.3, max_attempts=2)
+    def stuck(job: Job) -> str:
+        release.wait(20)
+        return "late result"
+
+    kit.defer.job("quick")(lambda job: "quick result")
+    stuck_job = kit.defer.schedule("stuck")
+    kit.db.session.commit()
+
+    with caplog.at_level(logging.INFO, logger="flask_defer"), worker_thread(
+        kit.defer.worker(concurrency=1)
+    ) as worker:
+        timed_out = wait_until(
+            lambda: (job := load(kit, stuck_job.id)).last_error and job
+        )
+        assert timed_out.status is JobStatus.PENDING and timed_out.attempts == 1
+        assert "timeout of 0.3 s" in (timed_out.last_error or "")
+        # The only thread is still stuck in the handler, yet the next job runs.
+        quick = kit.defer.schedule("quick")
+        kit.db.session.commit()
+        wait_until(lambda: load(kit, quick.id).status is JobStatus.DONE)
+        assert worker.pool.abandoned_threads == 1
+        release.set()
+        wait_until(lambda: any("outcome discarded" in r.getMessage() for r in caplog.records))
+    wait_for_handler_threads()
+
+    after = load(kit, stuck_job.id)  # the late return changed nothing
+    assert after.status is JobStatus.PENDING and after.result is None
+    assert after.attempts == 1 and after.last_error == timed_out.last_error
+
+
+def test_timeout_on_the_last_attempt_fails_the_job(make_kit: MakeKit) -> None:
+    kit = make_kit(DEFER_JOB_TIMEOUT=0.2)  # the app-wide default applies
+    release = threading.Event()
+
+    @kit.defer.job("stuck", max_attempts=1)
+    def stuck(job: Job) -> None:
+        release.wait(20)
+
+    job = kit.defer.schedule("stuck")
+    kit.db.session.commit()
+    try:
+        with worker_thread(kit.defer.worker()):
+            wait_until(lambda: load(kit, job.id).status is JobStatus.FAILED)
+    finally:
+        release.set()
+        wait_for_handler_threads()
+    assert "timeout of 0.2 s" in (load(kit, job.id).last_error or "")
+
+
+def test_heartbeat_keeps_a_long_job_leased(make_kit: MakeKit) -> None:
+    # The handler outlives its lease three times over; only the heartbeat stops the
+    # reclaim (every 0.1 s) from handing it to another run.
+    kit = make_kit(DEFER_LEASE=0.6)
+    runs: list[int] = []
+
+    @kit.defer.job("long")
+    def long(job: Job) -> None:
+        runs.append(job.attempts)
+        time.sleep(1.8)
+
+    job = kit.defer.schedule("long")
+    kit.db.session.commit()
+    with worker_thread(kit.defer.worker(concurrency=2)) as worker:
+        first = wait_until(lambda: (j := load(kit, job.id)).lease_expires_at and j)
+        wait_until(lambda: load(kit, job.id).status is JobStatus.DONE, timeout=10)
+        assert worker._heartbeat.beats >= 2
+
+    assert runs == [1]
+    assert first.lease_expires_at is not None
+
+
+def test_lapsed_lease_is_reclaimed_and_the_stale_acknowledgement_refused(
+    make_kit: MakeKit,
+) -> None:
+    kit = make_kit()
+    kit.defer.job("work")(lambda job: "second run")
+    store = kit.defer.store
+    job = kit.defer.schedule("work")
+    kit.db.session.commit()
+    # A worker claimed it and died: its lease ran out a second ago.
+    now = utcnow()
+    [stale] = store.claim(
+        now=now, limit=1, token=uuid.uuid4().hex, lease_until=now - timedelta(seconds=1)
+    )
+
+    summary = burst(kit)
+
+    assert summary.done == 1
+    done = load(kit, job.id)
+    assert done.status is JobStatus.DONE and done.attempts == 2 and done.result == "second run"
+    assert not store.ack_done(stale, now=utcnow(), result="from the dead")
+    assert load(kit, job.id) == done
+
+
+def test_worker_wakes_at_run_at_not_at_its_next_timed_wake(make_kit: MakeKit) -> None:
+    # Sleep bounds of 30 s everywhere: only "sleep until the next run_at" can start
+    # the job about a second from now.
+    kit = make_kit(
+        DEFER_MAX_SLEEP=30, DEFER_POLL_INTERVAL=30, DEFER_RECLAIM_INTERVAL=30
+    )
+    started: list[datetime] = []
+    kit.defer.job("on_time")(lambda job: started.append(utcnow()))
+    job = kit.defer.schedule("on_time", delay=1.0)
+    kit.db.session.commit()
+
+    with worker_thread(kit.defer.worker()):
+        wait_until(lambda: started, timeout=10)
+
+    lateness = (started[0] - job.run_at).total_seconds()
+    assert 0 <= lateness < 5
+
+
+def test_new_job_wakes_an_idle_worker_long_before_its_timed_wake(
+    make_kit: MakeKit, backend: str
+) -> None:
+    # PostgreSQL: the NOTIFY sent with the insert wakes the worker. SQLite cannot
+    # notify, so its short poll finds the job.
+    kit = make_kit(
+        DEFER_MAX_SLEEP=30,
+        DEFER_POLL_INTERVAL=30 if backend == "postgresql" else 0.2,
+        DEFER_RECLAIM_INTERVAL=30,
+    )
+    ran = threading.Event()
+    kit.defer.job("now")(lambda job: ran.set())
+
+    with worker_thread(kit.defer.worker()) as worker:
+        if backend == "postgresql":
+            wait_until(lambda: worker.waker.listening)
+        time.sleep(0.3)  # let it settle into its 30 s sleep
+        kit.defer.schedule("now")
+        kit.db.session.commit()
+        started = time.monotonic()
+        assert ran.wait(10)
+        assert time.monotonic() - started < 5
+        if backend == "postgresql":
+            assert worker.waker.notifications >= 1
+
+
+def test_stop_lets_a_running_handler_finish_within_the_grace(make_kit: MakeKit) -> None:
+    kit = make_kit(DEFER_SHUTDOWN_GRACE=10)
+    entered = threading.Event()
+
+    @kit.defer.job("short")
+    def short(job: Job) -> str:
+        entered.set()
+        time.sleep(0.5)
+        return "finished"
+
+    job = kit.defer.schedule("short")
+    kit.db.session.commit()
+    with worker_thread(kit.defer.worker()):
+        assert entered.wait(10)
+    done = load(kit, job.id)
+    assert done.status is JobStatus.DONE and done.result == "finished"
+
+
+def test_a_worker_claims_only_one_job_per_idle_thread_and_stops_without_touching_the_rest(
+    make_kit: MakeKit,
+) -> None:
+    kit = make_kit(DEFER_SHUTDOWN_GRACE=10, DEFER_CLAIM_BATCH=5)
+    entered, go = threading.Event(), threading.Event()
+
+    @kit.defer.job("held")
+    def held(job: Job) -> None:
+        entered.set()
+        go.wait(10)
+
+    jobs = [kit.defer.schedule("held", {"n": n}) for n in range(5)]
+    kit.db.session.commit()
+    worker = kit.defer.worker(concurrency=1)
+    with worker_thread(worker):
+        assert entered.wait(10)
+        time.sleep(0.2)  # time for a wrong worker to claim more
+        assert len(worker.pool.in_flight()) == 1
+        claimed = [load(kit, job.id) for job in jobs]
+        assert sorted(job.status.value for job in claimed) == ["pending"] * 4 + ["running"]
+        worker.stop()
+        go.set()
+    after = [load(kit, job.id) for job in jobs]
+    assert sorted(job.status.value for job in after) == ["done"] + ["pending"] * 4
+    assert all(job.attempts == 0 for job in after if job.status is JobStatus.PENDING)
+
+
+def test_stop_releases_a_handler_still_running_after_the_grace(make_kit: MakeKit) -> None:
+    kit = make_kit(DEFER_SHUTDOWN_GRACE=0.3)
+    entered, release = threading.Event(), threading.Event()
+
+    @kit.defer.job("long")
+    def long(job: Job) -> str:
+        entered.set()
+        release.wait(20)
+        return "too late"
+
+    job = kit.defer.schedule("long")
+    kit.db.session.commit()
+    try:
+        with worker_thread(kit.defer.worker()):
+            assert entered.wait(10)
+        released = load(kit, job.id)
+        assert released.status is JobStatus.PENDING
+        assert released.attempts == 0 and released.claim_token is None
+    finally:
+        release.set()
+        wait_for_handler_threads()
+
+
+# -- retention, retry and the CLI --------------------------------------------------------
+
+
+def test_worker_prunes_settled_rows_past_their_retention(
+    make_kit: MakeKit, now: datetime
+) -> None:
+    kit = make_kit()
+    kit.defer.job("works")(lambda job: None)
+
+    @kit.defer.job("breaks", max_attempts=1)
+    def breaks(job: Job) -> None:
+        raise ValueError("no")
+
+    done = kit.defer.schedule("works", run_at=now)
+    failed = kit.defer.schedule("breaks", run_at=now)
+    kit.db.session.commit()
+    burst(kit, at=now)
+    assert load(kit, failed.id).status is JobStatus.FAILED
+
+    burst(kit, at=now + timedelta(days=8))  # done kept 7 days, failed 30
+
+    with kit.defer.store.begin() as conn:
+        assert kit.defer.store.get(conn, job_id=done.id) is None
+    assert load(kit, failed.id).status is JobStatus.FAILED
+    assert kit.defer.prune(now=now + timedelta(days=31)) == 1
+
+
+def test_cli_prune_retry_and_burst_worker(make_kit: MakeKit, now: datetime) -> None:
+    kit = make_kit(DEFER_RETENTION=0)
+    attempts: list[int] = []
+
+    @kit.defer.job("flaky", max_attempts=1)
+    def flaky(job: Job) -> None:
+        attempts.append(job.attempts)
+        if len(attempts) == 1:
+            raise ValueError("first time fails")
+
+    job = kit.defer.schedule("flaky")
+    kit.db.session.commit()
+    runner = kit.app.test_cli_runner()
+
+    result = runner.invoke(args=["defer", "worker", "--burst", "--concurrency", "2"])
+    assert result.exit_code == 0, result.output
+    assert load(kit, job.id).status is JobStatus.FAILED
+
+    result = runner.invoke(args=["defer", "retry", str(job.id)])
+    assert result.exit_code == 0 and f"job {job.id} is pending again" in result.output
+    result = runner.invoke(args=["defer", "retry", str(job.id)])
+    assert result.exit_code == 1 and "pending" in result.output
+
+    result = runner.invoke(args=["defer", "worker", "--burst"])
+    assert result.exit_code == 0, result.output
+    assert load(kit, job.id).status is JobStatus.DONE and attempts == [1, 1]
+
+    result = runner.invoke(args=["defer", "prune"])
+    assert result.exit_code == 0 and "pruned 1 settled job(s)" in result.output
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("DEFER_WORKER_CONCURRENCY", 0),
+        ("DEFER_WORKER_CONCURRENCY", True),
+        ("DEFER_POLL_INTERVAL", 0),
+        ("DEFER_LEASE", 0),
+        ("DEFER_JOB_TIMEOUT", -1),
+        ("DEFER_EMBEDDED_WORKER", "yes"),
+    ],
+)
+def test_bad_worker_settings_name_the_key(
+    make_app: Callable[..., AppKit], key: str, value: Any
+) -> None:
+    with pytest.raises(InvalidArgument, match=key):
+        make_app(**{key: value})
+
+
+def test_bad_worker_arguments_name_the_argument(make_kit: MakeKit) -> None:
+    kit = make_kit()
+    with pytest.raises(InvalidArgument, match="concurrency"):
+        kit.defer.worker(concurrency=0)
+    with pytest.raises(InvalidArgument, match="queues"):
+        kit.defer.worker(queues="mail")
+
+
+def test_a_worker_killed_with_busy_threads_has_spent_only_their_attempts(
+    make_kit: MakeKit,
+) -> None:
+    # What a worker killed mid-run leaves behind: the jobs its threads had carry their
+    # attempt (counted by the claim), the rest were never claimed.
+    kit = make_kit(DEFER_CLAIM_BATCH=5)
+    entered, go = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    @kit.defer.job("held")
+    def held(job: Job) -> None:
+        ran.append(job.payload["n"])
+        entered.set()
+        go.wait(10)
+
+    jobs = [kit.defer.schedule("held", {"n": n}) for n in range(5)]
+    kit.db.session.commit()
+    worker = kit.defer.worker(concurrency=1)
+    with worker_thread(worker):
+        assert entered.wait(10)
+        claimed = [load(kit, job.id) for job in jobs]
+        assert sorted(job.attempts for job in claimed) == [0, 0, 0, 0, 1]
+        # The worker "dies": its lease lapses and another worker's reclaim runs.
+        returned, failed = kit.defer.store.reclaim_lapsed(now=utcnow() + timedelta(hours=1))
+        assert (returned, failed) == (1, 0)
+        worker.stop()
+        go.set()
+    after = [load(kit, job.id) for job in jobs]
+    started = next(job for job in after if job.payload["n"] == ran[0])
+    assert started.attempts == 1
+    others = [j for j in after if j is not started]
+    assert all(j.status is JobStatus.PENDING and j.attempts == 0 for j in others)
+
+
+def test_every_job_runs_with_the_attempt_its_claim_counted(make_kit: MakeKit) -> None:
+    kit = make_kit(DEFER_CLAIM_BATCH=3)
+    seen: list[int] = []
+
+    @kit.defer.job("count")
+    def count(job: Job) -> None:
+        seen.append(job.attempts)
+        time.sleep(0.05)
+
+    jobs = [kit.defer.schedule("count") for _ in range(4)]
+    kit.db.session.commit()
+    summary = burst(kit, concurrency=1)
+    assert summary.done == 4
+    assert seen == [1, 1, 1, 1]
+    assert all(load(kit, job.id).attempts == 1 for job in jobs)
+
+
+# -- recurring schedules ----------------------------------------------------------------
+
+
+def test_worker_wakes_for_a_tick_due_before_any_job(make_kit: MakeKit) -> None:
+    # Polls and idle sleeps far longer than the interval: only a wake-up that knows the
+    # next tick starts each tick on time.
+    kit = make_kit(DEFER_POLL_INTERVAL=5, DEFER_MAX_SLEEP=30)
+    ran: list[tuple[Job, datetime]] = []
+
+    @kit.defer.job("tick")
+    def tick(job: Job) -> None:
+        ran.append((job, utcnow()))
+
+    kit.defer.schedule("tick", delay=timedelta(hours=1))  # the next job is an hour away
+    kit.db.session.commit()
+    kit.defer.recurring("every-second", "tick", every=1)
+    with worker_thread(kit.defer.worker(concurrency=1)):
+        wait_until(lambda: len(ran) >= 3, timeout=10)
+    ticks = [(job, at) for job, at in ran if job.key and job.key.startswith("recurring:")]
+    assert len(ticks) >= 3
+    lateness = [(at - job.run_at).total_seconds() for job, at in ticks]
+    assert max(lateness) < 0.5, lateness
+    assert [job.run_at.microsecond for job, _ in ticks] == [0] * len(ticks)
+
+
+def test_burst_worker_at_an_injected_time_writes_and_runs_the_due_tick(
+    make_kit: MakeKit,
+) -> None:
+    kit = make_kit()
+    ran: list[Job] = []
+
+    @kit.defer.job("tick")
+    def tick(job: Job) -> None:
+        ran.append(job)
+
+    kit.defer.recurring("hourly", "tick", cron="0 * * * *")
+    start = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
+    kit.defer.worker(burst=True, clock=lambda: start).run(install_signal_handlers=False)
+    assert ran == []  # synced at start: the first tick is 10:00
+    at_ten = datetime(2026, 3, 1, 10, 0, 5, tzinfo=UTC)
+    kit.defer.worker(burst=True, clock=lambda: at_ten).run(install_signal_handlers=False)
+    wait_for_handler_threads()
+    assert [job.key for job in ran] == ["recurring:hourly:2026-03-01T10:00:00Z"]
+
+
+def test_a_paused_queue_waits_in_a_running_worker_and_runs_within_a_second_of_resume(
+    make_kit: MakeKit, backend: str
+) -> None:
+    # Timed wakes of 30 s on PostgreSQL: only the resume's NOTIFY can wake the worker in
+    # time. SQLite cannot notify: its default poll (0.5 s) finds the jobs.
+    kit = make_kit(
+        DEFER_MAX_SLEEP=30,
+        DEFER_POLL_INTERVAL=30 if backend == "postgresql" else 0.5,
+        DEFER_RECLAIM_INTERVAL=30,
+    )
+    started: dict[str, float] = {}
+    entered, release = threading.Event(), threading.Event()
+
+    @kit.defer.job("send_email", queue="emails")
+    def send_email(job: Job) -> None:
+        started[job.payload["n"]] = time.monotonic()
+        if job.payload["n"] == "running":
+            entered.set()
+            assert release.wait(10)
+
+    kit.defer.job("report")(lambda job: started.setdefault("report", time.monotonic()))
+    with worker_thread(kit.defer.worker(concurrency=2)) as worker:
+        if backend == "postgresql":
+            wait_until(lambda: worker.waker.listening)
+        running = kit.defer.schedule("send_email", {"n": "running"})
+        kit.db.session.commit()
+        assert entered.wait(10)
+        assert kit.defer.pause(queue="emails")
+        release.set()  # the job that was running when the queue paused finishes
+        wait_until(lambda: load(kit, running.id).status is JobStatus.DONE)
+
+        waiting = kit.defer.schedule("send_email", {"n": "waiting"})
+        kit.defer.schedule("report")  # due after it, in another queue
+        kit.db.session.commit()
+        wait_until(lambda: "report" in started)
+        time.sleep(0.3)  # time for a claim that ignored the pause to have started it
+        assert "waiting" not in started and load(kit, waiting.id).status is JobStatus.PENDING
+
+        assert kit.defer.resume(queue="emails")
+        resumed = time.monotonic()
+        wait_until(lambda: "waiting" in started, timeout=10)
+    assert started["waiting"] - resumed < 1.0
+    assert load(kit, waiting.id).due_at == waiting.due_at

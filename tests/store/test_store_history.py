@@ -1,0 +1,479 @@
+"""Job history: every transition writes its event in its own transaction, on both backends.
+
+Driven through the public facade (``defer.history``) on a real app, and through the
+store on a bare engine where the claim, the acknowledgements, reclaim and prune are
+exercised directly with an injected clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from flask import Flask
+from sqlalchemy import Engine, MetaData, event, func, inspect, select
+
+from flask_defer import Defer, InvalidArgument, Job, JobEvent, JobStatus, NotYet
+from flask_defer.store import Ack, JobFilter, JobStore, NewJob
+from flask_defer.store.schema import define_history_table, define_jobs_table
+from flask_defer.timeutil import utcnow
+
+from ..conftest import AppKit
+
+
+def events(kit: AppKit, job_id: int) -> list[str]:
+    return [e.event for e in kit.defer.history(job_id)]
+
+
+@pytest.fixture
+def history_store(engine: Engine) -> JobStore:
+    """A bare store with its history table, as ``init_app`` builds it by default."""
+    metadata = MetaData()
+    jobs = define_jobs_table(metadata)
+    store = JobStore(engine, jobs, define_history_table(metadata, jobs.name))
+    store.create_table()
+    return store
+
+
+@pytest.fixture
+def history_inserts(history_store: JobStore) -> Iterator[list[str]]:
+    """Every statement sent to the database that inserts history rows, as SQL text.
+
+    On PostgreSQL the insert rides inside the claim's or the flush's own statement (a
+    CTE), on SQLite it is an INSERT of its own: either way, one per batch.
+    """
+    seen: list[str] = []
+    name = history_store.history_table.name  # type: ignore[union-attr]
+
+    def listen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if f"INSERT INTO {name}" in statement.replace('"', ""):
+            seen.append(statement)
+
+    event.listen(history_store.engine, "before_cursor_execute", listen)
+    yield seen
+    event.remove(history_store.engine, "before_cursor_execute", listen)
+
+
+# -- through the facade ------------------------------------------------------------------
+
+
+def test_a_job_that_fails_once_then_succeeds_keeps_the_first_error(kit: AppKit) -> None:
+    @kit.defer.job("flaky")
+    def flaky(job: Job) -> str:
+        if job.attempts == 1:
+            raise ConnectionError("smtp is down")
+        return "sent"
+
+    job = kit.defer.schedule("flaky")
+    kit.db.session.commit()
+    now = utcnow()
+    assert kit.defer.run_due(now=now).retried == 1
+    assert kit.defer.run_due(now=now + timedelta(hours=2)).done == 1
+
+    history = kit.defer.history(job.id)
+    assert [e.event for e in history] == ["scheduled", "started", "retried", "started", "done"]
+    assert [e.attempt for e in history] == [0, 1, 1, 2, 2]
+    assert all(isinstance(e, JobEvent) and e.actor == "app" for e in history)
+    retried = history[2]
+    assert retried.error is not None and "ConnectionError: smtp is down" in retried.error
+    assert retried.run_at is not None and retried.run_at > retried.at
+    assert history[-1].error is None
+    # The row itself no longer holds the first error; the history does.
+    assert kit.defer.get(job.id).last_error is None  # type: ignore[union-attr]
+    assert [e.at for e in history] == sorted(e.at for e in history)
+
+
+def test_undo_by_its_owner_records_undone_by_that_owner(kit: AppKit) -> None:
+    @kit.defer.job("send")
+    def send(job: Job) -> None: ...
+
+    job = kit.defer.undoable("send", owner="alice", window=30)
+    kit.db.session.commit()
+    assert kit.defer.undo(job.id, owner="alice").value == "undone"
+
+    history = kit.defer.history(job.id)
+    assert [(e.event, e.actor) for e in history] == [("scheduled", "app"), ("undone", "alice")]
+
+
+def test_a_hold_that_moves_the_job_records_rescheduled_by_its_owner(kit: AppKit) -> None:
+    @kit.defer.job("send")
+    def send(job: Job) -> None: ...
+
+    job = kit.defer.undoable("send", owner="alice", window=5)
+    kit.db.session.commit()
+    held = kit.defer.hold(job.id, seconds=20, owner="alice")
+    kit.defer.hold(job.id, seconds=1, owner="alice")  # not later: no move, no event
+
+    history = kit.defer.history(job.id)
+    assert [(e.event, e.actor) for e in history] == [
+        ("scheduled", "app"),
+        ("rescheduled", "alice"),
+    ]
+    assert history[-1].run_at == held.run_at
+
+
+def test_a_cancel_in_the_callers_transaction_records_its_event_only_if_committed(
+    kit: AppKit,
+) -> None:
+    @kit.defer.job("expire")
+    def expire(job: Job) -> None: ...
+
+    job = kit.defer.schedule("expire", delay=3600)
+    kit.db.session.commit()
+    assert kit.defer.cancel(job.id, actor="ops", commit=False) is True
+    kit.db.session.rollback()
+    assert [e.event for e in kit.defer.history(job.id)] == ["scheduled"]
+
+    assert kit.defer.cancel(job.id, actor="ops", commit=False) is True
+    kit.db.session.commit()
+    assert [(e.event, e.actor) for e in kit.defer.history(job.id)] == [
+        ("scheduled", "app"),
+        ("cancelled", "ops"),
+    ]
+
+
+def test_run_due_records_the_given_actor_and_app_by_default(kit: AppKit) -> None:
+    @kit.defer.job("publish")
+    def publish(job: Job) -> None:
+        pass
+
+    first = kit.defer.schedule("publish", key="post:1")
+    kit.db.session.commit()
+    kit.defer.run_due(actor="cron:nightly")
+    second = kit.defer.schedule("publish", key="post:2")
+    kit.db.session.commit()
+    kit.defer.run_due()
+    assert [(e.event, e.actor) for e in kit.defer.history(first.id)][1:] == [
+        ("started", "cron:nightly"),
+        ("done", "cron:nightly"),
+    ]
+    assert {e.actor for e in kit.defer.history(second.id)} == {"app"}
+
+
+def test_control_methods_record_their_event_and_the_given_actor(kit: AppKit) -> None:
+    @kit.defer.job("publish")
+    def publish(job: Job) -> None:
+        raise RuntimeError("no such post")
+
+    first = kit.defer.schedule("publish", key="post:1", delay=3600, actor="editor:7")
+    kit.db.session.commit()
+    second = kit.defer.schedule("publish", key="post:1", delay=7200, replace=True)
+    kit.db.session.commit()
+    kit.defer.reschedule(second.id, delay=60, actor="ops")
+    kit.defer.run_now(second.id, actor="ops")
+    kit.defer.run_due(now=utcnow() + timedelta(minutes=5))  # attempt 1 of 5 fails
+    kit.defer.cancel(second.id, actor="ops")
+
+    assert [(e.event, e.actor) for e in kit.defer.history(first.id)] == [
+        ("scheduled", "editor:7"),
+        ("replaced", "app"),
+    ]
+    assert [(e.event, e.actor) for e in kit.defer.history(second.id)] == [
+        ("scheduled", "app"),
+        ("rescheduled", "ops"),
+        ("run_now", "ops"),
+        ("started", "app"),
+        ("retried", "app"),
+        ("cancelled", "ops"),
+    ]
+
+
+def test_a_dead_letter_retried_by_an_operator_records_both(make_app: Callable[..., AppKit]) -> None:
+    kit = make_app(DEFER_MAX_ATTEMPTS=1)
+    with kit.context():
+        kit.db.create_all()
+
+        @kit.defer.job("doomed")
+        def doomed(job: Job) -> None:
+            raise ValueError("bad payload")
+
+        job = kit.defer.schedule("doomed")
+        kit.db.session.commit()
+        assert kit.defer.run_due().failed == 1
+        kit.defer.retry(job.id, actor="cli")
+
+        history = kit.defer.history(job.id)
+        assert [(e.event, e.actor, e.attempt) for e in history] == [
+            ("scheduled", "app", 0),
+            ("started", "app", 1),
+            ("failed", "app", 1),
+            ("retried_by_operator", "cli", 0),
+        ]
+        assert history[2].error is not None and "ValueError: bad payload" in history[2].error
+
+
+def test_not_yet_records_snoozed_with_the_new_time(kit: AppKit) -> None:
+    later = datetime(2099, 1, 1, tzinfo=UTC)
+
+    @kit.defer.job("wait")
+    def wait(job: Job) -> None:
+        raise NotYet(later)
+
+    job = kit.defer.schedule("wait")
+    kit.db.session.commit()
+    assert kit.defer.run_due().snoozed == 1
+    snoozed = kit.defer.history(job.id)[-1]
+    assert (snoozed.event, snoozed.run_at, snoozed.attempt) == ("snoozed", later, 1)
+
+
+def test_scheduling_rolled_back_leaves_no_history(kit: AppKit) -> None:
+    @kit.defer.job("send")
+    def send(job: Job) -> None: ...
+
+    job = kit.defer.schedule("send")
+    kit.db.session.rollback()
+    assert kit.defer.history(job.id) == []
+
+
+def test_schedule_many_records_scheduled_for_each_job(kit: AppKit) -> None:
+    @kit.defer.job("send")
+    def send(job: Job) -> None: ...
+
+    assert kit.defer.schedule_many("send", [{"n": n} for n in range(3)]) == 3
+    kit.db.session.commit()
+    ids = sorted(job.id for job in kit.defer.list(name="send"))
+    assert [events(kit, job_id) for job_id in ids] == [["scheduled"]] * 3
+
+
+def test_history_off_writes_no_rows_and_has_no_table(make_app: Callable[..., AppKit]) -> None:
+    kit = make_app(DEFER_HISTORY=False)
+    with kit.context():
+        kit.db.create_all()
+
+        @kit.defer.job("send")
+        def send(job: Job) -> None: ...
+
+        job = kit.defer.schedule("send")
+        kit.db.session.commit()
+        kit.defer.run_due()
+        assert kit.defer.get(job.id).status is JobStatus.DONE  # type: ignore[union-attr]
+        assert kit.defer.history(job.id) == []
+        assert "defer_jobs_history" not in kit.db.metadata.tables
+        assert "defer_jobs_history" not in inspect(kit.db.engine).get_table_names()
+
+
+def test_an_app_without_db_keeps_history_in_its_own_sqlite_file(tmp_path: Any) -> None:
+    app = Flask(__name__, instance_path=str(tmp_path / "instance"))
+    defer = Defer(app)
+
+    @defer.job("ping")
+    def ping(job: Job) -> None: ...
+
+    with app.app_context():
+        job = defer.schedule("ping")
+        defer.run_due()
+        assert [e.event for e in defer.history(job.id)] == ["scheduled", "started", "done"]
+        defer.store.engine.dispose()
+
+
+def test_history_refuses_a_non_integer_id(kit: AppKit) -> None:
+    with pytest.raises(InvalidArgument, match="id"):
+        kit.defer.history("7")  # type: ignore[arg-type]
+
+
+def test_actor_must_be_a_short_string(kit: AppKit) -> None:
+    @kit.defer.job("send")
+    def send(job: Job) -> None: ...
+
+    with pytest.raises(InvalidArgument, match="actor"):
+        kit.defer.schedule("send", actor=42)  # type: ignore[arg-type]
+
+
+def test_the_worker_names_itself_as_host_and_pid(kit: AppKit) -> None:
+    @kit.defer.job("send")
+    def send(job: Job) -> None: ...
+
+    job = kit.defer.schedule("send")
+    kit.db.session.commit()
+    worker = kit.defer.worker(burst=True)
+    worker.run(install_signal_handlers=False)
+
+    assert worker.actor.startswith("worker:") and worker.actor.count(":") == 2
+    history = kit.defer.history(job.id)
+    assert [(e.event, e.actor) for e in history] == [
+        ("scheduled", "app"),
+        ("started", worker.actor),
+        ("done", worker.actor),
+    ]
+
+
+# -- through the store, with an injected clock -------------------------------------------
+
+
+def one_job(store: JobStore, new_job: Callable[..., NewJob], now: datetime, **kw: Any) -> Job:
+    with store.begin() as conn:
+        return store.insert(conn, new_job(run_at=now, **kw), now=now, replace=False)
+
+
+def history_of(store: JobStore, job_id: int) -> list[JobEvent]:
+    with store.begin() as conn:
+        return store.history(conn, job_id)
+
+
+def test_a_claim_batch_writes_its_started_events_in_one_insert(
+    history_store: JobStore,
+    history_inserts: list[str],
+    new_job: Callable[..., NewJob],
+    now: datetime,
+) -> None:
+    with history_store.begin() as conn:
+        history_store.insert_many(conn, [new_job(run_at=now) for _ in range(5)], now=now)
+    history_inserts.clear()
+
+    claimed = history_store.claim(
+        now=now, limit=5, token="t", lease_until=now + timedelta(seconds=30), actor="worker:h:1"
+    )
+
+    assert len(claimed) == 5
+    assert len(history_inserts) == 1
+    for job in claimed:
+        assert [(e.event, e.actor, e.attempt) for e in history_of(history_store, job.id)] == [
+            ("scheduled", "app", 0),
+            ("started", "worker:h:1", 1),
+        ]
+
+
+def test_a_flush_of_outcomes_writes_their_events_in_one_statement(
+    history_store: JobStore,
+    history_inserts: list[str],
+    new_job: Callable[..., NewJob],
+    now: datetime,
+) -> None:
+    with history_store.begin() as conn:
+        history_store.insert_many(conn, [new_job(run_at=now) for _ in range(3)], now=now)
+    done, retried, snoozed = history_store.claim(
+        now=now, limit=3, token="t", lease_until=now + timedelta(seconds=30)
+    )
+    later = now + timedelta(hours=1)
+    history_inserts.clear()
+
+    owned = history_store.acknowledge_many(
+        [
+            Ack(done.id, "t", "done", result={"ok": True}, attempt=1),
+            Ack(retried.id, "t", "pending", run_at=later, last_error="boom", attempt=1),
+            Ack(snoozed.id, "t", "pending", run_at=later, due_at=later, attempts_delta=-1,
+                attempt=1),
+            Ack(snoozed.id + 1000, "t", "done", attempt=1),  # not ours: no event
+        ],
+        now=now,
+        actor="worker:h:1",
+    )  # fmt: skip
+
+    assert owned == {done.id, retried.id, snoozed.id}
+    assert len(history_inserts) == 1
+    last = {job.id: history_of(history_store, job.id)[-1] for job in (done, retried, snoozed)}
+    assert (last[done.id].event, last[done.id].actor, last[done.id].error) == (
+        "done",
+        "worker:h:1",
+        None,
+    )
+    assert (last[retried.id].event, last[retried.id].error, last[retried.id].run_at) == (
+        "retried",
+        "boom",
+        later,
+    )
+    assert (last[snoozed.id].event, last[snoozed.id].run_at) == ("snoozed", later)
+
+
+def test_a_lost_claim_records_no_outcome(
+    history_store: JobStore, new_job: Callable[..., NewJob], now: datetime
+) -> None:
+    one_job(history_store, new_job, now)
+    (job,) = history_store.claim(now=now, limit=1, token="a", lease_until=now)
+    history_store.reclaim_lapsed(now=now + timedelta(seconds=1), actor="worker:h:2")
+
+    assert not history_store.ack_done(job, now=now + timedelta(seconds=2), actor="worker:h:1")
+    assert [e.event for e in history_of(history_store, job.id)] == [
+        "scheduled",
+        "started",
+        "reclaimed",
+    ]
+
+
+def test_reclaim_names_the_worker_that_lost_the_lease_then_a_second_start(
+    history_store: JobStore, new_job: Callable[..., NewJob], now: datetime
+) -> None:
+    job = one_job(history_store, new_job, now)
+    history_store.claim(now=now, limit=1, token="a", lease_until=now, actor="worker:h:1")
+    later = now + timedelta(seconds=5)
+    assert history_store.reclaim_lapsed(now=later, actor="worker:h:2") == (1, 0)
+    (again,) = history_store.claim(
+        now=later, limit=1, token="b", lease_until=later + timedelta(seconds=30), actor="worker:h:2"
+    )
+    assert history_store.ack_done(again, now=later, actor="worker:h:2")
+
+    history = history_of(history_store, job.id)
+    assert [(e.event, e.actor, e.attempt) for e in history] == [
+        ("scheduled", "app", 0),
+        ("started", "worker:h:1", 1),
+        ("reclaimed", "worker:h:2", 1),
+        ("started", "worker:h:2", 2),
+        ("done", "worker:h:2", 2),
+    ]
+    assert history[2].error is not None and "worker:h:1" in history[2].error
+
+
+def test_reclaim_of_a_job_out_of_attempts_records_reclaimed_and_failed(
+    history_store: JobStore, new_job: Callable[..., NewJob], now: datetime
+) -> None:
+    job = one_job(history_store, new_job, now, max_attempts=1)
+    history_store.claim(now=now, limit=1, token="a", lease_until=now, actor="worker:h:1")
+    assert history_store.reclaim_lapsed(now=now + timedelta(seconds=5), actor="w2") == (0, 1)
+    assert [e.event for e in history_of(history_store, job.id)] == [
+        "scheduled",
+        "started",
+        "reclaimed",
+        "failed",
+    ]
+
+
+def test_release_takes_back_the_started_event_of_a_claim_never_run(
+    history_store: JobStore, new_job: Callable[..., NewJob], now: datetime
+) -> None:
+    job = one_job(history_store, new_job, now)
+    lease = now + timedelta(seconds=30)
+    claimed = history_store.claim(now=now, limit=1, token="a", lease_until=lease)
+    assert history_store.release(claimed, now=now) == 1
+    assert [e.event for e in history_of(history_store, job.id)] == ["scheduled"]
+
+
+def test_prune_removes_the_history_with_its_job(
+    history_store: JobStore, new_job: Callable[..., NewJob], now: datetime
+) -> None:
+    old = one_job(history_store, new_job, now)
+    kept = one_job(history_store, new_job, now)
+    with history_store.begin() as conn:
+        assert history_store.cancel(conn, now=now, job_id=old.id, actor="ops") is not None
+
+    deleted = history_store.prune(
+        settled_before=now + timedelta(seconds=1), failed_before=now + timedelta(seconds=1)
+    )
+
+    assert deleted == 1
+    assert history_of(history_store, old.id) == []
+    assert [e.event for e in history_of(history_store, kept.id)] == ["scheduled"]
+    h = history_store.history_table
+    assert h is not None
+    with history_store.begin() as conn:
+        job_ids = set(conn.execute(select(h.c.job_id).group_by(h.c.job_id)).scalars())
+        assert job_ids == {kept.id}
+        assert conn.execute(select(func.count()).select_from(h)).scalar_one() == 1
+
+
+def test_bulk_cancel_records_one_event_per_job(
+    history_store: JobStore, new_job: Callable[..., NewJob], now: datetime
+) -> None:
+    a = one_job(history_store, new_job, now, key="b:1")
+    b = one_job(history_store, new_job, now, key="b:2")
+    with history_store.begin() as conn:
+        cancelled, running = history_store.cancel_many(
+            conn, JobFilter(key_prefix="b:"), now=now, actor="ops"
+        )
+    assert (cancelled, running) == (2, 0)
+    for job in (a, b):
+        assert [(e.event, e.actor) for e in history_of(history_store, job.id)][-1] == (
+            "cancelled",
+            "ops",
+        )
