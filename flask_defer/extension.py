@@ -29,7 +29,8 @@ from .features import builtin_handlers
 from .features import recurring as _recurring
 from .features import soft_delete as _soft_delete
 from .features.owner import OwnerLoader
-from .operations.state import build_state
+from .operations import running
+from .operations.assembly import build_state
 from .registry import Registry, UndoHooks
 from .store import JobStore, versioning
 from .store.schema import (
@@ -110,8 +111,10 @@ class Defer(DeferFacade):
             db=db,
             table_name=self.table_name,
             extension=self,
-            # helpers: hide soft-deleted rows from the app's ORM queries.
+            # features: hide soft-deleted rows from the app's ORM queries, and the
+            # recurring schedules, ticked by this app's worker and run_due.
             on_session=(_soft_delete.install_query_filter,),
+            recurring=self._ticker_for,
         )
         app.extensions["defer"] = state
         config = state.config
@@ -119,18 +122,18 @@ class Defer(DeferFacade):
             warn_if_app_database_ignored(app)
         # -- migrations: one warning on the web side when the schema does not match --
         warn_once_on_mismatch(app, state.store)
-        # -- helpers: recurring schedules, ticked by this app's worker and run_due --
-        object.__setattr__(state, "recurring", self._ticker_for(state))
         # -- the worker: an embedded one for development ---------------------------
         if config.embedded_worker:
-
             grace = min(config.shutdown_grace, EMBEDDED_SHUTDOWN_GRACE)
+
             def check() -> None:  # as flask defer worker's, asked from the thread
                 migrate = "migrate" in app.extensions
                 names = replace(self._tables(state), app_migrations=migrate)
                 versioning.require_current(state.store.engine, names)
 
-            install_embedded_worker(app, lambda: state.worker(shutdown_grace=grace), check)
+            install_embedded_worker(
+                app, lambda: running.build_worker(state, shutdown_grace=grace), check
+            )
 
         app.cli.add_command(defer_cli)
         # -- Undo UI: blueprint, defer_toasts() and the htmx refresh trigger --

@@ -1,6 +1,6 @@
 """``Defer``'s core methods: handlers, scheduling, control, reads and running.
 
-The rules live below (:mod:`flask_defer.operations.reads`, the per-app state); each method
+The rules live below (:mod:`flask_defer.operations`); each method
 here checks what only the public signature knows and hands the current app's state on.
 """
 
@@ -15,10 +15,10 @@ from ..engine.execution import RunSummary
 from ..engine.worker import Worker
 from ..errors import JobNotFound
 from ..jobs import Job, JobEvent
-from ..operations import control as cancels
-from ..operations import reads as operations
+from ..operations import control, reads, running, scheduling
 from ..operations.health import Health
 from ..operations.reads import Filters
+from ..operations.scheduling import ScheduleOptions
 from ..registry import Handler
 from ..store import JobStore
 from ..timeutil import Duration
@@ -105,30 +105,21 @@ class CoreMethods(FacadeBase):
         name: str,
         payload: Any = None,
         *,
-        run_at: datetime | None = None,
-        delay: Duration | None = None,
-        key: str | None = None,
-        replace: bool = False,
-        owner: str | None = None,
-        label: str | None = None,
         undo_until: datetime | None = None,
-        actor: str | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        concurrency_key: str | None = None,
-        concurrency_limit: int | None = None,
-        expires_at: datetime | None = None,
-        ttl: Duration | None = None,
+        **options: Unpack[ScheduleOptions],
     ) -> Job:
         """Schedule job *name* to run at ``run_at`` (aware) or after ``delay``; default now.
 
-        The row is written in ``db.session``'s transaction: it becomes real when the
-        caller commits and disappears if the caller rolls back, together with the
-        business change it belongs to. ``key`` names the intent ("message:7:send"); only
-        one live job may hold a key (:class:`JobExists`), unless ``replace=True`` swaps
-        out the pending holder. ``owner`` and ``label`` are what the Undo UI shows.
-        ``actor`` is who the job's history says scheduled it (default ``"app"``); every
-        control method below takes it too.
+        The options (:class:`~flask_defer.operations.scheduling.ScheduleOptions`) are
+        ``run_at``, ``delay``, ``key``, ``replace``, ``owner``, ``label``, ``actor`` and
+        the queue controls. The row is written in ``db.session``'s transaction: it
+        becomes real when the caller commits and disappears if the caller rolls back,
+        together with the business change it belongs to. ``key`` names the intent
+        ("message:7:send"); only one live job may hold a key (:class:`JobExists`),
+        unless ``replace=True`` swaps out the pending holder. ``owner`` and ``label``
+        are what the Undo UI shows. ``actor`` is who the job's history says scheduled it
+        (default ``"app"``); every control method below takes it too. ``undo_until``
+        gives the job an Undo window of its own (:meth:`undoable` sets it for you).
 
         Queue controls (each defaults to the handler's ``@defer.job(...)`` setting):
         ``queue`` names the queue (``flask defer worker --queue``, ``defer.pause``);
@@ -137,26 +128,14 @@ class CoreMethods(FacadeBase):
         jobs of the key run at once; ``expires_at`` (aware) or ``ttl`` (after
         ``run_at``): a job not started by then settles as ``expired``.
         """
-        return self._state().schedule(
-            name, payload, run_at=run_at, delay=delay, key=key, replace=replace,
-            owner=owner, label=label, undo_until=undo_until, actor=actor, queue=queue,
-            priority=priority, concurrency_key=concurrency_key,
-            concurrency_limit=concurrency_limit, expires_at=expires_at, ttl=ttl,
+        return scheduling.schedule(
+            self._state(), name, payload, undo_until=undo_until, **options
         )
 
     # -- bulk scheduling ----------------------------------------------------------
 
     def schedule_many(
-        self,
-        name: str,
-        payloads: Iterable[Any],
-        *,
-        run_at: datetime | None = None,
-        delay: Duration | None = None,
-        owner: str | None = None,
-        label: str | None = None,
-        priority: int | None = None,
-        ttl: Duration | None = None,
+        self, name: str, payloads: Iterable[Any], **options: Unpack[ScheduleOptions]
     ) -> int:
         """Schedule many keyless jobs of handler *name* in one statement batch; return how many.
 
@@ -169,13 +148,12 @@ class CoreMethods(FacadeBase):
 
         Bulk jobs have no key (use ``schedule()`` for keyed intents), and no
         ``job_scheduled`` signal is sent per job: there is no per-row ``Job`` to send.
-        ``priority`` and ``ttl`` (from each job's ``run_at``) apply to every job, as in
-        :meth:`schedule`; a per-key concurrency limit needs ``schedule()``.
+        ``queue``, ``priority`` and ``ttl`` (from each job's ``run_at``) apply to every
+        job, as in :meth:`schedule`; ``actor`` names who scheduled them; the options of
+        keyed jobs (``key``, ``replace``, a concurrency key) and ``expires_at`` are
+        refused with :class:`InvalidArgument` naming the option.
         """
-        return operations.schedule_many(
-            self._state(), name, payloads, run_at=run_at, delay=delay, owner=owner,
-            label=label, priority=priority, ttl=ttl,
-        )  # fmt: skip
+        return scheduling.schedule_many(self._state(), name, payloads, **options)
 
     # -- control ------------------------------------------------------------------
 
@@ -219,7 +197,7 @@ class CoreMethods(FacadeBase):
         take it. ``job_cancelled`` is sent after the commit, never on a rollback.
         Needs a ``db`` (:class:`InvalidArgument` naming ``commit`` otherwise).
         """
-        return cancels.cancel(
+        return control.cancel(
             self._state(), id, key, owner, checked_actor(actor), commit=commit
         )
 
@@ -241,7 +219,7 @@ class CoreMethods(FacadeBase):
         :meth:`on_undo` hooks run in the same transaction; one that raises rolls back
         the whole bulk cancel.
         """
-        return cancels.cancel_many(
+        return control.cancel_many(
             self._state(), filters, checked_actor(actor), commit=commit
         )
 
@@ -261,7 +239,7 @@ class CoreMethods(FacadeBase):
         :class:`JobNotPending`; an unknown id or key raises :class:`JobNotFound`.
         ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
         """
-        return operations.reschedule(
+        return control.reschedule(
             self._state(), id, key, run_at, delay, checked_actor(actor), commit=commit
         )
 
@@ -270,7 +248,7 @@ class CoreMethods(FacadeBase):
 
         ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
         """
-        return operations.retry(self._state(), id, checked_actor(actor), commit=commit)
+        return control.retry(self._state(), id, checked_actor(actor), commit=commit)
 
     def history(self, job_id: int) -> list[JobEvent]:
         """Every state change of job *job_id*, oldest first: what, when, who, which attempt.
@@ -280,7 +258,7 @@ class CoreMethods(FacadeBase):
         """
         checked, _ = identity(job_id, None)
         assert checked is not None
-        return self._state().history(checked)
+        return reads.history(self._state(), checked)
 
     # -- reads --------------------------------------------------------------------
 
@@ -290,17 +268,17 @@ class CoreMethods(FacadeBase):
             job_id, key = identity(id, key)
         except JobNotFound:
             return None  # an id no row can have (≤ 0 or past 64 bits): unknown, like any
-        return self._state().get(job_id, key)
+        return reads.get(self._state(), job_id, key)
 
     def list(
         self, *, limit: int = 100, offset: int = 0, **filters: Unpack[Filters]
     ) -> list[Job]:
         """Jobs matching every given filter, newest first, at most *limit*."""
-        return operations.find(self._state(), filters, limit=limit, offset=offset)
+        return reads.find(self._state(), filters, limit=limit, offset=offset)
 
     def health(self, now: datetime | None = None) -> Health:
         """Scheduled vs owed work, the oldest owed job's age, dead letters, lapsed leases."""
-        return self._state().health(now)
+        return reads.health(self._state(), now)
 
     # -- running ------------------------------------------------------------------
 
@@ -326,7 +304,9 @@ class CoreMethods(FacadeBase):
         overlap the next, except for the handler running at the limit. ``actor`` is
         who the job history says ran the jobs (default ``app``; the CLI passes ``cli``).
         """
-        return self._state().run_due(now, limit=limit, max_seconds=max_seconds, actor=actor)
+        return running.run_due(
+            self._state(), now, limit=limit, max_seconds=max_seconds, actor=actor
+        )
 
     # -- the worker and retention -------------------------------------------------
 
@@ -347,7 +327,7 @@ class CoreMethods(FacadeBase):
         """
         state = self._state()
         self._require_current_schema()
-        return operations.worker(
+        return running.worker(
             state, concurrency=concurrency, queues=queues, burst=burst, clock=clock
         )
 
@@ -357,4 +337,4 @@ class CoreMethods(FacadeBase):
         done and cancelled rows older than ``DEFER_RETENTION``, failed ones older than
         ``DEFER_FAILED_RETENTION``. Workers do this periodically by themselves.
         """
-        return self._state().prune(now)
+        return running.prune(self._state(), now)

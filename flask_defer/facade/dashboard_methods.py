@@ -8,7 +8,7 @@ from flask import current_app
 
 from ..errors import InvalidArgument
 from ..jobs import Job
-from ..operations import reads as operations
+from ..operations import control, reads
 from ..operations.reads import Filters
 from ..timeutil import utcnow
 from ..validation import checked_actor
@@ -48,7 +48,7 @@ class DashboardMethods(FacadeBase):
         settled job raises :class:`JobNotPending`; an unknown id :class:`JobNotFound`.
         ``commit=False`` joins the caller's transaction, as for :meth:`cancel`.
         """
-        return operations.reschedule(
+        return control.reschedule(
             self._state(),
             id,
             None,
@@ -66,7 +66,7 @@ class DashboardMethods(FacadeBase):
         With ``limit``, counting stops there: the answer is ``min(count, limit)``, read
         from at most ``limit`` rows, so a page over a huge history stays cheap.
         """
-        return operations.count(self._state(), filters, limit=limit)
+        return reads.count(self._state(), filters, limit=limit)
 
     def retry_many(
         self, *, actor: str | None = None, **filters: Unpack[Filters]
@@ -77,4 +77,4 @@ class DashboardMethods(FacadeBase):
         alone (one guarded statement), so a ``status`` filter without ``failed`` in it
         retries nothing. Without filters, every failed job is retried.
         """
-        return operations.retry_many(self._state(), filters, checked_actor(actor))
+        return control.retry_many(self._state(), filters, checked_actor(actor))

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from ..features import batching, http_jobs
 from ..features import soft_delete as _soft_delete
 from ..features.http_signing import Secret
 from ..features.owner import resolve_owner
 from ..jobs import Job
+from ..operations.scheduling import ScheduleOptions
 from ..timeutil import Duration
 from .declarations import FacadeBase
 
@@ -82,15 +83,13 @@ class HelperMethods(FacadeBase):
         headers: Mapping[str, str | Secret] | None = None,
         sign: str | None = None,
         idempotency_key: str | None = None,
-        run_at: datetime | None = None,
-        delay: Duration | None = None,
-        key: str | None = None,
         timeout: Duration | None = None,
-        replace: bool = False,
-        owner: str | None = None,
-        label: str | None = None,
+        **options: Unpack[ScheduleOptions],
     ) -> Job:
         """Schedule an HTTP request (see :mod:`flask_defer.features.http_jobs`); returns its job.
+
+        The options are :meth:`schedule`'s (``run_at``, ``delay``, ``key``, the queue
+        controls ...); the call joins ``db.session`` like ``schedule()``.
 
         2xx is done (status and a body excerpt in ``job.result``); 408, 429, 5xx and
         network errors are retried, honouring ``Retry-After``; other 4xx fail at once.
@@ -101,6 +100,5 @@ class HelperMethods(FacadeBase):
         """
         return http_jobs.schedule_http(
             self._state(), url, method=method, json_body=json, headers=headers, sign=sign,
-            idempotency_key=idempotency_key, run_at=run_at,
-            delay=delay, key=key, timeout=timeout, replace=replace, owner=owner, label=label,
-        )
+            idempotency_key=idempotency_key, timeout=timeout, **options,
+        )  # fmt: skip

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .. import signals
+from ..operations import reads
 from ..operations.health import SCHEDULED_COUNT_CAP
 from ..store import Pause
 from ..timeutil import as_utc, utcnow
@@ -108,7 +109,7 @@ class PauseMethods(FacadeBase):
         # Long because: the two lists are assembled from three reads side by side.
         at = as_utc(now, "now") if now is not None else utcnow()
         state = self._state()
-        health = state.health(at)
+        health = reads.health(state, at)
         with state.transactions.joined() as conn:
             counts, capped = state.store.queue_counts(conn, now=at, cap=SCHEDULED_COUNT_CAP)
         pauses = {(p.kind, p.value): p for p in state.store.paused()}

@@ -7,18 +7,19 @@ drive the current app's ticker.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from .. import signals
+from ..config import DeferConfig
 from ..errors import UnknownJob
 from ..features import recurring as _recurring
 from ..jobs import Job
-from ..operations.state import DeferState
 from ..recurring_rules import CatchUp, RecurringSpec, make_rule, make_spec
-from ..store import versioning
+from ..store import JobStore, versioning
 from ..store.recurring_statements import ScheduleRow, ScheduleStore
-from ..store.schema import define_schedules_table
+from ..store.schema import SchemaNames, define_schedules_table
 from ..timeutil import Duration, as_utc, utcnow
 from ..validation import checked_payload
 from .declarations import FacadeBase
@@ -27,32 +28,33 @@ from .declarations import FacadeBase
 class RecurringMethods(FacadeBase):
     """``defer.recurring(...)`` and the run-time controls of declared schedules."""
 
-    def _ticker_for(self, state: DeferState) -> _recurring.Ticker:
-        """The recurring schedules of *state*'s app, over a table beside the jobs table."""
+    def _ticker_for(
+        self, store: JobStore, config: DeferConfig, db: Any, emit: Callable[..., None]
+    ) -> _recurring.Ticker:
+        """The recurring schedules of an app being set up, over a table beside its jobs
+        table (``build_state`` calls this with the app's parts; *emit* sends signals)."""
         # In the app's metadata, beside the jobs table, so db.create_all() and Alembic
         # autogenerate see it also when the db was passed to init_app only.
-        metadata = state.db.metadata if state.db is not None else state.store.table.metadata
+        metadata = db.metadata if db is not None else store.table.metadata
         table = define_schedules_table(metadata, self.schedules_table_name)
         ticker = _recurring.Ticker(
-            ScheduleStore(state.store.engine, table, state.store),
+            ScheduleStore(store.engine, table, store),
             self.schedules,
             self.registry,
-            default_max_attempts=state.config.max_attempts,
-            max_catch_up=state.config.recurring_max_catch_up,
-            orphan_grace=state.config.schedule_orphan_grace,
-            on_written=lambda job: state.send(signals.job_scheduled, job=job),
+            default_max_attempts=config.max_attempts,
+            max_catch_up=config.recurring_max_catch_up,
+            orphan_grace=config.schedule_orphan_grace,
+            on_written=lambda job: emit(signals.job_scheduled, job=job),
         )
-        if state.db is None and self._schema_at_head(state):
+        names = SchemaNames(jobs=store.table.name, schedules=self.schedules_table_name)
+        # At init_app, where Flask-Migrate may not be set up yet: as if it were not.
+        if db is None and versioning.check(store.engine, names).ok:
             # A jobs table created just now (by build_state) was recorded at the newest
             # revision, which includes this table. On an older recorded schema the table
             # comes from `flask defer db upgrade` (revision flask_defer_0002): creating it
             # here would make that revision fail on an existing table.
             ticker.store.create_table()
         return ticker
-
-    def _schema_at_head(self, state: DeferState) -> bool:
-        # At init_app, where Flask-Migrate may not be set up yet: as if it were not.
-        return versioning.check(state.store.engine, self._tables(state)).ok
 
     def recurring(
         self,

@@ -1,21 +1,21 @@
 """``Defer``'s Undo methods: owners, undoable jobs, holds, the Undo itself, toasts.
 
 The facade of the Undo UI: the blueprint's toast and Undo views call only these. The
-rules live in :mod:`flask_defer.operations.reads` (the guarded hold) and
-:mod:`flask_defer.operations.control` (the Undo, its hooks and its outcome).
+rules live in :mod:`flask_defer.operations.scheduling` (the Undo window) and
+:mod:`flask_defer.operations.control` (the guarded hold, the Undo, its hooks).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from ..errors import InvalidArgument
 from ..features.owner import OwnerLoader, resolve_owner
 from ..jobs import Job
-from ..operations import control as cancels
-from ..operations import reads as operations
+from ..operations import control, reads, scheduling
+from ..operations.scheduling import ScheduleOptions
 from ..registry import UndoHook
 from ..timeutil import Duration
 from ..undo import Toast, UndoOutcome
@@ -75,14 +75,11 @@ class UndoMethods(FacadeBase):
         payload: Any = None,
         *,
         window: Duration | None = None,
-        label: str | None = None,
-        key: str | None = None,
-        owner: str | None = None,
-        replace: bool = False,
         done_label: str | None = None,
         failed_label: str | None = None,
         waiting_label: str | None = None,
         undone_label: str | None = None,
+        **options: Unpack[ScheduleOptions],
     ) -> Job:
         """Schedule *name* to run after an Undo window, and show its owner an Undo toast.
 
@@ -90,7 +87,9 @@ class UndoMethods(FacadeBase):
         the job runs ``DEFER_UNDO_MARGIN`` (1 s) after the window closes, so an Undo
         clicked in the last moment still lands. ``owner`` defaults to the current owner
         (see :meth:`owner_loader`); ``label`` is the toast's text ("Message sent"; without
-        one the toast says "Action scheduled").
+        one the toast says "Action scheduled"). The other options are
+        :meth:`schedule`'s (``key``, ``replace``, the queue controls ...), but not
+        ``run_at`` or ``delay``: the window decides when it runs.
 
         The toast only says what the server knows, in the texts given for each state:
         ``waiting_label`` once the window closed ("Sending…"), ``done_label`` when the
@@ -102,23 +101,15 @@ class UndoMethods(FacadeBase):
         committed).
         """
         state = self._state()
-        owner = owner if owner is not None else self.current_owner(create=True)
-        return operations.undoable(
-            state,
-            name,
-            payload,
-            window=window,
-            label=label,
-            key=key,
-            owner=owner,
-            replace=replace,
-            texts={
-                "waiting_label": waiting_label,
-                "done_label": done_label,
-                "failed_label": failed_label,
-                "undone_label": undone_label,
-            },
-        )
+        if options.get("owner") is None:
+            options["owner"] = self.current_owner(create=True)
+        texts = {
+            "waiting_label": waiting_label,
+            "done_label": done_label,
+            "failed_label": failed_label,
+            "undone_label": undone_label,
+        }
+        return scheduling.undoable(state, name, payload, window=window, texts=texts, **options)
 
     def hold(self, id: int, *, seconds: Duration, owner: str | None = None) -> Job:
         """Keep an open Undo window open *seconds* from now (its toast is hovered or focused).
@@ -132,7 +123,7 @@ class UndoMethods(FacadeBase):
         job that is no longer pending raises :class:`JobNotPending`; no job, or with
         ``owner`` another owner's job, raises :class:`JobNotFound`.
         """
-        return operations.hold(self._state(), id, seconds, owner)
+        return control.hold(self._state(), id, seconds, owner)
 
     def undo(
         self,
@@ -158,7 +149,7 @@ class UndoMethods(FacadeBase):
         propagates and the caller rolls back.
         The history records it as ``undone`` by the owner.
         """
-        return cancels.undo(self._state(), id, key, owner, commit=commit)
+        return control.undo(self._state(), id, key, owner, commit=commit)
 
     def toasts(
         self,
@@ -180,7 +171,7 @@ class UndoMethods(FacadeBase):
         owner = checked_text(owner, "owner") if owner is not None else self.current_owner()
         if owner is None:
             return []
-        return operations.toasts(state, owner, now=now, limit=limit, waiting=waiting)
+        return reads.toasts(state, owner, now=now, limit=limit, waiting=waiting)
 
     def pending_for(self, owner: str | None = None, *, limit: int = 100) -> list[Job]:
         """*owner*'s pending jobs, undoable or scheduled, soonest first.
@@ -191,4 +182,4 @@ class UndoMethods(FacadeBase):
         owner = checked_text(owner, "owner") if owner is not None else self.current_owner()
         if owner is None:
             return []
-        return operations.pending_for(state, owner, limit=limit)
+        return reads.pending_for(state, owner, limit=limit)

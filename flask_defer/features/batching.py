@@ -44,6 +44,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection
 
 from ..errors import DeferError, InvalidArgument, JobExists
+from ..operations import scheduling
 from ..operations.state import DeferState
 from ..store import BatchAppend, NewJob
 from ..timeutil import Duration, as_duration, as_utc, utcnow
@@ -103,7 +104,7 @@ def batch(
     """
     # Long on purpose: the checks, then one transaction that joins or opens a slot, read
     # top to bottom as the single decision it is (split, the slot logic would be scattered).
-    spec = state.spec_for(name)
+    spec = scheduling.spec_for(state, name)
     if not isinstance(key, str) or not key:
         raise InvalidArgument("key", f"expected a non-empty string, got {key!r}")
     if len(key) > MAX_KEY_CHARS:
@@ -167,12 +168,12 @@ def batch(
                 name=name,
                 payload=payload,
                 run_at=run_at,
-                max_attempts=state.max_attempts(spec),
+                max_attempts=scheduling.max_attempts(state, spec),
                 queue=spec.queue,
                 key=job_key,
             )
             try:
-                job = state.insert(new, now=arrived, conn=conn)
+                job = scheduling.insert(state, new, now=arrived, conn=conn)
             except JobExists:
                 return None
             return Batched(job_id=job.id, position=0, run_at=job.run_at, opened=True)

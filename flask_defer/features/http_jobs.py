@@ -34,11 +34,13 @@ import time
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Unpack
 
 from ..config import DeferConfig
 from ..errors import InvalidArgument
 from ..jobs import Fail, Job, RetryAfter
+from ..operations import scheduling
+from ..operations.scheduling import ScheduleOptions
 from ..operations.state import DeferState, current_state
 from ..registry import HandlerSpec, Registry
 from ..timeutil import Duration
@@ -82,16 +84,12 @@ def schedule_http(
     headers: Mapping[str, str | Secret] | None = None,
     sign: str | None = None,
     idempotency_key: str | None = None,
-    run_at: datetime | None = None,
-    delay: Duration | None = None,
-    key: str | None = None,
     timeout: Duration | None = None,
-    replace: bool = False,
-    owner: str | None = None,
-    label: str | None = None,
+    **options: Unpack[ScheduleOptions],
 ) -> Job:
     """Schedule an HTTP request to *url*; joins ``db.session`` like ``defer.schedule``.
 
+    *options* are ``schedule``'s (``run_at``, ``key``, the queue controls ...).
     *headers* values are strings or :func:`~.http_signing.secret` names; *sign* names
     a ``DEFER_WEBHOOK_SECRETS`` entry to sign with; *idempotency_key* replaces the
     drawn one (every attempt sends it as ``Idempotency-Key`` and ``webhook-id``).
@@ -123,16 +121,7 @@ def schedule_http(
         payload["json"] = json_body
     if timeout is not None:
         payload["timeout"] = checked_timeout(timeout, config)
-    return state.schedule(
-        HTTP_JOB,
-        payload,
-        run_at=run_at,
-        delay=delay,
-        key=key,
-        replace=replace,
-        owner=owner,
-        label=label,
-    )
+    return scheduling.schedule(state, HTTP_JOB, payload, **options)
 
 
 # -- running -----------------------------------------------------------------------

@@ -43,6 +43,7 @@ from sqlalchemy.orm import (
 from .. import signals
 from ..errors import DeferError, InvalidArgument, NotConfigured
 from ..jobs import Fail, Job, JobStatus
+from ..operations import reads, scheduling
 from ..operations.state import DeferState, current_state
 from ..registry import HandlerSpec
 from ..store.schema import UTCDateTime
@@ -218,13 +219,14 @@ def soft_delete(
     key = purge_key(mapper, pk)
     now = utcnow()
     if obj.deleted_at is not None:
-        existing = state.get(key=key)
+        existing = reads.get(state, key=key)
         if existing is not None and existing.is_live:
             return existing
     else:
         obj.deleted_at = now
     undo_until = now + grace - state.config.undo_margin
-    return state.schedule(
+    return scheduling.schedule(
+        state,
         PURGE_JOB,
         {"table": _table_name(mapper), "pk": pk},
         run_at=now + grace,

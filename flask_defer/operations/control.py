@@ -1,4 +1,8 @@
-"""Cancels: the app's own, an operator's, and the owner's Undo, over one app's state.
+"""Control: cancel, undo, hold, reschedule and retry, over one app's state.
+
+Each is one guarded statement in the transaction the call decides on (its own, or
+the caller's with ``commit=False``); a refused change is read afterwards only to say
+why (:func:`refused`), never before: the write decides, the read explains.
 
 Every cancel is one guarded statement. Those that run the ``on_undo`` hooks (the
 owner's Undo and an operator's cancel) share one path, :func:`cancel_with_hooks`, so
@@ -8,12 +12,15 @@ job; the app's own cancel (no actor) runs the statement alone.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import Connection
+
 from .. import signals
-from ..errors import InvalidArgument, JobNotFound
+from ..errors import InvalidArgument, JobNotFound, JobNotPending
 from ..jobs import Job, JobStatus
-from ..timeutil import utcnow
+from ..timeutil import Duration, as_duration, resolve_run_at, utcnow
 from ..undo import MAX_JOB_ID, UndoOutcome
 from ..validation import DEFAULT_ACTOR, checked_commit, checked_text, identity
 from .reads import Filters, job_filter
@@ -60,7 +67,7 @@ def cancel(
             conn, now=utcnow(), job_id=job_id, key=key, owner=owner, actor=actor
         )
         if cancelled is None:
-            state.refused(conn, job_id, key, owner)
+            refused(state, conn, job_id, key, owner)
             return False
     state.send_when_committed(signals.job_cancelled, commit=commit, job=cancelled)
     return True
@@ -102,7 +109,7 @@ def cancel_with_hooks(
             )
             if cancelled is not None:
                 break
-            existing = state.refused(conn, job_id, key, owner)
+            existing = refused(state, conn, job_id, key, owner)
             if existing.status is not JobStatus.PENDING:
                 return existing.status
         if cancelled is None:
@@ -163,3 +170,116 @@ def undo(
     if isinstance(outcome, Job):
         return UndoOutcome.UNDONE
     return UndoOutcome.for_status(outcome)
+
+
+#: The longest window one hold may ask for (``DEFER_UNDO_MAX_HOLD`` bounds the total).
+MAX_HOLD_REQUEST = timedelta(hours=1)
+
+
+def refused(
+    state: DeferState,
+    conn: Connection,
+    job_id: int | None,
+    key: str | None,
+    owner: str | None = None,
+) -> Job:
+    """The job a guarded change just left alone, read to say why.
+
+    Read after the guarded statement lost, never before it: the write decides, the
+    read only explains. No job at all, or (with *owner*) another owner's job, is
+    :class:`JobNotFound`, so other people's ids are never confirmed to exist.
+    """
+    existing = state.store.get(conn, job_id=job_id, key=key)
+    if existing is None or (owner is not None and existing.owner != owner):
+        raise JobNotFound(job_id, key)
+    return existing
+
+
+def hold(state: DeferState, job_id: Any, seconds: Duration, owner: str | None) -> Job:
+    """Keep an open Undo window open *seconds* more (see :meth:`Defer.hold`)."""
+    checked_id, _ = identity(job_id, None)
+    assert checked_id is not None
+    if not 1 <= checked_id <= MAX_JOB_ID:
+        raise JobNotFound(checked_id)
+    checked_owner = checked_text(owner, "owner")
+    span = as_duration(seconds, "seconds", allow_zero=False)
+    if span > MAX_HOLD_REQUEST:
+        raise InvalidArgument("seconds", f"at most {MAX_HOLD_REQUEST}, got {span}")
+    config = state.config
+    now = utcnow()
+    with state.transactions.own("hold") as conn:
+        moved = state.store.hold(
+            conn,
+            checked_id,
+            owner=checked_owner,
+            undo_until=now + span,
+            margin=config.undo_margin,
+            max_hold=config.undo_max_hold,
+            now=now,
+            actor=checked_owner or "app",
+        )
+        if moved is not None:
+            return moved
+        existing = refused(state, conn, checked_id, None, checked_owner)
+        if existing.undo_seconds_left(now) <= 0:
+            raise JobNotPending(existing.id, existing.status.value)
+        return existing  # already later than asked, or at the cap
+
+
+
+def reschedule(
+    state: DeferState,
+    job_id: Any,
+    key: Any,
+    run_at: datetime | None,
+    delay: Duration | None,
+    actor: str = DEFAULT_ACTOR,
+    *,
+    commit: bool = True,
+    operation: str = "reschedule",
+    event: str = "rescheduled",
+) -> Job:
+    """Move a pending job; :class:`JobNotPending` / :class:`JobNotFound` otherwise.
+
+    ``operation`` names the public call in errors (``run_now`` comes this way too);
+    *event* is what the history calls it: ``rescheduled``, or ``run_now``.
+    """
+    if run_at is None and delay is None:
+        raise InvalidArgument("run_at", "give run_at or delay to reschedule to")
+    job_id, key = identity(job_id, key)
+    commit = checked_commit(commit)
+    now = utcnow()
+    when = resolve_run_at(run_at, delay, now, strict=state.config.strict_local_times)
+    with state.transactions.control(operation, commit=commit) as conn:
+        moved = state.store.reschedule(
+            conn, when, now=now, job_id=job_id, key=key, actor=actor, event=event
+        )
+        if moved is None:
+            existing = refused(state, conn, job_id, key)
+            raise JobNotPending(existing.id, existing.status.value)
+    return moved
+
+
+
+def retry(
+    state: DeferState, job_id: Any, actor: str = DEFAULT_ACTOR, *, commit: bool = True
+) -> Job:
+    """failed → pending, due now, attempts reset; :class:`JobNotPending` otherwise."""
+    checked, _ = identity(job_id, None)
+    assert checked is not None
+    commit = checked_commit(commit)
+    # No uncommitted-jobs check here: 0.1.0 never made one for retry().
+    with state.transactions.control("retry", commit=commit, guard=False) as conn:
+        job = state.store.retry_failed(conn, checked, now=utcnow(), actor=actor)
+        if job is None:
+            existing = refused(state, conn, checked, None)
+            raise JobNotPending(existing.id, existing.status.value)
+    return job
+
+
+
+def retry_many(state: DeferState, filters: Filters, actor: str = DEFAULT_ACTOR) -> int:
+    """Put every matching failed job back to pending, due now; how many."""
+    where = job_filter(filters)
+    with state.transactions.own("retry_many") as conn:
+        return state.store.retry_failed_many(conn, where, now=utcnow(), actor=actor)

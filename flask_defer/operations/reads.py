@@ -1,34 +1,23 @@
-"""What the facade's control, Undo and read methods do, over one app's state.
+"""Reads: jobs, their history, the toasts of an owner, the health report.
 
-``Defer``'s public methods validate nothing themselves and call these functions with
-the current app's :class:`~flask_defer.operations.state.DeferState`, so the rules live here once:
-which transaction each operation uses (joined for reads and inserts, its own for
-anything that decides a race) and what a refused guarded change means.
+Every read joins the caller's transaction (``db.session``), so a page sees its own
+uncommitted jobs; the filters of ``list``, ``count`` and the bulk operations are
+checked once here (:func:`job_filter`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
-from typing import Any, TypedDict
+from datetime import datetime
+from typing import TypedDict
 
-from ..engine.execution import Clock
-from ..engine.worker import Worker
-from ..errors import InvalidArgument, JobNotFound, JobNotPending
-from ..jobs import Job, JobStatus
-from ..queue_controls import checked_priority, checked_ttl
+from ..errors import InvalidArgument
+from ..jobs import Job, JobEvent, JobStatus
 from ..store import JobFilter
-from ..timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
-from ..undo import MAX_JOB_ID, WAITING_HORIZON, Toast
-from ..validation import (
-    DEFAULT_ACTOR,
-    checked_commit,
-    checked_limit,
-    checked_text,
-    identity,
-    statuses,
-)
-from .bulk import build_new_jobs
+from ..timeutil import as_utc, utcnow
+from ..undo import WAITING_HORIZON, Toast
+from ..validation import checked_limit, checked_text, statuses
+from .health import Health
 from .state import DeferState
 
 
@@ -40,9 +29,6 @@ class Filters(TypedDict, total=False):
     key_prefix: str | None
     owner: str | None
 
-
-#: The longest window one hold may ask for (``DEFER_UNDO_MAX_HOLD`` bounds the total).
-MAX_HOLD_REQUEST = timedelta(hours=1)
 
 
 def job_filter(filters: Filters) -> JobFilter:
@@ -59,192 +45,17 @@ def job_filter(filters: Filters) -> JobFilter:
     )
 
 
-def schedule_many(
-    state: DeferState,
-    name: str,
-    payloads: Iterable[Any],
-    *,
-    run_at: datetime | None,
-    delay: Duration | None,
-    owner: str | None,
-    label: str | None,
-    priority: int | None = None,
-    ttl: Duration | None = None,
-) -> int:
-    """Validate every item, then insert them in one batch joining the caller's transaction."""
-    spec = state.spec_for(name)
-    level = spec.priority if priority is None else checked_priority(priority)
-    span = checked_ttl(ttl) if ttl is not None else spec.ttl
-    now = utcnow()
-    jobs = build_new_jobs(
-        payloads,
-        name=name,
-        queue=spec.queue,
-        max_attempts=state.max_attempts(spec),
-        now=now,
-        run_at=run_at,
-        delay=delay,
-        owner=owner,
-        label=label,
-        max_payload_bytes=state.config.max_payload_bytes,
-        strict_local_times=state.config.strict_local_times,
-        priority=level,
-        ttl=span,
-    )
-    if not jobs:
-        return 0
-    with state.transactions.joined(writes=True) as conn:
-        return state.store.insert_many(conn, jobs, now=now)
+
+def get(state: DeferState, job_id: int | None = None, key: str | None = None) -> Job | None:
+    """The job with this id; for a key, its live job, else the newest settled one."""
+    with state.transactions.joined() as conn:
+        return state.store.get(conn, job_id=job_id, key=key)
 
 
-def undoable(
-    state: DeferState,
-    name: str,
-    payload: Any,
-    *,
-    window: Duration | None,
-    label: str | None,
-    key: str | None,
-    owner: str | None,
-    replace: bool,
-    texts: dict[str, str | None] | None = None,
-) -> Job:
-    """Schedule *name* after an Undo window (plus the margin), with a toast for *owner*.
-
-    *texts* are the toast's state texts (``waiting_label``, ``done_label``, ...), each
-    stored in its own column.
-    """
-    span = (
-        state.config.undo_window
-        if window is None
-        else as_duration(window, "window", allow_zero=False)
-    )
-    if owner is None:
-        raise InvalidArgument(
-            "owner",
-            "there is no current owner to show the Undo toast to; call undoable() "
-            "while handling a request, or pass owner=",
-        )
-    now = utcnow()
-    return state.schedule(
-        name,
-        payload,
-        run_at=now + span + state.config.undo_margin,
-        key=key,
-        replace=replace,
-        owner=owner,
-        label=label,
-        undo_until=now + span,
-        texts=texts,
-    )
-
-
-def hold(state: DeferState, job_id: Any, seconds: Duration, owner: str | None) -> Job:
-    """Keep an open Undo window open *seconds* more (see :meth:`Defer.hold`)."""
-    checked_id, _ = identity(job_id, None)
-    assert checked_id is not None
-    if not 1 <= checked_id <= MAX_JOB_ID:
-        raise JobNotFound(checked_id)
-    checked_owner = checked_text(owner, "owner")
-    span = as_duration(seconds, "seconds", allow_zero=False)
-    if span > MAX_HOLD_REQUEST:
-        raise InvalidArgument("seconds", f"at most {MAX_HOLD_REQUEST}, got {span}")
-    config = state.config
-    now = utcnow()
-    with state.transactions.own("hold") as conn:
-        moved = state.store.hold(
-            conn,
-            checked_id,
-            owner=checked_owner,
-            undo_until=now + span,
-            margin=config.undo_margin,
-            max_hold=config.undo_max_hold,
-            now=now,
-            actor=checked_owner or "app",
-        )
-        if moved is not None:
-            return moved
-        existing = state.refused(conn, checked_id, None, checked_owner)
-        if existing.undo_seconds_left(now) <= 0:
-            raise JobNotPending(existing.id, existing.status.value)
-        return existing  # already later than asked, or at the cap
-
-
-def worker(
-    state: DeferState,
-    *,
-    concurrency: int | None,
-    queues: Iterable[str] | None,
-    burst: bool,
-    clock: Clock | None,
-) -> Worker:
-    """A worker for *state*'s app, its command-line style arguments checked."""
-    if concurrency is not None and (
-        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-    ):
-        raise InvalidArgument("concurrency", f"expected an integer ≥ 1, got {concurrency!r}")
-    names: list[str] | None = None
-    if queues is not None:
-        if isinstance(queues, str):
-            raise InvalidArgument("queues", "expected a list of queue names, not one string")
-        names = [checked_text(q, "queues") or "" for q in queues] or None
-    return state.worker(concurrency=concurrency, queues=names, burst=bool(burst), clock=clock)
-
-
-def reschedule(
-    state: DeferState,
-    job_id: Any,
-    key: Any,
-    run_at: datetime | None,
-    delay: Duration | None,
-    actor: str = DEFAULT_ACTOR,
-    *,
-    commit: bool = True,
-    operation: str = "reschedule",
-    event: str = "rescheduled",
-) -> Job:
-    """Move a pending job; :class:`JobNotPending` / :class:`JobNotFound` otherwise.
-
-    ``operation`` names the public call in errors (``run_now`` comes this way too);
-    *event* is what the history calls it: ``rescheduled``, or ``run_now``.
-    """
-    if run_at is None and delay is None:
-        raise InvalidArgument("run_at", "give run_at or delay to reschedule to")
-    job_id, key = identity(job_id, key)
-    commit = checked_commit(commit)
-    now = utcnow()
-    when = resolve_run_at(run_at, delay, now, strict=state.config.strict_local_times)
-    with state.transactions.control(operation, commit=commit) as conn:
-        moved = state.store.reschedule(
-            conn, when, now=now, job_id=job_id, key=key, actor=actor, event=event
-        )
-        if moved is None:
-            existing = state.refused(conn, job_id, key)
-            raise JobNotPending(existing.id, existing.status.value)
-    return moved
-
-
-def retry(
-    state: DeferState, job_id: Any, actor: str = DEFAULT_ACTOR, *, commit: bool = True
-) -> Job:
-    """failed → pending, due now, attempts reset; :class:`JobNotPending` otherwise."""
-    checked, _ = identity(job_id, None)
-    assert checked is not None
-    commit = checked_commit(commit)
-    # No uncommitted-jobs check here: 0.1.0 never made one for retry().
-    with state.transactions.control("retry", commit=commit, guard=False) as conn:
-        job = state.store.retry_failed(conn, checked, now=utcnow(), actor=actor)
-        if job is None:
-            existing = state.refused(conn, checked, None)
-            raise JobNotPending(existing.id, existing.status.value)
-    return job
-
-
-def retry_many(state: DeferState, filters: Filters, actor: str = DEFAULT_ACTOR) -> int:
-    """Put every matching failed job back to pending, due now; how many."""
-    where = job_filter(filters)
-    with state.transactions.own("retry_many") as conn:
-        return state.store.retry_failed_many(conn, where, now=utcnow(), actor=actor)
+def history(state: DeferState, job_id: int) -> list[JobEvent]:
+    """Every recorded state change of *job_id*, oldest first ([] with history off)."""
+    with state.transactions.joined() as conn:
+        return state.store.history(conn, job_id)
 
 
 def find(state: DeferState, filters: Filters, *, limit: int, offset: int) -> list[Job]:
@@ -258,6 +69,7 @@ def find(state: DeferState, filters: Filters, *, limit: int, offset: int) -> lis
         return state.store.find(conn, where, limit=limit, offset=offset)
 
 
+
 def count(state: DeferState, filters: Filters, *, limit: int | None = None) -> int:
     """How many jobs match *filters*; with *limit*, at most that many (a bounded count)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
@@ -265,6 +77,7 @@ def count(state: DeferState, filters: Filters, *, limit: int | None = None) -> i
     where = job_filter(filters)
     with state.transactions.joined() as conn:
         return state.store.count(conn, where, limit=limit)
+
 
 
 def toasts(
@@ -287,7 +100,36 @@ def toasts(
     return [Toast.from_job(job, at) for job in jobs]
 
 
+
 def pending_for(state: DeferState, owner: str, *, limit: int) -> list[Job]:
     """*owner*'s pending jobs, soonest first."""
     with state.transactions.joined() as conn:
         return state.store.pending_for(conn, owner, limit=checked_limit(limit))
+
+
+
+def health(state: DeferState, now: datetime | None = None) -> Health:
+    """Scheduled vs owed work, the oldest owed job's age, dead letters, lapsed leases."""
+    at = as_utc(now, "now") if now is not None else utcnow()
+    known = state.registry.names()
+    with state.transactions.joined() as conn:
+        # One pass over live and failed rows, bounded counts of settled ones.
+        parts = state.store.counts_by_name(conn, now=at)
+    late, oldest_late = 0, None
+    undeclared: tuple[str, ...] = ()
+    # Its own connection: on a schema without the table it answers [] (a failed
+    # statement would have aborted the joined transaction on PostgreSQL).
+    paused = tuple(pause.label for pause in state.store.paused())
+    if state.recurring is not None:
+        found = state.recurring.late(at)
+        late, oldest_late = found.count, found.oldest_tick
+        undeclared = state.recurring.undeclared(at)
+    return Health.from_counts(
+        parts,
+        known_names=known,
+        now=at,
+        late_schedules=late,
+        oldest_late_tick=oldest_late,
+        undeclared_schedules=undeclared,
+        paused=paused,
+    )

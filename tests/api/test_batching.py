@@ -461,7 +461,8 @@ def test_batching_runs_against_the_per_app_state_without_a_defer(database_url: s
     from flask import Flask
 
     from flask_defer.features import batching
-    from flask_defer.operations.state import build_state
+    from flask_defer.operations import running
+    from flask_defer.operations.assembly import build_state
     from flask_defer.registry import HandlerSpec, Registry
 
     ran: list[list[Any]] = []
@@ -476,7 +477,7 @@ def test_batching_runs_against_the_per_app_state_without_a_defer(database_url: s
         assert (first.opened, second.opened, second.job_id) == (True, False, first.job_id)
         with pytest.raises(UnknownJob):
             batching.batch(state, "nope", key="post:1", item=1, now=at(1))
-        summary = state.run_due(now=at(120))
+        summary = running.run_due(state, now=at(120))
         assert (summary.ran, ran) == (1, [[{"n": 1}, {"n": 2}]])
     finally:
         state.store.table.drop(state.store.engine)

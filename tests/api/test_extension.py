@@ -6,6 +6,7 @@ import inspect as pyinspect
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import get_type_hints
 
 import pytest
 from flask import Flask
@@ -29,6 +30,8 @@ from flask_defer import (
     job_cancelled,
     job_scheduled,
 )
+from flask_defer.operations.reads import Filters
+from flask_defer.operations.scheduling import OPTION_NAMES
 
 from ..conftest import AppKit
 
@@ -560,7 +563,15 @@ def test_every_public_name_of_the_design_is_a_method_of_defer_with_its_parameter
     for name, parameters in DESIGN_PARAMETERS.items():
         method = getattr(Defer, name)
         assert callable(method), name
-        assert parameters <= set(pyinspect.signature(method).parameters), name
+        signature = pyinspect.signature(method).parameters
+        accepted = set(signature)
+        # Keywords relayed with Unpack: the scheduling options, or the job filters.
+        hints = get_type_hints(method, include_extras=True)
+        if "options" in hints:
+            accepted |= OPTION_NAMES
+        if "filters" in hints:
+            accepted |= set(Filters.__annotations__)
+        assert parameters <= accepted, (name, parameters - accepted)
 
 
 def test_every_public_method_of_defer_says_what_it_does() -> None:

@@ -197,3 +197,20 @@ def test_control_ops_refuse_while_bulk_jobs_are_uncommitted(kit: AppKit, ran: li
         kit.defer.run_due()
     kit.db.session.commit()
     assert kit.defer.run_due().done == 1
+
+
+def test_schedule_many_takes_the_scheduling_options_and_refuses_those_of_keyed_jobs(
+    kit: AppKit, ran: list[Job]
+) -> None:
+    count = kit.defer.schedule_many("remind", [{"n": 1}], queue="bulk", actor="importer")
+    kit.db.session.commit()
+    assert count == 1
+    [job] = kit.defer.list(name="remind")
+    assert job.queue == "bulk"
+    assert [(e.event, e.actor) for e in kit.defer.history(job.id)] == [("scheduled", "importer")]
+    for option, value in (("key", "k"), ("replace", True), ("concurrency_key", "k"),
+                          ("expires_at", datetime.now(UTC) + timedelta(days=1))):  # fmt: skip
+        with pytest.raises(InvalidArgument) as refused:
+            kit.defer.schedule_many("remind", [{"n": 2}], **{option: value})  # type: ignore[misc]
+        assert refused.value.argument == option
+    assert kit.defer.count(name="remind") == 1

@@ -351,7 +351,7 @@ def test_schedule_http_runs_against_the_per_app_state_without_a_defer(database_u
 
     from flask_defer import InvalidArgument
     from flask_defer.features import http_jobs
-    from flask_defer.operations.state import build_state
+    from flask_defer.operations.assembly import build_state
     from flask_defer.registry import Registry
 
     registry = Registry()

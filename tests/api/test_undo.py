@@ -619,3 +619,18 @@ def test_commit_clears_the_uncommitted_mark_for_every_new_app() -> None:
     finally:
         gc.unfreeze()
     assert stuck == 0
+
+
+def test_undoable_takes_the_scheduling_options_but_not_a_time_of_its_own(
+    mail: AppKit,
+) -> None:
+    job = mail.defer.undoable(
+        "send_email", owner="alice", queue="mail", priority=-5, key="message:1:send"
+    )
+    assert (job.queue, job.priority, job.key) == ("mail", -5, "message:1:send")
+    for option in ("run_at", "delay"):
+        with pytest.raises(InvalidArgument) as refused:
+            mail.defer.undoable("send_email", owner="alice", **{option: 10})  # type: ignore[misc]
+        assert refused.value.argument == option and "window" in str(refused.value)
+    with pytest.raises(TypeError, match="'queues'"):
+        mail.defer.undoable("send_email", owner="alice", queues="mail")  # type: ignore[call-arg]
