@@ -66,12 +66,20 @@ class JobNotPending(DeferError):
 
     job_id: int
     status: str
+    #: The status the call needed: ``pending``, or ``failed`` for ``retry()``.
+    expected: str
 
-    def __init__(self, job_id: int, status: str) -> None:
+    def __init__(self, job_id: int, status: str, expected: str = "pending") -> None:
+        why = (
+            "only a waiting job can be changed"
+            if expected == "pending"
+            else f"only a {expected} job can be retried"
+        )
         super().__init__(
-            f"job {job_id} is {status}, not pending; only a waiting job can be changed",
+            f"job {job_id} is {status}, not {expected}; {why}",
             job_id=job_id,
             status=status,
+            expected=expected,
         )
 
 

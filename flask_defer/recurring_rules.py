@@ -16,6 +16,7 @@ Pure Python (no Flask, no SQL), so every DST corner is tested by handing in time
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -113,6 +114,10 @@ class Plan:
     truncated: bool = False
 
 
+#: The longest interval of an ``every=`` rule.
+MAX_EVERY = timedelta(days=36_525)
+
+
 def make_rule(cron: Any, every: Any, tz: Any) -> Rule:
     """A validated :class:`Rule`; errors name the argument (``cron``, ``every``, ``tz``)."""
     if (cron is None) == (every is None):
@@ -135,9 +140,20 @@ def make_rule(cron: Any, every: Any, tz: Any) -> Rule:
         return Rule(cron=expr, every=None, tz=_zone_name(tz))
     if isinstance(every, bool) or not isinstance(every, timedelta | int | float):
         raise InvalidArgument("every", f"expected a timedelta or seconds, got {every!r}")
-    interval = every if isinstance(every, timedelta) else timedelta(seconds=every)
+    if isinstance(every, float) and not math.isfinite(every):
+        raise InvalidArgument("every", f"expected a finite number of seconds, got {every!r}")
+    try:
+        interval = every if isinstance(every, timedelta) else timedelta(seconds=every)
+    except OverflowError:
+        interval = MAX_EVERY * 2  # refused just below, with the same message
     if interval < timedelta(seconds=1):
         raise InvalidArgument("every", f"must be at least one second, got {every!r}")
+    if interval > MAX_EVERY:
+        # Its ticks would fall past the calendar's end (year 9999) or so far off that
+        # computing them overflows: a mistake, not a schedule.
+        raise InvalidArgument(
+            "every", f"must be at most {MAX_EVERY.days} days (100 years), got {every!r}"
+        )
     return Rule(cron=None, every=interval, tz=_zone_name(tz))
 
 

@@ -134,12 +134,16 @@ def payload_text(value: Any, argument: str, *, max_bytes: int | None = None) -> 
     except (TypeError, ValueError) as error:
         raise InvalidArgument(argument, f"must be JSON-serialisable: {error}") from None
     if max_bytes is not None and len(text) > max_bytes:
-        # ensure_ascii: one character of the text is one byte.
-        raise InvalidArgument(
-            argument,
-            f"{len(text)} bytes as JSON, more than DEFER_MAX_PAYLOAD_BYTES ({max_bytes}); "
-            "store the data in your own table and pass its id",
-        )
+        # The text escapes every non-ASCII character (é is "\u00e9": 6 bytes for 2), so
+        # it is never shorter than the UTF-8 JSON a database keeps; only past the limit
+        # is the real size worth computing.
+        size = len(json.dumps(value, ensure_ascii=False, allow_nan=False).encode())
+        if size > max_bytes:
+            raise InvalidArgument(
+                argument,
+                f"{size} bytes as JSON (UTF-8), more than DEFER_MAX_PAYLOAD_BYTES "
+                f"({max_bytes}); store the data in your own table and pass its id",
+            )
     # Both checks below walk the value, so they only run when the text says they may
     # find something: a payload needs at least that many brackets to be that deep.
     if text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH:

@@ -52,8 +52,8 @@ DEFAULTS: dict[str, Any] = {
     # Keep every state change of a job (who, when, which attempt, its error) in the
     # history table, pruned with its job. False: the jobs table alone.
     "DEFER_HISTORY": True,
-    # Longest payload a job may carry, in bytes of its JSON text (a batch item too);
-    # a larger one is refused with InvalidArgument before anything is written.
+    # Longest payload a job may carry, in bytes of its JSON text in UTF-8 (a batch item
+    # too); a larger one is refused with InvalidArgument before anything is written.
     "DEFER_MAX_PAYLOAD_BYTES": 1_000_000,
     # Refuse a run_at whose local time a DST change makes ambiguous or skips, instead
     # of reading it with Python's fold=0 rule (see "Time" in docs/api.md).

@@ -248,7 +248,9 @@ class Executor:
                 job, log, error, None, clock, actor, final=True, batch=batch
             )
         if isinstance(error, Exception):
-            delay = error.delay if isinstance(error, RetryAfter) else None
+            # A handler's RetryAfter is held to DEFER_RETRY_CAP too: it is the longest
+            # wait between attempts, whoever asks for it.
+            delay = min(error.delay, self.policy.cap) if isinstance(error, RetryAfter) else None
             return self._failed_attempt(job, log, error, delay, clock, actor, batch=batch)
         # SystemExit, KeyboardInterrupt...: recorded like any failure. Left unrecorded,
         # the job would sit running for a lease, run again and end as "lease lapsed"

@@ -254,9 +254,15 @@ class CoreMethods(FacadeBase):
         """Every state change of job *job_id*, oldest first: what, when, who, which attempt.
 
         Written in the same transaction as each change, so it never disagrees with the
-        row; pruned with its job. Empty for an unknown id or with ``DEFER_HISTORY = False``.
+        row; pruned with its job. Empty for an unknown id (any integer no job has,
+        0 and negative ones included, as ``get`` answers None for them) or with
+        ``DEFER_HISTORY = False``; an id that is not an integer is
+        :class:`InvalidArgument`.
         """
-        checked, _ = identity(job_id, None)
+        try:
+            checked, _ = identity(job_id, None)
+        except JobNotFound:
+            return []  # an id no row can have (≤ 0 or past 64 bits): unknown, like any
         assert checked is not None
         return reads.history(self._state(), checked)
 

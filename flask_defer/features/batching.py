@@ -37,6 +37,7 @@ producer never waits for a batch row while holding one the worker's claim waits 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -58,6 +59,10 @@ MAX_SLOTS = 32
 
 #: Longest batch key: the job key adds a slot or "#full-<id>" suffix.
 MAX_KEY_CHARS = 230
+
+#: The suffixes batching writes after a key (slots, full and due batches): a caller's
+#: key may not end like one of them.
+RESERVED_SUFFIX = re.compile(r"#(?:full-|due-)?[0-9]+\Z")
 
 BatchMode = Literal["window", "debounce"]
 
@@ -111,6 +116,11 @@ def batch(
         # Room for a suffix ("#2", "#full-<id>") within the 255 characters of the column.
         raise InvalidArgument("key", f"at most {MAX_KEY_CHARS} characters, got {len(key)}")
     storable_text(key, "key")
+    if RESERVED_SUFFIX.search(key):
+        # "a#2" would land in key "a"'s second slot, inside a's batch.
+        raise InvalidArgument(
+            "key", f"{key!r} ends like a batch slot (#<n>, #full-<n>, #due-<n>), reserved"
+        )
     item_json = payload_text(item, "item", max_bytes=state.config.max_payload_bytes)
     window = as_duration(window, "window")
     if max_items is not None and (

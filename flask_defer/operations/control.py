@@ -268,12 +268,11 @@ def retry(
     checked, _ = identity(job_id, None)
     assert checked is not None
     commit = checked_commit(commit)
-    # No uncommitted-jobs check here: 0.1.0 never made one for retry().
-    with state.transactions.control("retry", commit=commit, guard=False) as conn:
+    with state.transactions.control("retry", commit=commit) as conn:
         job = state.store.retry_failed(conn, checked, now=utcnow(), actor=actor)
         if job is None:
             existing = refused(state, conn, checked, None)
-            raise JobNotPending(existing.id, existing.status.value)
+            raise JobNotPending(existing.id, existing.status.value, expected="failed")
     return job
 
 

@@ -150,17 +150,13 @@ class Transactions:
         with self.joined(writes=True) as conn:
             yield conn
 
-    def control(
-        self, operation: str, *, commit: bool, guard: bool = True
-    ) -> AbstractContextManager[Connection]:
+    def control(self, operation: str, *, commit: bool) -> AbstractContextManager[Connection]:
         """Where a control call decides its race: its own transaction, committed on exit
-        (``commit=True``), or the caller's (``commit=False``, see :meth:`caller`).
-
-        ``guard=False`` skips the "uncommitted jobs" check of an own transaction.
-        """
+        (``commit=True``, refused while the session holds uncommitted jobs), or the
+        caller's (``commit=False``, see :meth:`caller`)."""
         if not commit:
             return self.caller(operation)
-        return self.own(operation if guard else None)
+        return self.own(operation)
 
     def hooked(self, operation: str, *, commit: bool) -> AbstractContextManager[Connection]:
         """Like :meth:`control`, but on ``db.session`` itself, where app hooks write.

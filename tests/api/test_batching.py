@@ -482,3 +482,18 @@ def test_batching_runs_against_the_per_app_state_without_a_defer(database_url: s
     finally:
         state.store.table.drop(state.store.engine)
         state.store.engine.dispose()
+
+
+@pytest.mark.parametrize("key", ["a#2", "a#full-17", "a#due-3", "#1"])
+def test_a_key_ending_like_a_batch_slot_is_refused(
+    kit: AppKit, digests: list[Job], key: str
+) -> None:
+    # While key "a" has a batch in its second slot, "a#2" would land inside it.
+    with pytest.raises(InvalidArgument) as refused:
+        add(kit, {"n": 1}, at(0), key=key)
+    assert refused.value.argument == "key" and "reserved" in str(refused.value)
+
+
+def test_keys_with_a_hash_elsewhere_are_fine(kit: AppKit, digests: list[Job]) -> None:
+    for key in ("a#b", "a#2b", "a#full", "issue#12:comments"):
+        assert add(kit, {"n": 1}, at(0), key=key).opened

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect as pyinspect
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import inspect, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from flask_defer import (
@@ -373,6 +375,53 @@ def test_cancel_while_the_session_holds_uncommitted_jobs_says_commit_first(
         kit.defer.cancel(job.id)
     kit.db.session.commit()
     assert kit.defer.cancel(job.id) is True
+
+
+def test_retry_while_the_session_holds_uncommitted_jobs_says_commit_first(
+    kit: AppKit, ran: list[Job]
+) -> None:
+    @kit.defer.job("broken", max_attempts=1)
+    def broken(job: Job) -> None:
+        raise RuntimeError("down")
+
+    failed = kit.defer.schedule("broken")
+    kit.db.session.commit()
+    kit.defer.run_due()
+    kit.defer.schedule("send_email", delay=60)  # not committed yet
+    began = time.monotonic()
+    with pytest.raises(NotConfigured, match=r"db.session.commit\(\) first"):
+        kit.defer.retry(failed.id)
+    assert time.monotonic() - began < 1
+    kit.db.session.rollback()
+    job = kit.defer.get(failed.id)
+    assert job is not None and job.status is JobStatus.FAILED  # nothing committed alone
+
+
+def test_retry_of_a_job_that_is_not_failed_says_so(kit: AppKit, ran: list[Job]) -> None:
+    job = kit.defer.schedule("send_email", delay=60)
+    kit.db.session.commit()
+    with pytest.raises(JobNotPending, match=f"job {job.id} is pending, not failed"):
+        kit.defer.retry(job.id)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_control_call_after_an_uncommitted_app_write_fails_at_once_saying_why(
+    kit: AppKit, ran: list[Job]
+) -> None:
+    """On SQLite an uncommitted write of the app holds the database's one write lock: a
+    call with a transaction of its own would wait for its own thread; it says so."""
+    job = kit.defer.schedule("send_email", delay=60)
+    kit.db.session.commit()
+    kit.db.session.execute(text("CREATE TABLE IF NOT EXISTS notes (n INTEGER)"))
+    kit.db.session.execute(text("INSERT INTO notes VALUES (1)"))  # not committed
+    began = time.monotonic()
+    with pytest.raises(OperationalError, match="commit=False"):
+        kit.defer.cancel(job.id)
+    assert time.monotonic() - began < 1  # not the 10 s busy timeout
+    assert kit.defer.cancel(job.id, commit=False) is True  # joining it works
+    kit.db.session.commit()
+    cancelled = kit.defer.get(job.id)
+    assert cancelled is not None and cancelled.status is JobStatus.CANCELLED
 
 
 def test_cancel_many_reports_cancelled_and_in_flight(kit: AppKit) -> None:

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from flask_defer import Job, JobStatus
+from flask_defer import Job, JobStatus, RetryAfter
 from flask_defer.engine.execution import error_summary
 
 from ..conftest import AppKit
@@ -282,3 +282,21 @@ def test_a_failed_attempt_logs_the_exception_type(
         kit.defer.run_due(now=later())
     failed = [r.getMessage() for r in caplog.records if "attempt 1 failed" in r.getMessage()]
     assert len(failed) == 1 and failed[0].endswith(": KeyError: 'message_id'")
+
+
+def test_retry_after_is_held_to_the_retry_cap(make_app: Any) -> None:
+    kit = make_app(DEFER_RETRY_CAP=timedelta(minutes=5))
+
+    @kit.defer.job("poll")
+    def poll(job: Job) -> None:
+        raise RetryAfter(timedelta(days=2), "come back the day after tomorrow")
+
+    with kit.app.app_context():
+        kit.db.create_all()
+        job = kit.defer.schedule("poll")
+        kit.db.session.commit()
+        now = datetime.now(UTC)
+        kit.defer.run_due(now=now)
+        retried = kit.defer.get(job.id)
+    assert retried is not None and retried.status is JobStatus.PENDING
+    assert retried.run_at <= now + timedelta(minutes=5, seconds=1)

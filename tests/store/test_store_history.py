@@ -477,3 +477,10 @@ def test_bulk_cancel_records_one_event_per_job(
             "cancelled",
             "ops",
         )
+
+
+def test_the_history_of_an_id_no_job_has_is_empty_whatever_the_id(kit: AppKit) -> None:
+    for unknown in (0, -1, 12345, 2**63):
+        assert kit.defer.history(unknown) == []
+    with pytest.raises(InvalidArgument):
+        kit.defer.history("12")  # type: ignore[arg-type]

@@ -125,3 +125,21 @@ def test_make_rule_refuses_bad_rules_naming_the_argument(
     with pytest.raises(InvalidArgument) as raised:
         make_rule(cron, every, tz)
     assert raised.value.argument == argument
+
+
+@pytest.mark.parametrize(
+    "every",
+    [float("nan"), float("inf"), float("-inf"), 1e30, -5, 0.5,
+     timedelta(days=365 * 9000), timedelta.max, timedelta(days=36_526)],
+    ids=repr,
+)  # fmt: skip
+def test_an_interval_that_could_never_tick_is_refused_naming_every(every: object) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        make_rule(None, every, "UTC")
+    assert refused.value.argument == "every"
+
+
+def test_the_longest_interval_allowed_still_computes_its_ticks() -> None:
+    rule = make_rule(None, timedelta(days=36_525), "UTC")
+    now = datetime(2026, 12, 5, tzinfo=UTC)
+    assert rule.previous_before(now) <= now < rule.next_after(now)

@@ -119,6 +119,24 @@ def test_payloads_over_the_size_limit_are_refused(make_app: Any) -> None:
         assert rows(kit) == 1
 
 
+def test_the_size_limit_counts_utf8_bytes_not_json_escapes(make_app: Any) -> None:
+    kit: AppKit = make_app(DEFER_MAX_PAYLOAD_BYTES=1000)
+
+    @kit.defer.job("send_email")
+    def send_email(job: Job) -> None:
+        pass
+
+    with kit.app.app_context():
+        kit.db.create_all()
+        # 300 "é" are 600 bytes of UTF-8 (1,800 as \u00e9 escapes): within the limit.
+        job = kit.defer.schedule("send_email", {"body": "é" * 300})
+        kit.db.session.commit()
+        stored = kit.defer.get(job.id)
+        assert stored is not None and stored.payload == {"body": "é" * 300}
+        with pytest.raises(InvalidArgument, match=r"1\d{3} bytes as JSON \(UTF-8\)"):
+            kit.defer.schedule("send_email", {"body": "é" * 600})
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 1e300, 10**30])
 def test_bad_numbers_for_durations_are_refused_by_name(handlers: AppKit, value: Any) -> None:
     defer = handlers.defer

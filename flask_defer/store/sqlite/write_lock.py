@@ -59,6 +59,13 @@ STALE_CHECK = 0.01
 STALE_GRACE = 0.2
 
 _BEGIN = "BEGIN IMMEDIATE"
+#: Why a thread's second write transaction is refused while its first is open.
+SELF_WAIT = (
+    "database is locked by this same thread: it holds SQLite's write lock in another "
+    "open transaction (an uncommitted db.session write?), and waiting here would wait "
+    "for itself. Commit or roll back that transaction first, or pass commit=False to "
+    "make the change in it"
+)
 #: Where :func:`begin_write` keeps a connection's busy timeout (its pool record's info).
 _BUSY_MS = "flask_defer.busy_timeout_ms"
 
@@ -126,6 +133,8 @@ class WriteLock:
         self._holder: sqlite3.Connection | None = None
         #: When the holder was first seen out of its transaction (see STALE_GRACE).
         self._finished_since: float | None = None
+        #: The thread that took the turn for the holder.
+        self._holder_thread: int | None = None
 
     def begin(self, dbapi: sqlite3.Connection, busy_ms: int | None = None) -> None:
         """``BEGIN IMMEDIATE`` on *dbapi*, waiting in turn for the lock.
@@ -135,7 +144,20 @@ class WriteLock:
         would. Any other error (a stale read snapshot, which no wait can cure) is
         raised at once. On success the turn stays with *dbapi* until its transaction
         ends (:meth:`ended`).
+
+        A thread that already holds the turn on another connection of its own, in an
+        open transaction, would wait for itself: that is refused at once, saying so
+        (an uncommitted ``db.session`` write followed by a call that opens a
+        transaction of its own), rather than after the busy timeout.
         """
+        holder = self._holder
+        if (
+            holder is not None
+            and holder is not dbapi
+            and self._holder_thread == threading.get_ident()
+            and _in_transaction(holder)
+        ):
+            raise sqlite3.OperationalError(SELF_WAIT)
         if busy_ms is None:
             (busy_ms,) = dbapi.execute("PRAGMA busy_timeout").fetchone()
         deadline = time.monotonic() + busy_ms / 1000
@@ -165,6 +187,7 @@ class WriteLock:
             dbapi.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
         with self._mutex:
             self._holder = dbapi
+            self._holder_thread = threading.get_ident()
             self._finished_since = None
         _holding[id(dbapi)] = self
 
