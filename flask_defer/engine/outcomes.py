@@ -46,6 +46,9 @@ class RunSummary:
     counts: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
     #: True when ``run_due`` stopped claiming at its ``max_seconds``: more may be due.
     out_of_time: bool = False
+    #: A burst run's end: due jobs it left, held by something outside it (a paused
+    #: queue or name, a concurrency key another worker holds).
+    left: int = 0
 
     def add(self, outcome: Outcome) -> None:
         self.ran += 1
@@ -59,7 +62,7 @@ class RunSummary:
         raise AttributeError(name)
 
     def copy(self) -> RunSummary:
-        return RunSummary(self.ran, dict(self.counts), self.out_of_time)
+        return RunSummary(self.ran, dict(self.counts), self.out_of_time, self.left)
 
     def since(self, earlier: RunSummary) -> RunSummary:
         """What ran after *earlier* (a copy of this summary taken then)."""
@@ -69,7 +72,10 @@ class RunSummary:
     def text(self) -> str:
         """``ran 12 job(s) (done 10, retried 2)``, for the log."""
         parts = [f"{name} {n}" for name, n in self.counts.items() if n]
-        return f"ran {self.ran} job(s)" + (f" ({', '.join(parts)})" if parts else "")
+        text = f"ran {self.ran} job(s)" + (f" ({', '.join(parts)})" if parts else "")
+        if self.left:
+            text += f"; left {self.left} due job(s) held by a pause or another worker's keys"
+        return text
 
     def as_dict(self) -> dict[str, int]:
         return {"ran": self.ran, **self.counts}

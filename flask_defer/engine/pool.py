@@ -38,7 +38,8 @@ class Task:
     job: Job
     timeout: float | None
     started_at: float = 0.0  # time.monotonic() when a thread began the handler
-    state: str = "queued"  # queued → running → finished | abandoned; or queued → withdrawn
+    # queued → running → finished | abandoned | overrun; or queued → withdrawn
+    state: str = "queued"
     thread: _PoolThread | None = field(default=None, repr=False)
 
     @property
@@ -64,6 +65,10 @@ class _PoolThread(threading.Thread):
             run(task, self)
 
 
+#: What the timeout warning adds for a keyed job (see :meth:`HandlerPool.expire`).
+HELD = " (its concurrency key stays held until the thread ends)"
+
+
 class HandlerPool:
     """Runs claimed jobs on ``size`` threads, with per-job timeouts.
 
@@ -81,6 +86,7 @@ class HandlerPool:
         run: Callable[[Job], Outcome | PendingAck],
         on_done: Callable[[Outcome | PendingAck, bool], None],
         on_free: Callable[[], None] = lambda: None,
+        on_overrun_end: Callable[[Task], None] = lambda task: None,
     ) -> None:
         if size < 1:
             raise ValueError("a handler pool needs at least one thread")
@@ -88,6 +94,9 @@ class HandlerPool:
         self._execute = run
         self._on_done = on_done
         self._on_free = on_free
+        self._on_overrun_end = on_overrun_end
+        #: Keyed jobs past their timeout whose threads still run (see :meth:`expire`).
+        self._overrun: set[Task] = set()
         self._queue: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -114,9 +123,10 @@ class HandlerPool:
         return bool(self._tasks)
 
     def in_flight(self) -> list[Job]:
-        """Claimed jobs whose outcome is not recorded yet: what the heartbeat renews."""
+        """Claimed jobs whose outcome is not recorded yet: what the heartbeat renews
+        (keyed jobs past their timeout included: their threads still run)."""
         with self._lock:
-            return [task.job for task in self._tasks]
+            return [task.job for task in self._tasks | self._overrun]
 
     def submit(self, job: Job, timeout: float | None) -> None:
         """Hand *job* to a thread; the caller claimed at most :meth:`free` jobs."""
@@ -136,27 +146,40 @@ class HandlerPool:
 
         The caller records each as a failed attempt. Each abandoned thread is replaced
         so the pool keeps ``size`` working threads.
+
+        A job with a ``concurrency_key`` is not returned: its abandoned thread still
+        runs the handler, so the job stays ``running`` (its lease renewed, its key's
+        slot held) until that thread ends, and *on_overrun_end* then records the
+        timeout. Otherwise another job of the key would start beside a handler that
+        has not stopped, over the key's limit.
         """
         at = time.monotonic() if now is None else now
         expired: list[Task] = []
+        overrun: list[Task] = []
         with self._lock:
             for task in list(self._tasks):
                 deadline = task.deadline
                 if deadline is not None and deadline <= at:
-                    task.state = "abandoned"
+                    keyed = task.job.concurrency_key is not None
+                    task.state = "overrun" if keyed else "abandoned"
                     self._tasks.discard(task)
                     assert task.thread is not None
                     task.thread.abandoned = True
                     self.abandoned_threads += 1
-                    expired.append(task)
+                    if keyed:
+                        self._overrun.add(task)
+                        overrun.append(task)
+                    else:
+                        expired.append(task)
             if not self._tasks:
                 self._idle.notify_all()
-        for task in expired:
+        for task in expired + overrun:
             self._threads = [t for t in self._threads if t is not task.thread]
             self._spawn()
             JobLog(logger, {"job": task.job}).warning(
-                "handler exceeded its timeout of %g s; its thread is abandoned",
+                "handler exceeded its timeout of %g s; its thread is abandoned%s",
                 task.timeout or 0.0,
+                HELD if task in overrun else "",
             )
         return expired
 
@@ -224,6 +247,13 @@ class HandlerPool:
             if was_ours:
                 task.state = "finished"  # no longer expires nor withdraws
                 self.run_time += (time.monotonic() - task.started_at - self.run_time) / 8
+            overran = task in self._overrun
+            self._overrun.discard(task)
+        if overran:
+            # Its timeout is recorded now that its thread ended (its own late outcome is
+            # not: the attempt had timed out).
+            self._on_overrun_end(task)
+            return
         try:
             if was_ours or isinstance(outcome, PendingAck):
                 self._on_done(outcome, was_ours)

@@ -29,7 +29,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -47,7 +47,7 @@ from .leases import LeaseHeartbeat
 from .leases import brief as _brief
 from .maintenance import Maintenance
 from .outcomes import ProgressLog
-from .pool import HandlerPool, warn_if_connections_short
+from .pool import HandlerPool, Task, warn_if_connections_short
 from .runner import Runner
 from .stopping import release, wait_for_handlers
 from .ticks import RecurringTicks, TickTimer
@@ -100,17 +100,17 @@ class Worker:
             lambda job: self.runner.execute(job, self.clock, batch=True),
             self._finished,
             self._thread_freed,
+            self._overrun_ended,
         )
         # Coroutine handlers: tasks of one event loop, started on the first such job.
         self.coroutines = CoroutineRunner(
             options.async_concurrency, self._finished, self._thread_freed
         )
         # Handlers' outcomes, written in batches on the flusher's own thread.
-        self._acks = AckFlusher(
-            lambda batch: self.runner.flush(batch, self.clock),
-            self._count,
-            options.ack_flush.total_seconds(),
-        )
+        self._acks = AckFlusher(self._flush, self._count, options.ack_flush.total_seconds())
+        # Ids of the keyed jobs (a concurrency_key) this worker started and has not
+        # acknowledged yet: their acknowledgement frees a slot of their key.
+        self._keyed: dict[int, str] = {}
         # While the last claim found a full batch, claim again only once half the pool
         # is free: the claim's round trip then overlaps the other half's handlers.
         self._backlog = False
@@ -236,16 +236,37 @@ class Worker:
             waits.append(deadline - time.monotonic())
         if not opts.burst:
             waits.append(self.maintenance.next_due() - time.monotonic())
-        elif (
-            not claimed
-            and not self._busy()
-            and (next_run_at is None or next_run_at > now)
-        ):
-            return None
+        elif not claimed and not self._busy():
+            if not self._acks.idle():
+                # Outcomes not written yet may free a concurrency key's slot: a burst
+                # run ends only once they are written and nothing it could run is left.
+                waits.append(opts.ack_flush.total_seconds())
+            elif next_run_at is None or next_run_at > now:
+                self.summary.left = self.store.count_due(now=now, queues=opts.queues)
+                if self.summary.left:
+                    logger.info(
+                        "burst run ends with %d due job(s) left: held by a paused queue "
+                        "or name, or by a concurrency key another worker holds",
+                        self.summary.left,
+                    )
+                return None
         return max(min(waits), 0.0 if claimed else MIN_SLEEP)
+
+    def _flush(self, batch: Sequence[PendingAck]) -> list[Outcome]:
+        """Write a batch of outcomes; a keyed one freed a slot of its key, so the loop
+        (and, where the database wakes them, other workers) claims again at once
+        rather than at the next poll."""
+        outcomes = self.runner.flush(batch, self.clock)
+        freed = {self._keyed.pop(p.ack.job_id, None) for p in batch} - {None}
+        if freed:
+            self.waker.wake()
+            self.store.wake_workers({queue for queue in freed if queue is not None})
+        return outcomes
 
     def _start(self, job: Job) -> None:
         """Hand a claimed job to a thread, or a coroutine handler's to the event loop."""
+        if job.concurrency_key is not None:
+            self._keyed[job.id] = job.queue
         timeout = self._timeout_for(job.name)
         spec = self.registry.get(job.name)
         if spec is not None and spec.is_async:
@@ -306,6 +327,25 @@ class Worker:
                 )
                 continue
             self._count(outcome)
+
+    def _overrun_ended(self, task: Task) -> None:
+        """A keyed job's handler that overran its timeout has ended (on its thread):
+        record the timeout now, which frees its key's slot."""
+        try:
+            outcome = self.executor.time_out(
+                task.job, task.timeout or 0.0, self.clock, actor=self.actor
+            )
+        except SQLAlchemyError as error:
+            JobLog(logger, {"job": task.job}).warning(
+                "could not record the timeout (%s); the job returns to pending "
+                "when its lease lapses",
+                _brief(error),
+            )
+            return
+        self._count(outcome)
+        self._keyed.pop(task.job.id, None)
+        self.waker.wake()
+        self.store.wake_workers({task.job.queue})
 
     def _timeout_for(self, name: str) -> float | None:
         spec = self.registry.get(name)

@@ -124,17 +124,27 @@ def due_ids_sql(
 
 def keyed_ids_sql(
     tables: ClaimTables, *, queues: bool, limit: int | None = None, array: bool = False
-) -> str:
-    """``SELECT id ...``: due keyed jobs that fit under their key's limit, up to ``:limit``
-    (or *limit*).
+) -> tuple[str, str]:
+    """``(ctes, select)``: due keyed jobs that fit under their key's limit, up to
+    ``:limit`` (or *limit*), none less urgent than the most urgent due unkeyed job.
 
     Each key's due jobs are numbered in claim order; a job fits when its number plus the
     key's running jobs is within its ``concurrency_limit``. Reads every due keyed row,
     so its cost grows with the keyed backlog (see the module's docstring); the caller
-    serialises it per table, so two claims never both fill a key's last slot.
+    serialises it per table, so two claims never both fill a key's last slot. Keyed
+    jobs of a lower priority than a due unkeyed one wait for it (the claim goes on
+    with the unkeyed level), so priority orders every due job, keyed or not; the
+    unkeyed level is found with the same loose scan as :func:`due_ids_sql`'s.
+    ``ctes`` go after ``WITH RECURSIVE``.
     """
     t, hint = tables.jobs, tables.keyed_hint
-    return (
+    unkeyed_where = f"{UNKEYED} AND run_at <= :now{claimable(tables, queues=queues, array=array)}"
+    level = (
+        f"level AS (SELECT p FROM levels WHERE p IS NOT NULL AND (SELECT 1 FROM"
+        f" {t}{tables.unkeyed_hint} WHERE {unkeyed_where} AND priority = levels.p"
+        " ORDER BY priority, run_at LIMIT 1) IS NOT NULL LIMIT 1)"
+    )
+    select = (
         "SELECT c.id FROM (SELECT id, concurrency_key, concurrency_limit, priority, run_at,"
         " row_number() OVER (PARTITION BY concurrency_key ORDER BY priority, run_at, id)"
         f" AS n FROM {t}{hint} WHERE {KEYED} AND run_at <= :now"
@@ -142,8 +152,10 @@ def keyed_ids_sql(
         f" LEFT JOIN (SELECT concurrency_key, count(*) AS n FROM {t} WHERE {KEYED_RUNNING}"
         " GROUP BY concurrency_key) AS busy ON busy.concurrency_key = c.concurrency_key"
         " WHERE c.n + coalesce(busy.n, 0) <= coalesce(c.concurrency_limit, 1)"
+        " AND c.priority <= coalesce((SELECT p FROM level), c.priority)"
         f" ORDER BY c.priority, c.run_at, c.id {limit_sql(limit)}"
     )
+    return f"{_levels(tables)}, {level}", select
 
 
 def next_unkeyed_sql(tables: ClaimTables, *, queues: bool) -> str:

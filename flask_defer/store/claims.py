@@ -27,7 +27,7 @@ from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BindParameter, Connection, Integer, bindparam, column, text
+from sqlalchemy import BindParameter, Connection, Integer, bindparam, column, func, select, text
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job
@@ -255,3 +255,25 @@ class ClaimStatements(HistoryStatements):
         if not acks:
             return set()
         return self.driver.acknowledge_many(acks, now, actor)
+
+    def count_due(self, *, now: datetime, queues: Collection[str] | None = None) -> int:
+        """How many pending jobs are due at *now* (in *queues*), whatever holds them back.
+
+        What a burst run reports it left: due jobs it could not claim (a paused queue or
+        name, a concurrency key at its limit elsewhere). Reads the pending index.
+        """
+        t = self.table
+        conditions = [self._is_pending(), t.c.run_at <= now]
+        if queues:
+            conditions.append(t.c.queue.in_(list(queues)))
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).where(*conditions)).scalar_one())
+
+    def wake_workers(self, queues: Collection[str]) -> None:
+        """Wake the workers listening for *queues* now (where the database can: NOTIFY),
+        outside any transaction: a freed concurrency slot is news to them at once."""
+        if not self.driver.notifies or not queues:
+            return
+        with self.autocommit() as conn:
+            for queue in sorted(queues):
+                self.notify(conn, queue)

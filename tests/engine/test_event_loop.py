@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import pytest
 from flask import current_app
@@ -100,6 +101,28 @@ def test_run_due_awaits_a_coroutine_handler_on_a_loop_of_its_own(make_kit: MakeK
     job = kit.defer.schedule("async_add", {"a": 41})
     kit.db.session.commit()
     summary = kit.defer.run_due()
+    assert summary.done == 1 and load(kit, job.id).result == 42
+
+
+def test_run_due_from_a_thread_that_runs_an_event_loop_still_awaits_the_handler(
+    make_kit: MakeKit,
+) -> None:
+    """run_due called from async code (or under Playwright's sync API, a notebook): the
+    thread's loop is running, so the handler runs on a loop of its own beside it."""
+    kit = make_kit()
+
+    @kit.defer.job("async_add")
+    async def async_add(job: Job) -> int:
+        await asyncio.sleep(0)
+        return int(job.payload["a"]) + 1
+
+    job = kit.defer.schedule("async_add", {"a": 41})
+    kit.db.session.commit()
+
+    async def from_async_code() -> Any:
+        return kit.defer.run_due()
+
+    summary = asyncio.run(from_async_code())
     assert summary.done == 1 and load(kit, job.id).result == 42
 
 

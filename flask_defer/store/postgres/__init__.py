@@ -348,8 +348,7 @@ class PostgresDriver:
             " lease_expires_at = %(lease_until)s, updated_at = %(now)s"
         )
         if kind == "keyed":
-            ctes = ""
-            ids = keyed_ids_sql(tables, queues=queues, limit=limit, array=True)
+            ctes, ids = keyed_ids_sql(tables, queues=queues, limit=limit, array=True)
             ids = (
                 f"SELECT id FROM {tables.jobs} WHERE id IN ({ids}) AND {KEYED}"
                 " FOR UPDATE SKIP LOCKED"

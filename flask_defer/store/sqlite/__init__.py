@@ -364,7 +364,7 @@ class SqliteDriver:
         # a table grown by revisions has its columns in another order than a new one.
         columns = ", ".join(quote(c.name) for c in table.c)
         if kind == "keyed":
-            ctes, ids = "", keyed_ids_sql(tables, queues=queues)
+            ctes, ids = keyed_ids_sql(tables, queues=queues)
         else:
             ctes, ids = due_ids_sql(tables, queues=queues, lock=False)
         sets = (
