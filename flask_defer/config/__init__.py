@@ -5,6 +5,10 @@ the code reads the resulting :class:`DeferConfig` and never ``current_app.config
 Durations accept a ``timedelta`` or seconds and are normalised here. The policies the
 engine runs by (retry backoff, maintenance, worker options) are derived from the
 config here too, in one place, so no engine module reads a ``DEFER_*`` name.
+
+Over 400 lines because it is one table: every setting, its default, the comment the
+configuration page is rendered from, and its check, side by side (the scheduled-HTTP
+settings' own checks are :mod:`.http`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ DEFAULTS: dict[str, Any] = {
     # Where jobs live when Defer is given no Flask-SQLAlchemy ``db`` (None: a SQLite
     # file ``defer.sqlite3`` in the app's instance folder).
     "DEFER_DATABASE_URI": None,
+    # PostgreSQL behind a transaction-mode pooler (PgBouncer, Supavisor, Neon's pooled
+    # URL): a direct connection's URL for the worker's LISTEN, which a pooler cannot
+    # carry (None: the app's own URL).
+    "DEFER_LISTEN_DATABASE_URI": None,
     # Attempts before a failing job becomes a dead letter (handlers may override).
     "DEFER_MAX_ATTEMPTS": 5,
     # Exponential backoff: first retry after about this long, doubling up to the cap.
@@ -148,6 +156,7 @@ class DeferConfig:
     """The app's flask_defer settings, read once at ``init_app``."""
 
     database_uri: str | None
+    listen_database_uri: str | None
     max_attempts: int
     retry_base: timedelta
     retry_cap: timedelta
@@ -345,6 +354,11 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         # attempts are 32-bit integer columns; nothing else here needs more.
         _check_int(config, name, 1, 2**31 - 1)
     _check_bool(config, "DEFER_STRICT_LOCAL_TIMES")
+    listen = config["DEFER_LISTEN_DATABASE_URI"]
+    if listen is not None and (not isinstance(listen, str) or not listen.strip()):
+        raise InvalidArgument(
+            "DEFER_LISTEN_DATABASE_URI", f"expected a database URL or None, got {listen!r}"
+        )
     _check_int(config, "DEFER_TOAST_LIMIT", 1, 100)
     # -- helpers --
     values["http_allowed_hosts"] = _allowed_hosts(config["DEFER_HTTP_ALLOWED_HOSTS"])

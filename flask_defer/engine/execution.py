@@ -8,11 +8,10 @@ app's session, for ``atomic=True`` handlers), and a clock.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,6 +23,7 @@ from ..config import RetryPolicy
 from ..jobs import Fail, Job, JobStatus, NotYet, RetryAfter
 from ..registry import Registry
 from ..store import UNKNOWN_HANDLER_NOTE, Ack, JobStore
+from .coroutines import run_coroutine
 from .outcomes import (
     JobLog,
     Outcome,
@@ -136,7 +136,7 @@ class Executor:
                 if spec.is_async:
                     # run_due and other synchronous callers: the coroutine on a loop of
                     # its own (the worker runs coroutine handlers on its event loop).
-                    result = storable(_run_coroutine(spec.func(job)))
+                    result = storable(run_coroutine(spec.func(job)))
                 else:
                     result = storable(spec.func(job))
                 note = self._uncommitted_note(log)
@@ -377,40 +377,3 @@ class Executor:
     def _lost(log: JobLog) -> Outcome:
         log.warning("lease lapsed before acknowledgement; outcome discarded")
         return Outcome.LOST
-
-
-def _run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    """Run a coroutine handler to completion from synchronous code, on a loop of its own.
-
-    When this thread already runs an event loop (``run_due`` called from async code, a
-    notebook, Playwright's sync API), a second loop cannot run in it: the coroutine then
-    runs on a loop of its own in a helper thread, with this thread's context (the app
-    context) copied, and this thread waits for it.
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return _on_a_new_loop(coroutine)
-    answer: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            answer["value"] = _on_a_new_loop(coroutine)
-        except BaseException as error:  # noqa: BLE001 - raised again in the caller
-            answer["error"] = error
-
-    context = contextvars.copy_context()
-    helper = threading.Thread(target=context.run, args=(run,), name="flask-defer-run-due-loop")
-    helper.start()
-    helper.join()
-    if "error" in answer:
-        raise answer["error"]
-    return answer["value"]
-
-
-def _on_a_new_loop(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coroutine)
-    finally:
-        loop.close()

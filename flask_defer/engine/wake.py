@@ -14,6 +14,14 @@ sleep early:
 Notifications are an optimisation and the timed wake is the floor: if the LISTEN
 connection drops (server restart), the waker says so (:attr:`Waker.listening` is False,
 so the worker polls every ``DEFER_POLL_INTERVAL``) and reconnects with a backoff.
+
+A LISTEN can also open and hear nothing: behind a transaction-mode pooler (PgBouncer,
+Supavisor, Neon's pooled URL) the server connection that listens is handed to other
+clients after each transaction. So every time it opens, the waker sends itself a
+notification through the app's own engine (*probe*) and counts as listening only once
+that arrives; until then, and for good if it does not arrive within
+:data:`PROBE_TIMEOUT`, the worker polls, and a warning names
+``DEFER_LISTEN_DATABASE_URI`` (a direct connection for the LISTEN).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import logging
 import selectors
 import socket
 import time
+import uuid
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -30,6 +39,10 @@ logger = logging.getLogger("flask_defer.worker")
 
 #: Longest wait between two attempts to re-open a dropped LISTEN connection.
 MAX_RECONNECT_DELAY = 5.0
+#: How long a new LISTEN has to hear its own test notification before it counts as deaf.
+PROBE_TIMEOUT = 1.0
+#: The PostgreSQL channel of that test notification (``store.records.PROBE_CHANNEL``).
+PROBE_CHANNEL = "flask_defer_probe"
 
 
 class Wake(enum.Enum):
@@ -54,6 +67,8 @@ class Waker:
         open_listener: Callable[[], Any] | None = None,
         *,
         queues: Collection[str] | None = None,
+        probe: Callable[[str], None] | None = None,
+        probe_timeout: float = PROBE_TIMEOUT,
     ) -> None:
         self._reader: socket.socket | None = None
         self._writer: socket.socket | None = None
@@ -68,6 +83,14 @@ class Waker:
         self._reconnect_delay = 0.1
         self._ever_listened = False
         self.notifications = 0
+        # The LISTEN self-test: the token sent, whether it came back, and when to give up.
+        self._probe = probe
+        self._probe_timeout = probe_timeout
+        self._probe_token: str | None = None
+        self._probe_deadline = 0.0
+        self._heard = probe is None
+        #: True once a LISTEN opened and did not hear its own test notification in time.
+        self.deaf = False
         # Set by wake() until the loop takes the wake: one syscall per wake-up, not per
         # finished handler. Cleared before the socket is drained, and a wait that finds
         # it set returns at once, so a wake is never lost between the two.
@@ -75,8 +98,9 @@ class Waker:
 
     @property
     def listening(self) -> bool:
-        """True while a LISTEN connection is up (so polling is unnecessary)."""
-        return self._listener is not None
+        """True while a LISTEN connection is up and has heard its own test notification
+        (so polling is unnecessary)."""
+        return self._listener is not None and self._heard
 
     def start(self) -> None:
         """Open the wake-up socket pair and the LISTEN connection (errors are logged)."""
@@ -113,6 +137,7 @@ class Waker:
         if self._selector is None:
             raise RuntimeError("Waker.start() first")
         deadline = time.monotonic() + max(timeout, 0.0)
+        self._check_probe()
         if self._woken and self._reader is not None:
             self._woken = False
             self._drain_local()
@@ -179,10 +204,47 @@ class Waker:
             return False
         relevant = False
         while (notice := pgconn.notifies()) is not None:
-            queue = bytes(notice.extra).decode("utf-8", "replace")
-            if self._queues is None or queue in self._queues:
+            text = bytes(notice.extra).decode("utf-8", "replace")
+            if bytes(notice.relname).decode("utf-8", "replace") == PROBE_CHANNEL:
+                if text == self._probe_token and not self._heard:
+                    self._heard = True
+                    if self.deaf:
+                        logger.info("LISTEN hears notifications now; polling stops")
+                    self.deaf = False
+                continue
+            if self._queues is None or text in self._queues:
                 relevant = True
         return relevant
+
+    def _send_probe(self) -> None:
+        """Send the new LISTEN its test notification through the app's own engine."""
+        if self._probe is None:
+            return
+        self._heard = False
+        self._probe_token = uuid.uuid4().hex
+        self._probe_deadline = time.monotonic() + self._probe_timeout
+        try:
+            self._probe(self._probe_token)
+        except Exception as error:  # noqa: BLE001 - unheard: the deadline says so
+            logger.debug("could not send the LISTEN test notification: %s", error)
+
+    def _check_probe(self) -> None:
+        """Warn once when the LISTEN did not hear its test notification in time."""
+        if (
+            self._heard
+            or self.deaf
+            or self._listener is None
+            or time.monotonic() < self._probe_deadline
+        ):
+            return
+        self.deaf = True
+        logger.warning(
+            "the LISTEN connection hears no notifications (its own test did not arrive "
+            "within %g s): is the database URL a transaction-mode pooler (PgBouncer, "
+            "Supavisor, Neon's pooled URL)? Set DEFER_LISTEN_DATABASE_URI to a direct "
+            "connection's URL; until then this worker polls every poll interval",
+            self._probe_timeout,
+        )
 
     def _try_listen(self) -> bool:
         assert self._open_listener is not None
@@ -206,6 +268,7 @@ class Waker:
             logger.info("LISTEN connection re-established")
         self._ever_listened = True
         self._reconnect_delay = 0.1
+        self._send_probe()
         return True
 
     def _schedule_reconnect(self) -> None:

@@ -20,6 +20,11 @@ no thread while they wait.
 A heartbeat renews running jobs' leases every lease/3. SIGTERM/SIGINT stop claiming,
 give running handlers ``shutdown_grace`` to finish and release the rest (a second signal
 exits at once). No Flask here: the app context comes from the executor's factory.
+
+Over 400 lines because it is the one loop and the decisions it makes each round (when
+to claim, how much, how long to sleep, when a burst run is over, what a freed key or a
+timed-out handler means): the parts it drives have modules of their own, and cut in
+two the loop would lose the reading order in which those decisions depend on each other.
 """
 
 from __future__ import annotations
@@ -432,4 +437,6 @@ def _waker(store: JobStore, options: WorkerOptions) -> Waker:
             why_not,
             options.poll_interval.total_seconds(),
         )
-    return Waker(store.open_listener if store.can_listen else None, queues=options.queues)
+    if not store.can_listen:
+        return Waker(None, queues=options.queues)
+    return Waker(store.open_listener, queues=options.queues, probe=store.probe_listener)

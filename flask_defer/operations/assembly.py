@@ -18,6 +18,7 @@ from typing import Any
 from blinker import Signal
 from flask import Flask
 from sqlalchemy import Engine, MetaData, Table, create_engine
+from sqlalchemy.pool import NullPool
 
 from ..config import DeferConfig, apply_defaults, load_config
 from ..engine.execution import Executor
@@ -102,6 +103,10 @@ def build_state(
     store = JobStore(engine, table, history, define_pauses_table(table.metadata, table.name))
     # A job due later than a worker's longest sleep needs no NOTIFY to be on time.
     store.notify_horizon = config.max_sleep
+    if config.listen_database_uri is not None:
+        # Behind a transaction-mode pooler: the worker's LISTEN gets a direct connection
+        # of its own, opened when a worker starts (no pool: it is one long connection).
+        store.listen_engine = create_engine(config.listen_database_uri, poolclass=NullPool)
     if session is None:
         store.create_table(history=False)
         if versioning.check(engine, SchemaNames(jobs=table.name)).ok:

@@ -69,6 +69,9 @@ class StoreBase:
     ) -> None:
         # Long because: one attribute per prebuilt statement and setting, each with why.
         self.engine = engine
+        #: Where the worker's LISTEN connects when it must not go through the app's
+        #: engine (``DEFER_LISTEN_DATABASE_URI``, behind a transaction-mode pooler).
+        self.listen_engine: Engine | None = None
         #: The paused queues and names (a typed copy); a bare store defines the table in
         #: its jobs table's metadata, so creating that metadata creates it too.
         pauses = pauses if pauses is not None else define_pauses_table(table.metadata, table.name)

@@ -140,7 +140,10 @@ class Driver(Protocol):
         """True in the one process that may reclaim and prune right now."""
 
     def open_listener(self) -> Any:
-        """A dedicated connection LISTENing for new jobs."""
+        """A dedicated connection LISTENing for new jobs (and the self-test channel)."""
+
+    def probe_listener(self, token: str) -> None:
+        """Send the listener's self-test notification, carrying *token*."""
 
 
 def driver_class(dialect: Dialect) -> type[SqliteDriver] | type[PostgresDriver]:

@@ -21,6 +21,8 @@ class StoreParts(Protocol):
     """The part of a :class:`~flask_defer.store.JobStore` its driver uses."""
 
     engine: Engine
+    #: A direct connection's engine for the worker's LISTEN (behind a pooler), or None.
+    listen_engine: Engine | None
     #: The jobs table (a copy typed with aware-UTC times).
     table: Table
     #: The history table, or None with ``DEFER_HISTORY = False``.

@@ -11,6 +11,8 @@ from ..jobs import JobStatus
 
 #: PostgreSQL channel a scheduling transaction notifies; workers LISTEN on it.
 NOTIFY_CHANNEL = "flask_defer"
+#: The channel of a worker's LISTEN self-test: a notification it sends itself.
+PROBE_CHANNEL = "flask_defer_probe"
 
 #: How ``last_error`` starts on a job left pending because no worker knew its name;
 #: health counts these even when the process asking knows the name.

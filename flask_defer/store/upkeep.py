@@ -230,3 +230,7 @@ class UpkeepStatements(HistoryStatements):
         """A dedicated connection, in autocommit, LISTENing on the channel (the driver's;
         it lives as long as the worker and is closed by the caller)."""
         return self.driver.open_listener()
+
+    def probe_listener(self, token: str) -> None:
+        """Send the worker's LISTEN self-test notification, carrying *token*."""
+        self.driver.probe_listener(token)

@@ -38,6 +38,7 @@ from sqlalchemy import (
     Table,
     Text,
     bindparam,
+    event,
     func,
     insert,
     literal,
@@ -49,11 +50,23 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import OperationalError
 
+from ...errors import NotConfigured
 from ...jobs import Job, JobStatus
 from ..claim_sql import KEYED, due_ids_sql, keyed_ids_sql
 from ..parts import StoreParts
-from ..records import NOTIFY_CHANNEL, Ack, BatchItems, HistoryEvent, NewJob
+from ..records import NOTIFY_CHANNEL, PROBE_CHANNEL, Ack, BatchItems, HistoryEvent, NewJob
 from ..utc_datetime import UTCDateTime
+
+#: What a lost prepared statement means, and what to do (see ``prepare_engine``).
+POOLER_PREPARED_STATEMENTS = (
+    "PostgreSQL lost a prepared statement between two transactions: the database URL "
+    "goes through a transaction-mode pooler (PgBouncer before 1.21, Supavisor, Neon's "
+    "pooled URL ...), which gives each transaction another server connection. Turn "
+    "psycopg's prepared statements off for this engine: "
+    "SQLALCHEMY_ENGINE_OPTIONS = {'connect_args': {'prepare_threshold': None}} (or run "
+    "PgBouncer 1.21+ with max_prepared_statements), and give the worker's LISTEN a "
+    "direct connection with DEFER_LISTEN_DATABASE_URI"
+)
 
 
 class PostgresDriver:
@@ -86,7 +99,21 @@ class PostgresDriver:
 
     @staticmethod
     def prepare_engine(engine: Engine, busy_timeout: timedelta) -> None:
-        return None  # nothing to tune: rows lock themselves
+        """Nothing to tune (rows lock themselves); one error is made to say what to do.
+
+        psycopg prepares a statement on the server from its sixth run on a connection.
+        Behind a transaction-mode pooler the next transaction may land on another
+        server connection, where that statement does not exist: PostgreSQL's bare
+        ``prepared statement "_pg3_0" does not exist`` becomes :class:`NotConfigured`
+        naming the pooler and the engine option that avoids it.
+        """
+
+        def explain(context: Any) -> None:
+            original = context.original_exception
+            if type(original).__name__ == "InvalidSqlStatementName":
+                raise NotConfigured(POOLER_PREPARED_STATEMENTS) from original
+
+        event.listen(engine, "handle_error", explain)
 
     # -- transactions -------------------------------------------------------------
 
@@ -523,23 +550,33 @@ class PostgresDriver:
     def open_listener(self) -> Any:
         """A dedicated psycopg connection, in autocommit, LISTENing on the channel.
 
-        Taken from the engine (so it has the app's credentials and connect options)
-        and detached from its pool: it lives as long as the worker and is closed by
-        the caller.
+        Taken from the engine (so it has the app's credentials and connect options),
+        or from ``DEFER_LISTEN_DATABASE_URI``'s direct connection behind a pooler, and
+        detached from its pool: it lives as long as the worker and is closed by the
+        caller. It also listens on the self-test channel (:meth:`probe_listener`).
         """
         if not self.can_listen:
             raise RuntimeError("LISTEN needs PostgreSQL through psycopg 3")
-        pooled = self.store.engine.raw_connection()
+        engine = self.store.listen_engine or self.store.engine
+        pooled = engine.raw_connection()
         conn: Any = pooled.driver_connection
         pooled.detach()
         try:
             conn.rollback()
             conn.autocommit = True
             conn.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
+            conn.execute(f'LISTEN "{PROBE_CHANNEL}"')
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def probe_listener(self, token: str) -> None:
+        """NOTIFY the self-test channel with *token* through the app's own engine: what
+        the app's NOTIFYs take too, so a listener behind a transaction-mode pooler
+        (which cannot carry LISTEN) does not hear it, and the worker knows."""
+        with self.store.autocommit() as conn:
+            conn.execute(select(func.pg_notify(PROBE_CHANNEL, token)))
 
 
 def _pyformat(sql: str) -> str:

@@ -439,6 +439,9 @@ class SqliteDriver:
     def open_listener(self) -> Any:
         raise RuntimeError("LISTEN needs PostgreSQL through psycopg 3")
 
+    def probe_listener(self, token: str) -> None:
+        raise RuntimeError("LISTEN needs PostgreSQL through psycopg 3")
+
 
 def result_json(ack: Ack) -> str | None:
     """The stored form of a done ack's result: JSON text, as the JSON column writes it."""
