@@ -6,6 +6,7 @@ On SQLite and PostgreSQL, as the rest of the worker tests.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 from typing import Any
@@ -122,7 +123,16 @@ def test_run_due_from_a_thread_that_runs_an_event_loop_still_awaits_the_handler(
     async def from_async_code() -> Any:
         return kit.defer.run_due()
 
-    summary = asyncio.run(from_async_code())
+    # On a thread of its own (with this thread's app context), so that the loop it
+    # runs is the only one there, whatever else this test process runs.
+    answer: list[Any] = []
+    context = contextvars.copy_context()
+    caller = threading.Thread(
+        target=context.run, args=(lambda: answer.append(asyncio.run(from_async_code())),)
+    )
+    caller.start()
+    caller.join(30)
+    [summary] = answer
     assert summary.done == 1 and load(kit, job.id).result == 42
 
 
