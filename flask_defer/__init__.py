@@ -28,6 +28,7 @@ from .operations.bulk import JobSpec
 from .operations.health import Health
 from .signals import (
     job_cancelled,
+    job_expired,
     job_failed,
     job_scheduled,
     job_started,
@@ -71,6 +72,7 @@ __all__ = [
     "UndoOutcome",
     "UnknownJob",
     "job_cancelled",
+    "job_expired",
     "job_failed",
     "job_scheduled",
     "job_started",

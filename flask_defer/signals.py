@@ -19,5 +19,8 @@ job_started = _signals.signal("job-started")
 job_succeeded = _signals.signal("job-succeeded")
 job_failed = _signals.signal("job-failed")
 job_cancelled = _signals.signal("job-cancelled")
+#: A pending job settled as ``expired``: not started by its ``expires_at`` (sent by the
+#: worker's sweep, or by ``run_due``, once the change committed).
+job_expired = _signals.signal("job-expired")
 queue_paused = _signals.signal("queue-paused")
 queue_resumed = _signals.signal("queue-resumed")

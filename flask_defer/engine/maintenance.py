@@ -20,9 +20,11 @@ from __future__ import annotations
 import logging
 import time
 
+from .. import signals
 from ..config import MaintenancePolicy
+from ..jobs import Job
 from ..store import JobStore
-from .execution import Clock
+from .execution import Clock, Emit
 
 logger = logging.getLogger("flask_defer.worker")
 
@@ -55,13 +57,22 @@ def reclaim_lapsed(store: JobStore, clock: Clock, *, actor: str = "app") -> int 
         return _reclaim(store, clock, actor) if mine else None
 
 
-def expire_due(store: JobStore, clock: Clock, *, actor: str = "app") -> int:
+def expire_due(
+    store: JobStore, clock: Clock, *, actor: str = "app", emit: Emit | None = None
+) -> int:
     """Settle the pending jobs past their ``expires_at`` as expired; how many.
 
     A guarded statement (``status = 'pending'``), so workers doing it side by side
-    settle each job once; it needs no maintenance lock.
+    settle each job once; it needs no maintenance lock. With *emit*, each settled job
+    is announced as ``job_expired`` once committed.
     """
-    expired = store.expire_due(now=clock(), actor=actor)
+
+    def announce(jobs: list[Job]) -> None:
+        for job in jobs:
+            if emit is not None:
+                emit(signals.job_expired, job=job)
+
+    expired = store.expire_due(now=clock(), actor=actor, on_expired=announce)
     if expired:
         logger.info("%d job(s) expired before they started (expires_at passed)", expired)
     return expired
@@ -83,9 +94,16 @@ class Maintenance:
     """Runs reclaim and prune when they are due; the worker calls it every loop."""
 
     def __init__(
-        self, store: JobStore, policy: MaintenancePolicy, clock: Clock, *, actor: str = "app"
+        self,
+        store: JobStore,
+        policy: MaintenancePolicy,
+        clock: Clock,
+        *,
+        actor: str = "app",
+        emit: Emit | None = None,
     ) -> None:
         self.store = store
+        self.emit = emit
         #: Who the history says reclaimed a lapsed job (the worker doing maintenance).
         self.actor = actor
         self.policy = policy
@@ -121,7 +139,9 @@ class Maintenance:
                 return
             if reclaim_due:
                 self.reclaimed += _reclaim(self.store, self.clock, self.actor)
-                self.expired += expire_due(self.store, self.clock, actor=self.actor)
+                self.expired += expire_due(
+                    self.store, self.clock, actor=self.actor, emit=self.emit
+                )
             if prune_due:
                 self._prune(now)
 

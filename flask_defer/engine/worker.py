@@ -120,7 +120,9 @@ class Worker:
         # is free: the claim's round trip then overlaps the other half's handlers.
         self._backlog = False
         self._claim_time = 0.0  # a moving average of a claim's round trip, in seconds
-        self.maintenance = Maintenance(store, options.maintenance, clock, actor=self.actor)
+        self.maintenance = Maintenance(
+            store, options.maintenance, clock, actor=self.actor, emit=executor.emit
+        )
         # The same heartbeat as run_due's, over the pool's claimed jobs.
         self._heartbeat = LeaseHeartbeat(store, options.lease, clock, self._in_flight)
         self._db_failures = 0

@@ -58,7 +58,7 @@ def run_due(
         )
     state.transactions.refuse_uncommitted("run_due")
     reclaim_lapsed(state.store, utcnow, actor=runner.actor)
-    expire_due(state.store, clock, actor=runner.actor)
+    expire_due(state.store, clock, actor=runner.actor, emit=state.send)
     if state.recurring is not None:
         # Sync at every call (run_due is a cron runner's whole "worker start"), then
         # write the ticks due by *now*, so the runner below runs them too.

@@ -6,7 +6,7 @@ so two workers never reclaim (or prune) the same rows twice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
@@ -142,8 +142,18 @@ class UpkeepStatements(HistoryStatements):
         )
         self.record_events(conn, events)
 
-    def expire_due(self, *, now: datetime, actor: str = "app", batch_size: int = 1000) -> int:
+    def expire_due(
+        self,
+        *,
+        now: datetime,
+        actor: str = "app",
+        batch_size: int = 1000,
+        on_expired: Callable[[list[Job]], None] | None = None,
+    ) -> int:
         """Settle pending jobs whose ``expires_at`` is past as ``expired``; how many.
+
+        *on_expired* is handed the settled jobs once their transaction committed (the
+        ``job_expired`` signal).
 
         The claim never starts such a job, so this only makes the row say what it is
         (with an ``expired`` event by *actor*). Looks first through the partial index
@@ -163,15 +173,17 @@ class UpkeepStatements(HistoryStatements):
                 update(t)
                 .where(t.c.id.in_(batch.scalar_subquery()), self._is_pending())
                 .values({**self._settle_values(JobStatus.EXPIRED, now), "last_error": note})
-                .returning(t.c.id, t.c.attempts)
-            ).all()
+                .returning(*t.c)
+            ).mappings().all()
             self.record_events(
                 conn,
                 [
-                    HistoryEvent(int(job_id), "expired", now, actor, attempts)
-                    for job_id, attempts in rows
+                    HistoryEvent(int(row["id"]), "expired", now, actor, row["attempts"])
+                    for row in rows
                 ],
             )
+        if on_expired is not None and rows:
+            on_expired([Job.from_row(row) for row in rows])
         return len(rows)
 
     def prune(

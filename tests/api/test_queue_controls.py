@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from flask_defer import InvalidArgument, Job, JobStatus
+from flask_defer import InvalidArgument, Job, JobStatus, job_expired
 from flask_defer.undo import ToastState, UndoOutcome
 
 from ..conftest import AppKit
@@ -144,6 +144,24 @@ def test_run_due_expires_a_job_past_its_expiry_with_history_health_and_toast(
     assert UndoOutcome.for_status(expired.status) is UndoOutcome.EXPIRED
     # Settled: its key is free, so the same intent can be scheduled again.
     assert kit.defer.schedule("code", key="code:ann").status is JobStatus.PENDING
+
+
+def test_an_expired_job_is_announced_by_the_job_expired_signal(make_kit: MakeKit) -> None:
+    kit = make_kit()
+    kit.defer.job("code")(lambda job: None)
+    heard: list[tuple[Any, Job]] = []
+
+    def listener(sender: Any, job: Job, **_: Any) -> None:
+        heard.append((sender, job))
+
+    job = kit.defer.schedule("code", ttl=timedelta(minutes=10))
+    kit.db.session.commit()
+    with job_expired.connected_to(listener):
+        kit.defer.run_due(now=datetime.now(UTC) + timedelta(minutes=11))
+        kit.defer.run_due(now=datetime.now(UTC) + timedelta(minutes=12))  # settled once
+    assert [(sender, j.id, j.status) for sender, j in heard] == [
+        (kit.app, job.id, JobStatus.EXPIRED)
+    ]
 
 
 def test_a_worker_runs_one_job_of_a_key_at_a_time_and_others_beside_it(
