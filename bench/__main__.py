@@ -93,7 +93,12 @@ def main(argv: list[str] | None = None) -> int:
             sections.append(section)
             if name == "profile":
                 profile_summary = getattr(module, "SUMMARY", {})
-        facts = {**machine(), "PostgreSQL": env.postgres_version(), **versions()}
+        facts = {
+            **machine(),
+            "one fsync'd commit": env.commit_cost(),
+            "PostgreSQL": env.postgres_version(),
+            **versions(),
+        }
         facts["flask-defer-jobs"] += f" (git {git_revision()})"
         facts["wall time of this run"] = f"{time.monotonic() - started:,.0f} s"
         results = targets.evaluate(sections, profile_summary)

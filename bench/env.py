@@ -13,8 +13,10 @@ import os
 import platform
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
@@ -77,6 +79,39 @@ class BenchEnv:
         url = self.cluster.create_database(name)
         dsn = f"host=127.0.0.1 port={self.cluster.port} user=postgres dbname={name}"
         return Database("postgresql", url, dsn=dsn)
+
+    def commit_cost(self) -> str:
+        """The machine's cost of one fsync'd commit: it decides every enqueue ratio.
+
+        The median of 200 one-row INSERT + COMMIT on a fresh SQLite file (WAL,
+        synchronous=FULL) and, when this run uses it, on the PostgreSQL cluster.
+        """
+        path = self.tmp / "commit_cost.sqlite3"
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("CREATE TABLE t (n INTEGER)")
+        times = []
+        for n in range(200):
+            began = time.perf_counter()
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO t VALUES (?)", (n,))
+            conn.execute("COMMIT")
+            times.append(time.perf_counter() - began)
+        conn.close()
+        text = f"SQLite {statistics.median(times) * 1e6:,.0f} µs"
+        if self.cluster.running:
+            dsn = f"host=127.0.0.1 port={self.cluster.port} user=postgres dbname=postgres"
+            with psycopg.connect(dsn, autocommit=True) as pg:
+                pg.execute("CREATE TEMP TABLE t (n integer)")
+                times = []
+                for n in range(200):
+                    began = time.perf_counter()
+                    with pg.transaction():
+                        pg.execute("INSERT INTO t VALUES (%s)", (n,))
+                    times.append(time.perf_counter() - began)
+            text += f", PostgreSQL {statistics.median(times) * 1e6:,.0f} µs"
+        return text + " (median of 200 one-row INSERT + COMMIT)"
 
     def postgres_version(self) -> str:
         if not self.cluster.running:

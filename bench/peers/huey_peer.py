@@ -1,5 +1,8 @@
 """huey with SQLite storage (``SqliteHuey``): ``task.schedule`` / calls, and its consumer.
 
+Measured twice: with huey's default (``fsync=False``: its commits never wait for the
+disk) and with ``fsync=True``, the durability of flask_defer's SQLite default.
+
 The consumer runs in this process with one worker thread and huey's defaults; the
 drain ends when the handler has run for every job (huey has no "stop when empty"
 mode). huey has no bulk enqueue API.
@@ -19,12 +22,17 @@ from ..results import NotAvailable, Sample
 
 class HueyPeer:
     label = "huey (SqliteHuey)"
+    #: huey's default never syncs a commit to disk; ``fsync=True`` does, as flask_defer's
+    #: SQLite default (synchronous=FULL) does: the equal-durability comparison.
+    fsync = False
 
     def __init__(self, db: Database) -> None:
         from huey import SqliteHuey
 
         assert db.path is not None
-        self.huey: Any = SqliteHuey("bench", filename=str(db.path.with_suffix(".huey.db")))
+        self.huey: Any = SqliteHuey(
+            "bench", filename=str(db.path.with_suffix(".huey.db")), fsync=self.fsync
+        )
         self.ran = 0
         self.target = 0
         self.finished = threading.Event()
@@ -83,3 +91,10 @@ class HueyPeer:
 
     def close(self) -> None:
         self.huey.storage.close()
+
+
+class HueyFsyncPeer(HueyPeer):
+    """huey with ``fsync=True``: every enqueue and dequeue waits for the disk."""
+
+    label = "huey (SqliteHuey, fsync=True)"
+    fsync = True

@@ -42,6 +42,6 @@ def peer_classes(backend: str) -> list[type]:
         from ..peers.procrastinate_peer import ProcrastinatePeer
 
         return [DeferjobPeer, ProcrastinatePeer, PgqueuerPeer]
-    from ..peers.huey_peer import HueyPeer
+    from ..peers.huey_peer import HueyFsyncPeer, HueyPeer
 
-    return [HueyPeer]
+    return [HueyPeer, HueyFsyncPeer]

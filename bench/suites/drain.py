@@ -178,4 +178,5 @@ _DRAIN_API = {
     "procrastinate": "run_worker(wait=False)",
     "pgqueuer (asyncpg)": "qm.run(drain), batch size 10",
     "huey (SqliteHuey)": "consumer, its defaults (1 worker thread)",
+    "huey (SqliteHuey, fsync=True)": "consumer, 1 worker thread, fsync=True",
 }

@@ -134,6 +134,7 @@ _BULK_API = {
     "procrastinate": "batch_defer()",
     "pgqueuer (asyncpg)": "enqueue(lists)",
     "huey (SqliteHuey)": "bulk",
+    "huey (SqliteHuey, fsync=True)": "bulk",
 }
 _BULK_NOTE = {"deferjob": "no bulk API; N inserts on one connection, one commit"}
 _EACH_API = {
@@ -141,4 +142,5 @@ _EACH_API = {
     "procrastinate": "defer()",
     "pgqueuer (asyncpg)": "enqueue()",
     "huey (SqliteHuey)": "task.schedule()",
+    "huey (SqliteHuey, fsync=True)": "task.schedule()",
 }

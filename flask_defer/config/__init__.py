@@ -46,6 +46,11 @@ DEFAULTS: dict[str, Any] = {
     "DEFER_CLAIM_BATCH": 50,
     # SQLite: how long a writer waits for the database lock before giving up.
     "DEFER_SQLITE_BUSY_TIMEOUT": timedelta(seconds=10),
+    # SQLite: PRAGMA synchronous on every connection of the app's engine. None leaves
+    # SQLite's own (FULL: a commit is on disk when it returns); "NORMAL" in WAL mode
+    # skips the fsync of each commit: nothing is lost when the app crashes, but the
+    # last commits can be lost when the machine loses power (docs/storage.md).
+    "DEFER_SQLITE_SYNCHRONOUS": None,
     # The UI shows Undo this much shorter than the server waits, so a click in the
     # last moment still lands.
     "DEFER_UNDO_MARGIN": timedelta(seconds=1),
@@ -145,6 +150,10 @@ DEFAULTS: dict[str, Any] = {
 _DURATIONS = {name for name, value in DEFAULTS.items() if isinstance(value, timedelta)}
 
 
+#: The values of SQLite's ``PRAGMA synchronous`` that ``DEFER_SQLITE_SYNCHRONOUS`` takes.
+SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
 def apply_defaults(config: MutableMapping[str, Any]) -> None:
     """Set every ``DEFER_*`` default the app has not set itself."""
     for name, value in DEFAULTS.items():
@@ -164,6 +173,7 @@ class DeferConfig:
     lease: timedelta
     claim_batch: int
     sqlite_busy_timeout: timedelta
+    sqlite_synchronous: str | None
     undo_margin: timedelta
     undo_window: timedelta
     undo_max_hold: timedelta
@@ -354,6 +364,14 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         # attempts are 32-bit integer columns; nothing else here needs more.
         _check_int(config, name, 1, 2**31 - 1)
     _check_bool(config, "DEFER_STRICT_LOCAL_TIMES")
+    synchronous = config["DEFER_SQLITE_SYNCHRONOUS"]
+    if synchronous is not None:
+        if not isinstance(synchronous, str) or synchronous.upper() not in SQLITE_SYNCHRONOUS:
+            raise InvalidArgument(
+                "DEFER_SQLITE_SYNCHRONOUS",
+                f"expected None or one of {', '.join(SQLITE_SYNCHRONOUS)}, got {synchronous!r}",
+            )
+        values["sqlite_synchronous"] = synchronous.upper()
     listen = config["DEFER_LISTEN_DATABASE_URI"]
     if listen is not None and (not isinstance(listen, str) or not listen.strip()):
         raise InvalidArgument(

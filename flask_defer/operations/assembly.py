@@ -96,7 +96,9 @@ def build_state(
     engine, table, session = engine_table_session(app, config, db, table_name)
     # The driver tunes the engine once, before any connection is used (SQLite: WAL, the
     # busy timeout, writers taking turns).
-    driver_class(engine.dialect).prepare_engine(engine, config.sqlite_busy_timeout)
+    driver_class(engine.dialect).prepare_engine(
+        engine, config.sqlite_busy_timeout, config.sqlite_synchronous
+    )
     # The history table joins the jobs table's metadata (db.create_all, autogenerate).
     history = define_history_table(table.metadata, table.name) if config.history else None
     # So is the pauses table, always (the claim reads it).

@@ -62,8 +62,11 @@ class Driver(Protocol):
         """Why this database could wake workers but this connection cannot, if so."""
 
     @staticmethod
-    def prepare_engine(engine: Engine, busy_timeout: timedelta) -> None:
-        """Tune an app's engine once, before any connection is used."""
+    def prepare_engine(
+        engine: Engine, busy_timeout: timedelta, synchronous: str | None = None
+    ) -> None:
+        """Tune an app's engine once, before any connection is used (SQLite: the busy
+        timeout and ``PRAGMA synchronous``)."""
 
     # -- transactions -------------------------------------------------------------
 

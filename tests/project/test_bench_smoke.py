@@ -36,6 +36,7 @@ def test_quick_enqueue_run_writes_the_expected_markdown(tmp_path: Path) -> None:
         "| PostgreSQL | ",
         "| SQLite | 3.",
         "| date | ",
+        "| one fsync'd commit | SQLite ",
         "Smoke run",
     ):
         assert fact in text, fact
@@ -54,7 +55,10 @@ def test_quick_enqueue_run_writes_the_expected_markdown(tmp_path: Path) -> None:
             assert cells[4].endswith("jobs/s"), row  # an absolute figure ...
             assert cells[5].endswith("×"), row  # ... and a ratio to the raw loop
     # Every peer has a row: a figure, or the exact reason it was not measured.
-    for peer in ("deferjob", "procrastinate", "pgqueuer", "huey (SqliteHuey)"):
+    for peer in (
+        "deferjob", "procrastinate", "pgqueuer", "huey (SqliteHuey)",
+        "huey (SqliteHuey, fsync=True)",
+    ):  # fmt: skip
         peer_rows = [row for row in rows if f"| {peer} " in row]
         assert peer_rows, peer
         for row in peer_rows:

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 
+from flask_defer import InvalidArgument
 from flask_defer.store.sqlite import SqliteDriver
 from flask_defer.store.sqlite.write_lock import FairLock, write_lock_of
 
@@ -226,3 +227,19 @@ def test_a_second_connection_of_the_writing_thread_fails_at_once_saying_why(
     assert waited < 0.5, waited  # the busy timeout is 1 s
     with tuned.connect() as conn:
         assert conn.execute(text("SELECT who FROM events")).scalars().all() == ["first"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_the_sqlite_synchronous_setting_reaches_every_connection(
+    make_app: Any,
+) -> None:
+    # None leaves SQLite's own level: FULL (2), each commit on disk when it returns.
+    for setting, level in (("normal", 1), ("EXTRA", 3), (None, 2)):
+        kit = make_app(DEFER_SQLITE_SYNCHRONOUS=setting)
+        with kit.app.app_context():
+            found = kit.db.session.execute(text("PRAGMA synchronous")).scalar()
+            kit.db.session.rollback()
+        assert found == level, (setting, found)
+    with pytest.raises(InvalidArgument) as refused:
+        make_app(DEFER_SQLITE_SYNCHRONOUS="sometimes")
+    assert refused.value.argument == "DEFER_SQLITE_SYNCHRONOUS"

@@ -98,7 +98,9 @@ class PostgresDriver:
         return "LISTEN/NOTIFY needs the psycopg 3 driver (postgresql+psycopg://)"
 
     @staticmethod
-    def prepare_engine(engine: Engine, busy_timeout: timedelta) -> None:
+    def prepare_engine(
+        engine: Engine, busy_timeout: timedelta, synchronous: str | None = None
+    ) -> None:
         """Nothing to tune (rows lock themselves); one error is made to say what to do.
 
         psycopg prepares a statement on the server from its sixth run on a connection.

@@ -87,9 +87,12 @@ class SqliteDriver:
     # -- the engine ---------------------------------------------------------------
 
     @staticmethod
-    def prepare_engine(engine: Engine, busy_timeout: timedelta) -> None:
+    def prepare_engine(
+        engine: Engine, busy_timeout: timedelta, synchronous: str | None = None
+    ) -> None:
         """WAL lets the web read while the worker writes; the busy timeout makes writers
-        wait; every write transaction takes the lock in turn (:mod:`.write_lock`)."""
+        wait; every write transaction takes the lock in turn (:mod:`.write_lock`);
+        *synchronous* (``DEFER_SQLITE_SYNCHRONOUS``) sets how commits reach the disk."""
         busy_ms = int(busy_timeout.total_seconds() * 1000)
 
         def on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -98,6 +101,8 @@ class SqliteDriver:
                 cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
                 if engine.url.database not in (None, "", ":memory:"):
                     cursor.execute("PRAGMA journal_mode = WAL")
+                if synchronous is not None:  # one of config.SQLITE_SYNCHRONOUS, checked
+                    cursor.execute(f"PRAGMA synchronous = {synchronous}")
             finally:
                 cursor.close()
 
