@@ -347,6 +347,24 @@ def _check_web_settings(config: Mapping[str, Any]) -> None:
         )
 
 
+def _database_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``DEFER_SQLITE_SYNCHRONOUS`` (upper-cased) and ``DEFER_LISTEN_DATABASE_URI``, checked."""
+    synchronous = config["DEFER_SQLITE_SYNCHRONOUS"]
+    if synchronous is not None:
+        if not isinstance(synchronous, str) or synchronous.upper() not in SQLITE_SYNCHRONOUS:
+            raise InvalidArgument(
+                "DEFER_SQLITE_SYNCHRONOUS",
+                f"expected None or one of {', '.join(SQLITE_SYNCHRONOUS)}, got {synchronous!r}",
+            )
+        synchronous = synchronous.upper()
+    listen = config["DEFER_LISTEN_DATABASE_URI"]
+    if listen is not None and (not isinstance(listen, str) or not listen.strip()):
+        raise InvalidArgument(
+            "DEFER_LISTEN_DATABASE_URI", f"expected a database URL or None, got {listen!r}"
+        )
+    return {"sqlite_synchronous": synchronous, "listen_database_uri": listen}
+
+
 def load_config(config: Mapping[str, Any]) -> DeferConfig:
     """Build the frozen config, with errors that name the offending key."""
     values: dict[str, Any] = {}
@@ -364,19 +382,7 @@ def load_config(config: Mapping[str, Any]) -> DeferConfig:
         # attempts are 32-bit integer columns; nothing else here needs more.
         _check_int(config, name, 1, 2**31 - 1)
     _check_bool(config, "DEFER_STRICT_LOCAL_TIMES")
-    synchronous = config["DEFER_SQLITE_SYNCHRONOUS"]
-    if synchronous is not None:
-        if not isinstance(synchronous, str) or synchronous.upper() not in SQLITE_SYNCHRONOUS:
-            raise InvalidArgument(
-                "DEFER_SQLITE_SYNCHRONOUS",
-                f"expected None or one of {', '.join(SQLITE_SYNCHRONOUS)}, got {synchronous!r}",
-            )
-        values["sqlite_synchronous"] = synchronous.upper()
-    listen = config["DEFER_LISTEN_DATABASE_URI"]
-    if listen is not None and (not isinstance(listen, str) or not listen.strip()):
-        raise InvalidArgument(
-            "DEFER_LISTEN_DATABASE_URI", f"expected a database URL or None, got {listen!r}"
-        )
+    values.update(_database_settings(config))
     _check_int(config, "DEFER_TOAST_LIMIT", 1, 100)
     # -- helpers --
     values["http_allowed_hosts"] = _allowed_hosts(config["DEFER_HTTP_ALLOWED_HOSTS"])
