@@ -9,6 +9,7 @@ two ways a handler tells the worker "not now".
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import MISSING, dataclass
 from datetime import UTC, datetime, timedelta
@@ -212,6 +213,18 @@ class Fail(Exception):  # noqa: N818 - the name reads as the handler's answer
     """
 
 
+#: The longest excerpt of a result a ``done`` event shows (see :class:`JobEvent`).
+RESULT_EXCERPT_CHARS = 200
+
+
+def result_excerpt(result: Any) -> str | None:
+    """A done job's result as one bounded line of JSON ("…" when cut), or None."""
+    if result is None:
+        return None
+    text = json.dumps(result, ensure_ascii=False, default=str)
+    return text if len(text) <= RESULT_EXCERPT_CHARS else text[:RESULT_EXCERPT_CHARS] + "…"
+
+
 @dataclass(frozen=True, slots=True)
 class JobEvent:
     """One state change of a job, as ``defer.history(job_id)`` returns it (oldest first).
@@ -223,7 +236,9 @@ class JobEvent:
     ``worker:<host>:<pid>``, or ``app`` (a Python call without ``actor=``).
     ``attempt`` is the job's attempt count at that moment; ``error`` is the failed
     attempt's error (``retried``, ``failed``) or why a lease was reclaimed; ``run_at``
-    is when the job was due after the change, where it set one.
+    is when the job was due after the change, where it set one. ``result_excerpt`` is,
+    on a ``done`` event, the start of the job's result as JSON (at most
+    :data:`RESULT_EXCERPT_CHARS` characters), so the timeline says what happened.
     """
 
     event: str
@@ -232,3 +247,4 @@ class JobEvent:
     attempt: int
     error: str | None = None
     run_at: datetime | None = None
+    result_excerpt: str | None = None

@@ -8,11 +8,12 @@ checked once here (:func:`job_filter`).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime
 from typing import TypedDict
 
 from ..errors import InvalidArgument
-from ..jobs import Job, JobEvent, JobStatus
+from ..jobs import Job, JobEvent, JobStatus, result_excerpt
 from ..store import JobFilter
 from ..timeutil import as_utc, utcnow
 from ..undo import WAITING_HORIZON, Toast
@@ -53,9 +54,21 @@ def get(state: DeferState, job_id: int | None = None, key: str | None = None) ->
 
 
 def history(state: DeferState, job_id: int) -> list[JobEvent]:
-    """Every recorded state change of *job_id*, oldest first ([] with history off)."""
+    """Every recorded state change of *job_id*, oldest first ([] with history off).
+
+    A ``done`` event carries an excerpt of the job's result (read from the job's row,
+    where the result is kept: the event stores none).
+    """
     with state.transactions.joined() as conn:
-        return state.store.history(conn, job_id)
+        events = state.store.history(conn, job_id)
+        if not any(event.event == "done" for event in events):
+            return events
+        job = state.store.get(conn, job_id=job_id)
+    excerpt = result_excerpt(job.result) if job is not None else None
+    return [
+        replace(event, result_excerpt=excerpt) if event.event == "done" else event
+        for event in events
+    ]
 
 
 def find(state: DeferState, filters: Filters, *, limit: int, offset: int) -> list[Job]:

@@ -7,6 +7,7 @@ exercised directly with an injected clock.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -484,3 +485,22 @@ def test_the_history_of_an_id_no_job_has_is_empty_whatever_the_id(kit: AppKit) -
         assert kit.defer.history(unknown) == []
     with pytest.raises(InvalidArgument):
         kit.defer.history("12")  # type: ignore[arg-type]
+
+
+def test_a_done_event_carries_a_bounded_excerpt_of_the_result(kit: AppKit) -> None:
+    @kit.defer.job("call")
+    def call(job: Job) -> dict[str, Any]:
+        return {"status": 200, "body": job.payload["body"]}
+
+    short = kit.defer.schedule("call", {"body": "<b>ok</b>"})
+    long = kit.defer.schedule("call", {"body": "x" * 500})
+    kit.db.session.commit()
+    kit.defer.run_due()
+    [done] = [e for e in kit.defer.history(short.id) if e.event == "done"]
+    # JSON of the stored result (PostgreSQL's jsonb orders the keys its own way).
+    assert done.result_excerpt is not None
+    assert json.loads(done.result_excerpt) == {"status": 200, "body": "<b>ok</b>"}
+    [cut] = [e for e in kit.defer.history(long.id) if e.event == "done"]
+    assert cut.result_excerpt is not None and len(cut.result_excerpt) == 201
+    assert cut.result_excerpt.endswith("…")
+    assert all(e.result_excerpt is None for e in kit.defer.history(long.id) if e.event != "done")

@@ -979,3 +979,14 @@ def test_an_open_dashboard_without_a_secret_key_answers_a_page_naming_the_settin
     body = response.get_data(as_text=True)
     assert response.status_code == 500
     assert "SECRET_KEY" in body and "dashboard" in body
+
+
+def test_the_job_page_shows_a_done_jobs_result_excerpt_escaped(
+    ops: OpsApp, jobs: Seeded
+) -> None:
+    client = signed_in(ops)
+    done = ops.job(jobs.done[0])
+    assert done.result is not None and "<" in done.result["smtp_id"]
+    html = client.get(f"/defer/jobs/{done.id}").get_data(as_text=True)
+    assert 'class="defer-timeline__result"' in html
+    assert "&lt;" in html.split('class="defer-timeline__result"', 1)[1].split("</p>", 1)[0]
