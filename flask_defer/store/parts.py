@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Engine, Table
+from sqlalchemy import Connection, Dialect, Engine, Table
 
 from .claim_sql import ClaimTables
 from .records import HistoryEvent
@@ -53,3 +53,6 @@ class StoreParts(Protocol):
 
     def row_values(self, new: Any, now: Any) -> dict[str, Any]:
         """The column values of a new job's row (in the table's column order)."""
+
+    def job_insert(self, dialect: Dialect) -> tuple[str, list[str], list[tuple[int, Any]]]:
+        """The compiled keyless INSERT of one job, its bind order and conversions."""

@@ -13,6 +13,8 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Dialect,
+    insert,
     literal_column,
     select,
     update,
@@ -115,6 +117,37 @@ class SchedulingStatements(HistoryStatements):
             for queue in {job.queue for job in jobs if self.wants_notify(job.run_at, now)}:
                 self.notify(conn, queue)
         return len(jobs)
+
+    def job_insert(self, dialect: Dialect) -> tuple[str, list[str], list[tuple[int, Any]]]:
+        """The keyless INSERT of one job for the drivers' fast paths, built once.
+
+        ``(sql, order, processors)``: the compiled ``INSERT ... RETURNING id`` with
+        positional placeholders, the column names in the order it binds them (those of
+        :meth:`row_values`), and ``(position, conversion)`` for the columns whose type
+        converts a value (most do not), so a driver sends a plain tuple.
+        """
+        cached = self._job_insert.get(dialect.name)
+        if cached is not None:
+            return cached
+        table = self.table
+        names = list(self.row_values(_PROBE, _PROBE.run_at))
+        compiled = insert(table).returning(table.c.id).compile(dialect=dialect, column_keys=names)
+        sql = compiled.string
+        order = list(compiled.positiontup or ()) if compiled.positional else names
+        if not compiled.positional:
+            # Named (pyformat) placeholders, turned positional so the tuple fits; the
+            # INSERT names its columns in the table's order, which *names* follows.
+            assert names == [c.name for c in table.c if c.name in names]
+            for name in order:
+                sql = sql.replace(f"%({name})s", "%s")
+        processors = [
+            (i, process)
+            for i, name in enumerate(order)
+            if (process := table.c[name].type.dialect_impl(dialect).bind_processor(dialect))
+            is not None
+        ]
+        built = self._job_insert[dialect.name] = (sql, order, processors)
+        return built
 
     def wants_notify(self, run_at: datetime, now: datetime) -> bool:
         """Whether a job due at *run_at* must wake the workers when it commits.

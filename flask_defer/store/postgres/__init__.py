@@ -27,7 +27,7 @@ import re
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, cast
 
 from sqlalchemy import (
@@ -219,18 +219,7 @@ class PostgresDriver:
         cached = self._sql.get(key)
         if cached is not None:
             return cached  # type: ignore[no-any-return]
-        table = self.store.table
-        dialect = conn.dialect
-        names = list(self.store.row_values(_PROBE, _PROBE.run_at))
-        compiled = insert(table).returning(table.c.id).compile(dialect=dialect, column_keys=names)
-        sql = compiled.string
-        order = list(compiled.positiontup or ()) if compiled.positional else names
-        if not compiled.positional:
-            # Named (pyformat) placeholders, turned positional so the tuple fits; the
-            # INSERT names its columns in the table's order, which *names* follows.
-            assert names == [c.name for c in table.c if c.name in names]
-            for name in order:
-                sql = sql.replace(f"%({name})s", "%s")
+        sql, order, processors = self.store.job_insert(conn.dialect)
         if notify or history:
             ctes = [f"inserted AS ({sql})"]
             if history:
@@ -242,12 +231,6 @@ class PostgresDriver:
                 )
             notified = f", pg_notify('{NOTIFY_CHANNEL}', %s)" if notify else ""
             sql = f"WITH {', '.join(ctes)} SELECT inserted.id{notified} FROM inserted"
-        processors = [
-            (i, process)
-            for i, name in enumerate(order)
-            if (process := table.c[name].type.dialect_impl(dialect).bind_processor(dialect))
-            is not None
-        ]
         built = self._sql[key] = (sql, order, processors)
         return built
 
@@ -599,6 +582,3 @@ def _payload_json(job: NewJob) -> str:
         return job.payload_json
     return json.dumps(job.payload, allow_nan=False)
 
-
-#: A stand-in job, only to learn the column names an insert binds.
-_PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)

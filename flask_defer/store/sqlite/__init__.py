@@ -26,7 +26,7 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -225,7 +225,7 @@ class SqliteDriver:
         events, where the app's writes take the write lock in turn, so the
         transaction is opened that way here.
         """
-        sql, order, processors = self._prebuilt_insert(conn)
+        sql, order, processors = self.store.job_insert(conn.dialect)
         row = [values[name] for name in order]
         as_is = order.index("payload") if payload_json is not None else -1
         for i, process in processors:
@@ -243,25 +243,6 @@ class SqliteDriver:
         finally:
             cursor.close()
         return job_id
-
-    def _prebuilt_insert(self, conn: Connection) -> tuple[str, list[str], list[tuple[int, Any]]]:
-        cached = self._sql.get("insert")
-        if cached is not None:
-            return cached  # type: ignore[no-any-return]
-        table = self.store.table
-        dialect = conn.dialect
-        names = list(self.store.row_values(_PROBE, _PROBE.run_at))
-        compiled = insert(table).returning(table.c.id).compile(dialect=dialect, column_keys=names)
-        order = list(compiled.positiontup or ())
-        # Only the columns with a conversion, by position (most columns have none).
-        processors = [
-            (i, process)
-            for i, name in enumerate(order)
-            if (process := table.c[name].type.dialect_impl(dialect).bind_processor(dialect))
-            is not None
-        ]
-        built = self._sql["insert"] = (compiled.string, order, processors)
-        return built
 
     def _scheduled_event_sql(self, conn: Connection) -> str:
         """The INSERT of a new job's ``scheduled`` event, binding its job id, time, actor
@@ -476,6 +457,3 @@ def _without_flush_wait(conn: Connection) -> Iterator[None]:
     finally:
         dbapi.execute(f"PRAGMA synchronous = {int(level)}")
 
-
-#: A stand-in job, only to learn the column names an insert binds.
-_PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)
