@@ -270,6 +270,9 @@ def test_queues_page_pauses_and_resumes_a_queue_from_the_keyboard(
     page.get_by_role("link", name="Queues", exact=True).focus()
     page.keyboard.press("Enter")
     expect(page).to_have_url(live.url + "/defer/queues")
+    # The URL changes before the deferred scripts run: a key pressed before htmx has
+    # bound the form posts it the no-script way (a full reload, focus on the page).
+    page.wait_for_load_state("load")
     row = page.locator("tr[data-defer-queue='digests']")
     expect(row).to_have_attribute("data-defer-state", "active")
     expect(row.locator("td.defer-num").nth(1)).to_have_text("1")  # due
