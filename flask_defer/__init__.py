@@ -23,7 +23,7 @@ from .extension import Defer
 from .features.batching import Batched
 from .features.http_signing import Secret, secret
 from .features.soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
-from .jobs import Fail, Job, JobEvent, JobStatus, NotYet, RetryAfter
+from .jobs import Fail, Group, Job, JobEvent, JobStatus, NotYet, RetryAfter
 from .operations.bulk import JobSpec
 from .operations.health import Health
 from .signals import (
@@ -46,6 +46,7 @@ __all__ = [
     "Defer",
     "DeferError",
     "Fail",
+    "Group",
     "Health",
     "InvalidArgument",
     "Job",

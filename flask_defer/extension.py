@@ -37,6 +37,7 @@ from .store.schema import (
     DEFAULT_SCHEDULES_TABLE_NAME,
     DEFAULT_TABLE_NAME,
     SchemaNames,
+    define_dependencies_table,
     define_jobs_table,
     define_pauses_table,
     define_schedules_table,
@@ -90,6 +91,7 @@ class Defer(DeferFacade):
             versioning.record_on_create(table)
             define_schedules_table(db.metadata, schedules_table_name)
             define_pauses_table(db.metadata, table_name)
+            define_dependencies_table(db.metadata, table_name)
         if app is not None:
             self.init_app(app, db=db)
 

@@ -88,6 +88,9 @@ class Job:
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
     expires_at: datetime | None = None
+    #: How many of its parents (``schedule(..., after=...)``) have not settled yet; None
+    #: when it waits for none, so a claim may take it once due.
+    waiting_for: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Job:
@@ -248,3 +251,17 @@ class JobEvent:
     error: str | None = None
     run_at: datetime | None = None
     result_excerpt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """What ``defer.group(...)`` scheduled: members that run in parallel, and the
+    ``then`` job that runs once after the last of them settles.
+
+    ``id`` is the ``then`` job's id: the group is known by its callback, whose
+    ``defer.parents(job)`` are the members (the dashboard's job page lists them).
+    """
+
+    id: int
+    jobs: tuple[Job, ...]
+    then_job: Job

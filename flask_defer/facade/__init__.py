@@ -6,7 +6,8 @@ race rules. :class:`DeferFacade` gathers the groups: the core (:mod:`.core`: han
 scheduling, control, reads, running), the Undo UI (:mod:`.undo`), schema revisions
 (:mod:`.schema`), recurring schedules (:mod:`.recurring`), the built-in features
 (:mod:`.helpers`), the operator dashboard (:mod:`.dashboard`) and paused queues and
-job names (:mod:`.pauses`). Each method is thin: it checks its arguments and hands the
+job names (:mod:`.pauses`), and workflows (:mod:`.workflow_methods`: groups, parents).
+Each method is thin: it checks its arguments and hands the
 current app's state to the module that owns the rule.
 
 The facade stands below ``cli/`` and ``web/``, which reach it through
@@ -25,6 +26,7 @@ from .pause_methods import PauseMethods
 from .recurring_methods import RecurringMethods
 from .schema_methods import SchemaMethods
 from .undo_methods import UndoMethods
+from .workflow_methods import WorkflowMethods
 
 __all__ = ["DeferFacade", "current_defer"]
 
@@ -37,6 +39,7 @@ class DeferFacade(
     HelperMethods,
     DashboardMethods,
     PauseMethods,
+    WorkflowMethods,
 ):
     """Every public method of :class:`~flask_defer.Defer` but its wiring."""
 

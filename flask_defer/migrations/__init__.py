@@ -43,7 +43,14 @@ SCHEDULES_TABLE_ATTRIBUTE = "flask_defer_schedules_table"
 REVISION_PREFIX = "flask_defer_"
 #: The table names flask_defer owns, for ``include_object``.
 OWN_TABLES = frozenset(
-    {"defer_jobs", "defer_schedules", "defer_jobs_history", "defer_jobs_pauses", VERSION_TABLE}
+    {
+        "defer_jobs",
+        "defer_schedules",
+        "defer_jobs_history",
+        "defer_jobs_pauses",
+        "defer_jobs_after",
+        VERSION_TABLE,
+    }
 )
 
 

@@ -22,6 +22,8 @@ from ..jobs import Job
 from ..queue_controls import checked_priority, checked_ttl, validate_queue
 from ..registry import HandlerSpec
 from ..store import NewJob
+from ..store.dependencies import MAX_PARENTS
+from ..store.schema import AFTER_POLICIES
 from ..timeutil import Duration, as_duration, as_utc, resolve_run_at, utcnow
 from ..validation import checked_actor, checked_payload_text, checked_state_texts, checked_text
 from .bulk import build_new_jobs
@@ -52,10 +54,17 @@ class ScheduleOptions(TypedDict, total=False):
     concurrency_limit: int | None
     expires_at: datetime | None
     ttl: Duration | None
+    #: Run only after these jobs (a Job, an id, or a list of them) settle; with
+    #: ``after_policy="done"`` (the default) only if every one of them ended done.
+    after: Any
+    after_policy: str | None
 
 
 #: The option names, for the check that refuses a misspelt one.
 OPTION_NAMES = frozenset(ScheduleOptions.__annotations__)
+
+#: A child's parents (ids, in the order given) and its policy, as checked.
+After = tuple[list[int], str]
 
 
 def checked_options(options: Mapping[str, Any], *, refused: Mapping[str, str] = {}) -> None:
@@ -90,19 +99,60 @@ def insert(
     replace: bool = False,
     conn: Connection | None = None,
     actor: str = "app",
+    after: After | None = None,
 ) -> Job:
     """Write *new* (in *conn*, else joining the caller's transaction) and signal it.
 
     Raises :class:`~flask_defer.JobExists` when a live job holds the key and
-    *replace* is False. *actor* is who the ``scheduled`` event names.
+    *replace* is False. *actor* is who the ``scheduled`` event names. *after*
+    (:func:`checked_after`'s answer) makes it wait for those parents, in the same
+    transaction; :class:`~flask_defer.JobNotFound` for a parent that does not exist.
     """
     if conn is None:
         with state.transactions.joined(writes=True) as joined:
-            job = state.store.insert(joined, new, now=now, replace=replace, actor=actor)
-    else:
-        job = state.store.insert(conn, new, now=now, replace=replace, actor=actor)
+            return insert(
+                state, new, now=now, replace=replace, conn=joined, actor=actor, after=after
+            )
+    job = state.store.insert(conn, new, now=now, replace=replace, actor=actor)
+    if after is not None:
+        parents, policy = after
+        job = state.store.attach(conn, job, parents, policy, now=now, actor=actor)
     state.send(signals.job_scheduled, job=job)
     return job
+
+
+def checked_after(after: Any, policy: Any, *, name: str = "after") -> After | None:
+    """*after* (a Job, an id, or an iterable of them) and *policy*, checked; None when
+    there is no parent (``after=None`` or an empty list).
+
+    :class:`~flask_defer.InvalidArgument` names *name* (or ``after_policy``) for a
+    value that is not a job or a positive id, more than ``MAX_PARENTS`` parents, or a
+    policy other than ``"done"`` or ``"settled"``.
+    """
+    if policy is None:
+        policy = "done"
+    if policy not in AFTER_POLICIES:
+        raise InvalidArgument(
+            "after_policy" if name == "after" else "on",
+            f"expected 'done' or 'settled', got {policy!r}",
+        )
+    if after is None:
+        return None
+    items = [after] if isinstance(after, Job | int) else after
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+        raise InvalidArgument(name, f"expected a Job, a job id or a list of them, got {after!r}")
+    ids: list[int] = []
+    for item in items:
+        job_id = item.id if isinstance(item, Job) else item
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+            raise InvalidArgument(name, f"expected a Job or a positive job id, got {item!r}")
+        ids.append(job_id)
+    ids = list(dict.fromkeys(ids))
+    if len(ids) > MAX_PARENTS:
+        raise InvalidArgument(
+            name, f"at most {MAX_PARENTS:,} parents, got {len(ids):,}"
+        )
+    return (ids, policy) if ids else None
 
 
 def schedule(
@@ -150,7 +200,9 @@ def schedule(
     replace = options.get("replace", False)
     if not isinstance(replace, bool):
         raise InvalidArgument("replace", f"expected True or False, got {replace!r}")
-    return insert(state, new, now=now, replace=replace, actor=checked_actor(options.get("actor")))
+    after = checked_after(options.get("after"), options.get("after_policy"))
+    actor = checked_actor(options.get("actor"))
+    return insert(state, new, now=now, replace=replace, actor=actor, after=after)
 
 
 #: What ``schedule_many`` refuses of the common options, and why.
@@ -160,6 +212,8 @@ BULK_REFUSES = {
     "concurrency_key": "a per-key concurrency limit needs schedule()",
     "concurrency_limit": "a per-key concurrency limit needs schedule()",
     "expires_at": "give ttl=, measured from each job's run_at",
+    "after": "jobs that wait for others need schedule(), or defer.group() for a callback",
+    "after_policy": "jobs that wait for others need schedule()",
 }
 
 

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 #: process scheduled one), before they look again whether any are pending.
 KEYED_MEMORY = 2.0
 
-#: Pending rows without a key: the rows of ``ix_<table>_pending_priority``.
-UNKEYED = "status = 'pending' AND concurrency_key IS NULL"
-#: Pending rows with a key: the rows of ``ix_<table>_keyed_pending``.
-KEYED = "status = 'pending' AND concurrency_key IS NOT NULL"
+#: Pending rows without a key and not waiting for parents: the rows of
+#: ``ix_<table>_pending_priority``.
+UNKEYED = "status = 'pending' AND waiting_for IS NULL AND concurrency_key IS NULL"
+#: Pending rows with a key, not waiting: the rows of ``ix_<table>_keyed_pending``.
+KEYED = "status = 'pending' AND waiting_for IS NULL AND concurrency_key IS NOT NULL"
 #: Running rows with a key; the first two terms are ``ix_<table>_keyed_live``'s own
 #: predicate, written out so SQLite (which only matches terms) may use that index.
 KEYED_RUNNING = (

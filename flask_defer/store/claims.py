@@ -32,7 +32,7 @@ from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job
 from .claim_sql import KEYED, KEYED_MEMORY, next_keyed_sql, next_unkeyed_sql
-from .history import HistoryStatements
+from .dependencies import DependencyStatements
 from .records import Ack, HistoryEvent
 from .schema import UTCDateTime
 
@@ -40,7 +40,7 @@ from .schema import UTCDateTime
 KEYED_UNSEEN = 0.1
 
 
-class ClaimStatements(HistoryStatements):
+class ClaimStatements(DependencyStatements):
     """The worker's claim, when the next claimable job is due, and its acknowledgements."""
 
     def next_run_at(
@@ -239,6 +239,48 @@ class ClaimStatements(HistoryStatements):
             del params["v_due_at"]
         return self._acknowledge(job, kind, params, now=now, event=event)
 
+    def _acknowledge(
+        self,
+        job: Job,
+        kind: str,
+        params: dict[str, Any],
+        *,
+        now: datetime,
+        event: HistoryEvent,
+        conn: Connection | None = None,
+    ) -> bool:
+        """One compare-and-set acknowledgement: the prebuilt statement *kind* (see
+        :meth:`_guarded_ack`), its ``v_*`` values in *params*.
+
+        Compare-and-set on the claim token: a worker whose lease lapsed (and whose job
+        was reclaimed and perhaps finished elsewhere) changes nothing, and records
+        nothing either: its event is written only if its update was.
+        """
+        stmt = self._guarded_ack(kind)
+        bound = {**params, "job_id": job.id, "token": job.claim_token, "now": now}
+        if conn is not None:
+            return self._ack_and_record(conn, stmt, bound, event)
+        with self.begin() as own:
+            return self._ack_and_record(own, stmt, bound, event)
+
+    def _ack_and_record(
+        self, conn: Connection, stmt: Any, params: dict[str, Any], event: HistoryEvent
+    ) -> bool:
+        result = conn.execute(stmt, params)
+        if result.returns_rows:
+            # A settling acknowledgement returns whether the job has children.
+            row = result.first()
+            if row is None:
+                return False
+            self.record_events(conn, [event])
+            if row[0]:
+                self.release_children(conn, [event.job_id], now=params["now"], actor=event.actor)
+            return True
+        if result.rowcount != 1:
+            return False
+        self.record_events(conn, [event])
+        return True
+
     def acknowledge_many(
         self, acks: Sequence[Ack], *, now: datetime, actor: str = "app"
     ) -> set[int]:
@@ -263,7 +305,7 @@ class ClaimStatements(HistoryStatements):
         name, a concurrency key at its limit elsewhere). Reads the pending index.
         """
         t = self.table
-        conditions = [self._is_pending(), t.c.run_at <= now]
+        conditions = [self._is_pending(), t.c.waiting_for.is_(None), t.c.run_at <= now]
         if queues:
             conditions.append(t.c.queue.in_(list(queues)))
         with self.engine.connect() as conn:

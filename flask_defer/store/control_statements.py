@@ -20,7 +20,7 @@ from sqlalchemy import (
 )
 
 from ..jobs import Job, JobStatus
-from .history import HistoryStatements
+from .dependencies import DependencyStatements
 from .records import (
     HistoryEvent,
     JobFilter,
@@ -32,7 +32,7 @@ from .schema import UTCDateTime
 _PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)
 
 
-class ControlStatements(HistoryStatements):
+class ControlStatements(DependencyStatements):
     """Control writes on behalf of callers: cancel, reschedule, hold, retry."""
 
     def cancel(
@@ -71,6 +71,9 @@ class ControlStatements(HistoryStatements):
         if not with_event:
             event_row = HistoryEvent(row["id"], event, now, actor, row["attempts"])
             self.record_events(conn, [event_row])
+        if row["dependents"]:
+            # Its "done" children are cancelled with it, in this transaction.
+            self.release_children(conn, [row["id"]], now=now, actor=actor)
         return Job.from_row(row)
 
     def _cancel_statement(self, by: str, *, owned: bool, with_event: bool) -> Any:
@@ -127,18 +130,19 @@ class ControlStatements(HistoryStatements):
         ``on_undo`` hooks an operator's bulk cancel runs)."""
         t = self.table
         condition = self._filter(where)
-        gone = [
-            Job.from_row(row)
-            for row in conn.execute(
-                update(t)
-                .where(condition, t.c.status == JobStatus.PENDING.value)
-                .values(self._settle_values(JobStatus.CANCELLED, now))
-                .returning(*t.c)
-            ).mappings()
-        ]
+        rows = conn.execute(
+            update(t)
+            .where(condition, t.c.status == JobStatus.PENDING.value)
+            .values(self._settle_values(JobStatus.CANCELLED, now))
+            .returning(*t.c)
+        ).mappings().all()
+        gone = [Job.from_row(row) for row in rows]
         self.record_events(
             conn, [HistoryEvent(job.id, "cancelled", now, actor, job.attempts) for job in gone]
         )
+        parents = [int(row["id"]) for row in rows if row["dependents"]]
+        if parents:
+            self.release_children(conn, parents, now=now, actor=actor)
         in_flight = conn.execute(
             select(func.count())
             .select_from(t)

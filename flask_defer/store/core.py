@@ -22,12 +22,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import OperationalError
 
-from ..jobs import Job, JobStatus
+from ..jobs import JobStatus
 from .claim_sql import KEYED_MEMORY, ClaimTables
 from .driver import Driver, make_driver
 from .parts import StoreParts
-from .records import HistoryEvent, JobFilter, NewJob
-from .schema import UTCDateTime, define_pauses_table, typed_jobs_table
+from .records import SETTLING, HistoryEvent, JobFilter, NewJob
+from .schema import (
+    UTCDateTime,
+    define_dependencies_table,
+    define_pauses_table,
+    typed_jobs_table,
+)
 from .versioning import record_on_create
 
 logger = logging.getLogger("flask_defer")
@@ -76,6 +81,10 @@ class StoreBase:
         #: its jobs table's metadata, so creating that metadata creates it too.
         pauses = pauses if pauses is not None else define_pauses_table(table.metadata, table.name)
         self.pauses_table = typed_jobs_table(pauses)
+        #: The job dependencies (``after=``, groups), defined the same way.
+        self.dependencies_table = typed_jobs_table(
+            define_dependencies_table(table.metadata, table.name)
+        )
         # Creating the table from the app's metadata (db.create_all()) or from the store
         # records the newest revision in the same transaction.
         record_on_create(table)
@@ -147,6 +156,7 @@ class StoreBase:
         self.table.create(self.engine, checkfirst=True)
         if history:
             self.pauses_table.create(self.engine, checkfirst=True)
+            self.dependencies_table.create(self.engine, checkfirst=True)
         if history and self.history_table is not None:
             self.history_table.create(self.engine, checkfirst=True)
 
@@ -164,6 +174,16 @@ class StoreBase:
     def notify(self, conn: Connection, queue: str) -> None:
         """Wake listening workers when the caller's transaction commits (where they listen)."""
         self.driver.notify(conn, queue)
+
+    def wants_notify(self, run_at: datetime, now: datetime) -> bool:
+        """Whether a job due at *run_at* must wake the workers when it commits.
+
+        A listening worker never sleeps longer than ``notify_horizon`` (its
+        ``DEFER_MAX_SLEEP``) without looking at the earliest ``run_at`` again, so a job
+        due later than that is found by that look in time and its NOTIFY would only
+        cost the commit a lock on the notification queue and every worker a wake-up.
+        """
+        return run_at <= now + self.notify_horizon
 
     def keyed_scheduled(self) -> None:
         """Keyed jobs are about (this process scheduled one, or a claim took some): the
@@ -191,38 +211,6 @@ class StoreBase:
         if not self.driver.lost_index(error):
             return False
         self._claim_sql.clear()
-        return True
-
-    def _acknowledge(
-        self,
-        job: Job,
-        kind: str,
-        params: dict[str, Any],
-        *,
-        now: datetime,
-        event: HistoryEvent,
-        conn: Connection | None = None,
-    ) -> bool:
-        """One compare-and-set acknowledgement: the prebuilt statement *kind* (see
-        :meth:`_guarded_ack`), its ``v_*`` values in *params*.
-
-        Compare-and-set on the claim token: a worker whose lease lapsed (and whose job
-        was reclaimed and perhaps finished elsewhere) changes nothing, and records
-        nothing either: its event is written only if its update was.
-        """
-        stmt = self._guarded_ack(kind)
-        bound = {**params, "job_id": job.id, "token": job.claim_token, "now": now}
-        if conn is not None:
-            return self._ack_and_record(conn, stmt, bound, event)
-        with self.begin() as own:
-            return self._ack_and_record(own, stmt, bound, event)
-
-    def _ack_and_record(
-        self, conn: Connection, stmt: Any, params: dict[str, Any], event: HistoryEvent
-    ) -> bool:
-        if conn.execute(stmt, params).rowcount != 1:
-            return False
-        self.record_events(conn, [event])
         return True
 
     def _guarded_ack(self, kind: str) -> Any:
@@ -259,6 +247,9 @@ class StoreBase:
             )
             .values(values)
         )
+        if ACK_VALUES[kind]["status"] in SETTLING:
+            # Whether the settled job has children to release (see store.dependencies).
+            stmt = stmt.returning(t.c.dependents)
         self._ack_one_sql[kind] = stmt
         return stmt
 

@@ -7,8 +7,9 @@ classes and :mod:`.driver`, which picks one, imports them without a circle.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, Dialect, Engine, Table
@@ -44,6 +45,11 @@ class StoreParts(Protocol):
 
     def record_events(self, conn: Connection, events: Sequence[HistoryEvent]) -> None:
         """Insert history events in *conn*'s transaction."""
+
+    def release_children(
+        self, conn: Connection, parents: Collection[int], *, now: datetime, actor: str = "app"
+    ) -> None:
+        """Release (or cancel) the children of *parents*, settled in *conn*'s transaction."""
 
     def begin(self) -> AbstractContextManager[Connection]:
         """A short transaction of the store's own."""

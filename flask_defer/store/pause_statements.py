@@ -150,9 +150,11 @@ class PauseStatements(StoreBase):
             return cached
         jobs = self._quoted_table
         by_time = jobs + self.driver.index_hint(f"ix_{self.table.name}_pending_run_at_name")
+        # The predicate of that partial index: pending and not waiting for parents.
+        ready = "status = 'pending' AND waiting_for IS NULL"
         parts = [
-            ("due", by_time, "status = 'pending' AND run_at <= :now", "run_at"),
-            ("scheduled", by_time, "status = 'pending' AND run_at > :now", "run_at"),
+            ("due", by_time, f"{ready} AND run_at <= :now", "run_at"),
+            ("scheduled", by_time, f"{ready} AND run_at > :now", "run_at"),
             ("running", jobs, "status = 'running'", "lease_expires_at"),
         ]
         sql = " UNION ALL ".join(

@@ -209,10 +209,10 @@ class ReadStatements(StoreBase):
         sql = " UNION ALL ".join(
             [
                 f"SELECT '{_OWED}' AS kind, name, count(*) AS n, min(due_at) AS oldest,"
-                f" 0 AS lapsed FROM {by_time} WHERE status = 'pending' AND run_at <= :now"
+                f" 0 AS lapsed FROM {by_time} WHERE {_READY} AND run_at <= :now"
                 " GROUP BY name",
                 f"SELECT '{_SCHEDULED}', name, count(*), {none}, 0 FROM ("
-                f"SELECT name FROM {by_time} WHERE status = 'pending' AND run_at > :now"
+                f"SELECT name FROM {by_time} WHERE {_READY} AND run_at > :now"
                 " ORDER BY run_at LIMIT :scheduled_window) AS soonest GROUP BY name",
                 "SELECT 'running', name, count(*), min(due_at),"
                 " count(*) FILTER (WHERE lease_expires_at < :now)"
@@ -343,6 +343,8 @@ class ReadStatements(StoreBase):
 #: The parts of the counts statement that are not a status: pending and due, pending
 #: and not due yet, pending and left by a worker without a handler.
 _OWED, _SCHEDULED, _UNKNOWN = "owed", "scheduled", "unknown"
+#: The predicate of the pending index by time: pending, not waiting for parents.
+_READY = "status = 'pending' AND waiting_for IS NULL"
 _SETTLED = (JobStatus.DONE.value, JobStatus.CANCELLED.value, JobStatus.EXPIRED.value)
 
 

@@ -115,6 +115,10 @@ class BatchAppend:
     items: int
 
 
+#: The acknowledgement statuses that settle a job (its children may then be released).
+SETTLING = ("done", "failed")
+
+
 @dataclass(frozen=True, slots=True)
 class Ack:
     """One claimed job's outcome, to be written by :meth:`JobStore.acknowledge_many`.

@@ -22,7 +22,7 @@ from sqlalchemy import (
 
 from ..errors import JobExists
 from ..jobs import Job, JobStatus
-from .history import HistoryStatements
+from .dependencies import DependencyStatements
 from .records import (
     HistoryEvent,
     NewJob,
@@ -33,7 +33,7 @@ from .schema import LIVE_STATUSES
 _PROBE = NewJob(name="", payload={}, run_at=datetime(2000, 1, 1, tzinfo=UTC), max_attempts=1)
 
 
-class SchedulingStatements(HistoryStatements):
+class SchedulingStatements(DependencyStatements):
     """Inserts on behalf of callers: one job, and the NOTIFY that wakes a worker."""
 
     def insert(
@@ -68,12 +68,16 @@ class SchedulingStatements(HistoryStatements):
                 update(t)
                 .where(t.c.key == new.key, t.c.status == JobStatus.PENDING.value)
                 .values(self._settle_values(JobStatus.CANCELLED, now))
-                .returning(t.c.id, t.c.attempts)
+                .returning(t.c.id, t.c.attempts, t.c.dependents)
             ).all()
             events.extend(
                 HistoryEvent(int(old_id), "replaced", now, actor, attempts)
-                for old_id, attempts in replaced
+                for old_id, attempts, _ in replaced
             )
+            # A replaced job settles (cancelled): its children are released or cancelled.
+            parents = [int(old_id) for old_id, _, has_children in replaced if has_children]
+            if parents:
+                self.release_children(conn, parents, now=now, actor=actor)
         stmt = (
             self.driver.insert_ignoring(t)
             .values(values)
@@ -148,16 +152,6 @@ class SchedulingStatements(HistoryStatements):
         ]
         built = self._job_insert[dialect.name] = (sql, order, processors)
         return built
-
-    def wants_notify(self, run_at: datetime, now: datetime) -> bool:
-        """Whether a job due at *run_at* must wake the workers when it commits.
-
-        A listening worker never sleeps longer than ``notify_horizon`` (its
-        ``DEFER_MAX_SLEEP``) without looking at the earliest ``run_at`` again, so a job
-        due later than that is found by that look in time and its NOTIFY would only
-        cost the commit a lock on the notification queue and every worker a wake-up.
-        """
-        return run_at <= now + self.notify_horizon
 
     @staticmethod
     def _inserted_job(job_id: int, values: dict[str, Any]) -> Job:

@@ -1,11 +1,18 @@
 """The ``defer_jobs`` table, defined in the application's own SQLAlchemy metadata.
 
+Over 400 lines because it is every table flask_defer owns (jobs, schedules, history,
+pauses, dependencies), each with its indexes and the reason for each: one place to
+read the schema a revision must reach.
+
 Living in the app's metadata is what lets ``db.create_all()`` and Alembic autogenerate
 see the table like any other. The indexes are the ones the hot paths need:
 
 * pending rows by ``run_at``, with ``name``, ``due_at`` and ``status`` beside it
   (partial): the claim and "when is the next job due", and, read from the index alone,
   health's owed and scheduled figures per name;
+* the three pending indexes the claim reads (this one and the two by priority) leave
+  out a job that waits for its parents (``waiting_for`` set, revision
+  ``flask_defer_0011``): it enters them when its last parent settles;
 * pending rows that carry an error, by ``name`` (partial, usually tiny: retrying jobs
   and jobs a worker had no handler for): health's "waiting for a handler";
 * a partial *unique* index on ``key`` over live rows: one pending-or-running job per
@@ -134,9 +141,17 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         Column("concurrency_key", String(255), nullable=True),
         Column("concurrency_limit", Integer, nullable=True),
         Column("expires_at", DateTime(timezone=True), nullable=True),
+        # Dependencies (revision flask_defer_0011): how many of a child's parents have
+        # not settled yet (NULL: none, the job may be claimed), and whether a job has
+        # children at all, so an acknowledgement looks for them only then.
+        Column("waiting_for", Integer, nullable=True),
+        Column("dependents", Boolean, nullable=False, server_default=false()),
     )
     c = table.c
     pending = c.status == "pending"
+    # A pending job that waits for its parents is in none of the claim's indexes: it
+    # costs the claim, its wake-up and health nothing until its last parent settles.
+    ready = pending & c.waiting_for.is_(None)
     live = c.status.in_(LIVE_STATUSES)
     running = c.status == "running"
     Index(
@@ -145,8 +160,9 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         c.name,
         c.due_at,
         c.status,
-        sqlite_where=pending,
-        postgresql_where=pending,
+        c.waiting_for,
+        sqlite_where=ready,
+        postgresql_where=ready,
     )
     pending_with_error = pending & c.last_error.is_not(None)
     Index(
@@ -179,7 +195,7 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
     # The claim's order: unkeyed pending rows by priority then run_at. Keyed rows (a
     # concurrency_key) are claimed apart, by the two keyed indexes: their pending rows in
     # the same order, and their live rows by key (how many of a key are running).
-    unkeyed = pending & c.concurrency_key.is_(None)
+    unkeyed = ready & c.concurrency_key.is_(None)
     Index(
         f"ix_{name}_pending_priority",
         c.priority,
@@ -188,7 +204,7 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         sqlite_where=unkeyed,
         postgresql_where=unkeyed,
     )
-    keyed = pending & c.concurrency_key.is_not(None)
+    keyed = ready & c.concurrency_key.is_not(None)
     Index(
         f"ix_{name}_keyed_pending",
         c.priority,
@@ -332,6 +348,11 @@ class SchemaNames:
         """The paused queues and names table's name (``<jobs>_pauses``)."""
         return pauses_table_name(self.jobs)
 
+    @property
+    def dependencies(self) -> str:
+        """The job dependencies table's name (``<jobs>_after``)."""
+        return dependencies_table_name(self.jobs)
+
 
 def define_history_table(metadata: MetaData, jobs_table_name: str = DEFAULT_TABLE_NAME) -> Table:
     """Add the job history table to *metadata* (or return it if it is already there).
@@ -387,3 +408,42 @@ def define_pauses_table(metadata: MetaData, jobs_table_name: str = DEFAULT_TABLE
         Column("paused_at", DateTime(timezone=True), nullable=False),
         Column("actor", String(255), nullable=False),
     )
+
+
+def dependencies_table_name(jobs_table_name: str) -> str:
+    """The name of the job dependencies table that belongs to *jobs_table_name*."""
+    return f"{jobs_table_name}_after"
+
+
+#: What a dependency's ``policy`` may be: the child runs only if every parent is done,
+#: or once every parent settled, whatever the outcome.
+AFTER_POLICIES = ("done", "settled")
+
+
+def define_dependencies_table(
+    metadata: MetaData, jobs_table_name: str = DEFAULT_TABLE_NAME
+) -> Table:
+    """Add the job dependencies table to *metadata* (or return it if it is there).
+
+    One row per (child, parent) edge of ``schedule(..., after=...)`` and of a group's
+    ``then`` job, with the child's ``policy``. ``open`` is true until the parent
+    settles: the settlement closes it with a guarded UPDATE (``... AND open``), so each
+    edge lowers its child's ``waiting_for`` exactly once, however many workers settle
+    parents at the same moment. The primary key serves "a child's parents"; the index
+    on ``(parent_id, child_id)`` serves the release and "a parent's children". No
+    foreign keys, for the history table's reason. Revision ``flask_defer_0011``.
+    """
+    name = dependencies_table_name(jobs_table_name)
+    if name in metadata.tables:
+        return metadata.tables[name]
+    id_type = BigInteger().with_variant(Integer(), "sqlite")
+    table = Table(
+        name,
+        metadata,
+        Column("child_id", id_type, primary_key=True),
+        Column("parent_id", id_type, primary_key=True),
+        Column("policy", String(16), nullable=False, server_default="done"),
+        Column("open", Boolean, nullable=False),
+    )
+    Index(f"ix_{name}_parent", table.c.parent_id, table.c.child_id)
+    return table

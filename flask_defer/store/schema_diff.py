@@ -17,6 +17,7 @@ from sqlalchemy import Connection, MetaData, inspect
 from .driver import driver_class
 from .schema import (
     SchemaNames,
+    define_dependencies_table,
     define_history_table,
     define_jobs_table,
     define_pauses_table,
@@ -27,13 +28,14 @@ from .schema import (
 def differences(conn: Connection, names: SchemaNames) -> list[str]:
     """What autogenerate would change in flask_defer's tables (empty: they match).
 
-    The jobs, recurring schedules and pauses tables (a missing one shows as
+    The jobs, recurring schedules, pauses and dependencies tables (a missing one shows as
     ``add_table``), and the job history table where it exists.
     """
     metadata = MetaData()
     define_jobs_table(metadata, names.jobs)
     define_schedules_table(metadata, names.schedules)
     define_pauses_table(metadata, names.jobs)
+    define_dependencies_table(metadata, names.jobs)
     # The job history table is checked where it exists: an app with DEFER_HISTORY =
     # False that created its tables with create_all() has none, and needs none.
     if inspect(conn).has_table(names.history):

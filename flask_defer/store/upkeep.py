@@ -22,14 +22,14 @@ from sqlalchemy import (
 )
 
 from ..jobs import Job, JobStatus
-from .history import HistoryStatements
+from .dependencies import DependencyStatements
 from .records import (
     HistoryEvent,
 )
 from .schema import UTCDateTime
 
 
-class UpkeepStatements(HistoryStatements):
+class UpkeepStatements(DependencyStatements):
     """Leases, reclaim, prune and LISTEN: the statements that keep claimed rows honest."""
 
     def release(
@@ -95,12 +95,14 @@ class UpkeepStatements(HistoryStatements):
         lapsed = (t.c.status == JobStatus.RUNNING.value) & (t.c.lease_expires_at < now)
         note = "lease lapsed: the worker running this job stopped renewing it"
         with self.begin_immediate() as conn:
-            failed = conn.execute(
+            settled = conn.execute(
                 update(t)
                 .where(lapsed, t.c.attempts >= t.c.max_attempts)
                 .values({**self._settle_values(JobStatus.FAILED, now), "last_error": note})
-                .returning(t.c.id, t.c.attempts)
+                .returning(t.c.id, t.c.attempts, t.c.dependents)
             ).all()
+            parents = [int(row[0]) for row in settled if row[2]]
+            failed = [(row[0], row[1]) for row in settled]
             returned = conn.execute(
                 update(t)
                 .where(lapsed)
@@ -118,6 +120,8 @@ class UpkeepStatements(HistoryStatements):
                 self.notify(conn, "default")
             if self.history_table is not None and (failed or returned):
                 self._record_reclaimed(conn, now, actor, note, returned=returned, failed=failed)
+            if parents:
+                self.release_children(conn, parents, now=now, actor=actor)
         return len(returned), len(failed)
 
     def _record_reclaimed(
@@ -182,6 +186,9 @@ class UpkeepStatements(HistoryStatements):
                     for row in rows
                 ],
             )
+            parents = [int(row["id"]) for row in rows if row["dependents"]]
+            if parents:
+                self.release_children(conn, parents, now=now, actor=actor)
         if on_expired is not None and rows:
             on_expired([Job.from_row(row) for row in rows])
         return len(rows)
@@ -217,6 +224,7 @@ class UpkeepStatements(HistoryStatements):
                 gone = conn.execute(delete(t).where(t.c.id.in_(batch)).returning(t.c.id))
                 ids = [int(job_id) for job_id in gone.scalars()]
                 self._forget_history(conn, ids)
+                self._forget_edges(conn, ids)
                 deleted = len(ids)
             total += deleted
             batches += 1

@@ -54,7 +54,15 @@ from ...errors import NotConfigured
 from ...jobs import Job, JobStatus
 from ..claim_sql import KEYED, due_ids_sql, keyed_ids_sql
 from ..parts import StoreParts
-from ..records import NOTIFY_CHANNEL, PROBE_CHANNEL, Ack, BatchItems, HistoryEvent, NewJob
+from ..records import (
+    NOTIFY_CHANNEL,
+    PROBE_CHANNEL,
+    SETTLING,
+    Ack,
+    BatchItems,
+    HistoryEvent,
+    NewJob,
+)
 from ..utc_datetime import UTCDateTime
 
 #: What a lost prepared statement means, and what to do (see ``prepare_engine``).
@@ -432,12 +440,20 @@ class PostgresDriver:
                 actor=actor, events=[a.event for a in acks], attempts=[a.attempt for a in acks]
             )
         with self.store.autocommit() as conn:
-            answer = [(int(row[0]), bool(row[1])) for row in conn.exec_driver_sql(sql, params)]
-        owned = {job_id for job_id, written in answer if written}
-        busy = {job_id for job_id, written in answer if not written}
+            answer = [(int(row[0]), row[1], row[2]) for row in conn.exec_driver_sql(sql, params)]
+        owned = {job_id for job_id, written, _ in answer if written}
+        busy = {job_id for job_id, written, _ in answer if not written}
+        settling = {a.job_id for a in acks if a.status in SETTLING}
+        parents = [job_id for job_id, written, has_children in answer
+                   if written and has_children and job_id in settling]  # fmt: skip
         for ack in acks:
             if ack.job_id in busy and self._acknowledge_one(ack, now, actor):
                 owned.add(ack.job_id)
+        if parents:
+            # A transaction of its own, right after the batch's statement: should this
+            # process die in between, the maintenance round releases them instead.
+            with self.store.begin() as conn:
+                self.store.release_children(conn, parents, now=now, actor=actor)
         return owned
 
     def _acknowledge_one(self, ack: Ack, now: datetime, actor: str) -> bool:
@@ -468,16 +484,16 @@ class PostgresDriver:
             )
             .values(values)
         )
-        if self.store.history_table is None:
-            with self.store.autocommit() as conn:
-                return int(conn.execute(stmt).rowcount) == 1
         with self.store.begin() as conn:
-            if int(conn.execute(stmt).rowcount) != 1:
+            row = conn.execute(stmt.returning(t.c.dependents)).first()
+            if row is None:
                 return False
             event = HistoryEvent(
                 ack.job_id, ack.event, now, actor, ack.attempt, ack.last_error, ack.run_at
             )
             self.record_events(conn, [event])
+            if row[0] and ack.status in SETTLING:
+                self.store.release_children(conn, [ack.job_id], now=now, actor=actor)
             return True
 
     def _ack_many_sql(self, history: bool) -> str:
@@ -513,10 +529,11 @@ class PostgresDriver:
             " finished_at = CASE WHEN v.status IN ('done', 'failed') THEN %(now)s"
             " ELSE t.finished_at END,"
             " claim_token = NULL, lease_expires_at = NULL, updated_at = %(now)s"
-            f" FROM v, mine WHERE t.id = v.id AND t.id = mine.id RETURNING t.id{returning})"
+            " FROM v, mine WHERE t.id = v.id AND t.id = mine.id"
+            f" RETURNING t.id, t.dependents{returning})"
             f"{recorded}"
-            " SELECT id, true FROM written"
-            f" UNION ALL SELECT t.id, false FROM {t} AS t JOIN v ON t.id = v.id"
+            " SELECT id, true, dependents FROM written"
+            f" UNION ALL SELECT t.id, false, false FROM {t} AS t JOIN v ON t.id = v.id"
             " AND t.claim_token = v.token WHERE t.status = 'running'"
             " AND t.id NOT IN (SELECT id FROM mine)"
         )

@@ -53,7 +53,7 @@ from sqlalchemy.exc import OperationalError
 from ...jobs import Job, JobStatus
 from ..claim_sql import due_ids_sql, keyed_ids_sql
 from ..parts import StoreParts
-from ..records import Ack, BatchItems, HistoryEvent, NewJob
+from ..records import SETTLING, Ack, BatchItems, HistoryEvent, NewJob
 from ..utc_datetime import UTCDateTime
 from .tuples import Prepared, insert_tuples
 from .write_lock import begin_write, take_turns_to_write
@@ -387,10 +387,12 @@ class SqliteDriver:
                 " finished_at = CASE WHEN ? IN ('done', 'failed') THEN ? ELSE finished_at END,"
                 " claim_token = NULL, lease_expires_at = NULL, updated_at = ?"
                 " WHERE id = ? AND claim_token = ? AND status = 'running'"
+                " RETURNING dependents"
             )
         stamp = self.stored_time
         at = stamp(now)
         owned: set[int] = set()
+        parents: list[int] = []
         with self.write_transaction() as conn:
             # The driver's cursor, inside the same transaction: one small UPDATE per row
             # keeps its compare-and-set, and SQLAlchemy's per-call bookkeeping cost more
@@ -404,8 +406,11 @@ class SqliteDriver:
                     a.last_error, a.status, result_json(a), a.status, at, at,
                     a.job_id, a.claim_token,
                 )  # fmt: skip
-                if cursor.execute(sql, params).rowcount == 1:
+                row = cursor.execute(sql, params).fetchone()
+                if row is not None:
                     owned.add(a.job_id)
+                    if row[0] and a.status in SETTLING:
+                        parents.append(a.job_id)
             cursor.close()
             self.record_events(
                 conn,
@@ -415,6 +420,9 @@ class SqliteDriver:
                     if a.job_id in owned
                 ],
             )
+            if parents:
+                # Their children are released (or cancelled) in the same transaction.
+                self.store.release_children(conn, parents, now=now, actor=actor)
         return owned
 
     @contextmanager
