@@ -1,7 +1,9 @@
 """Housekeeping that one worker at a time does: reclaim lapsed leases, prune old jobs.
 
 On the reclaim round the worker also settles jobs past their ``expires_at`` as expired
-(:func:`expire_due`); the claim never starts them meanwhile.
+(:func:`expire_due`); the claim never starts them meanwhile. And it releases children
+left waiting behind a settled parent (``JobStore.release_stranded``: a worker died
+between a PostgreSQL acknowledgement and its release).
 
 *Reclaim* returns the jobs of crashed workers to pending once their lease lapsed, so
 they run again within about a lease (not after a fixed quarter of an hour). *Prune*
@@ -142,6 +144,13 @@ class Maintenance:
                 self.expired += expire_due(
                     self.store, self.clock, actor=self.actor, emit=self.emit
                 )
+                stranded = self.store.release_stranded(now=self.clock(), actor=self.actor)
+                if stranded:
+                    logger.warning(
+                        "released the children of %d settled job(s) whose worker stopped "
+                        "between their acknowledgement and the release",
+                        stranded,
+                    )
             if prune_due:
                 self._prune(now)
 

@@ -235,6 +235,10 @@ class DependencyStatements(HistoryStatements):
             .distinct()
             .limit(limit)
         )
+        # Looked for first: the usual round finds nothing and takes no write lock.
+        with self.engine.connect() as conn:
+            if not conn.execute(stranded).first():
+                return 0
         with self.begin_immediate() as conn:
             parents = [int(p) for p in conn.execute(stranded).scalars()]
             if parents:

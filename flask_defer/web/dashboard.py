@@ -78,6 +78,10 @@ def dashboard() -> ResponseReturnValue:
     return uncached_page(render_template("defer/dashboard.html", **context, **page_context()))
 
 
+#: Parents and children the job page lists by name (a group may have 1,000 members).
+RELATED_SHOWN = 50
+
+
 @operators_only
 def job_page(job_id: int) -> ResponseReturnValue:
     """One job: its times, attempts, payload, result, errors and history, with actions.
@@ -95,6 +99,10 @@ def job_page(job_id: int) -> ResponseReturnValue:
         # Whether its queue or name is paused (a note beside a pending job's status).
         "paused": tuple(pause.label for pause in current_defer().paused()),
         "history": current_defer().history(job.id),
+        # Its workflow: the jobs it runs after (a group's members) and those after it.
+        "parents": current_defer().parents(job),
+        "children": current_defer().children(job, limit=RELATED_SHOWN + 1),
+        "related_shown": RELATED_SHOWN,
         "history_on": current_defer().config.history,
         "now": utcnow(),
         "here": url_for("defer.dashboard_job", job_id=job.id),

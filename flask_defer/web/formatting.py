@@ -54,6 +54,7 @@ EVENTS: dict[str, tuple[str, str]] = {
     "reclaimed": (N_("Lease lapsed; reclaimed"), "warn"),
     "retried_by_operator": (N_("Retried by an operator"), "info"),
     "expired": (N_("Expired before it started"), "neutral"),
+    "released": (N_("Released: every job it waited for settled"), "info"),
 }
 
 #: A job's status as the dashboard's badges and details say it; "due" is a pending

@@ -567,3 +567,39 @@ def test_worker_processes_write_every_tick_of_a_one_second_schedule_exactly_once
         with app.app_context():
             worker_app.db.session.remove()
             worker_app.db.engine.dispose()
+
+
+def test_worker_processes_run_each_groups_callback_once_after_its_last_member(
+    app: Flask, spawn: Any, database_url: str, backend: str
+) -> None:
+    # Many small groups, so the last members of a group often finish at the same
+    # moment in two processes: each callback must still be released exactly once.
+    groups_count, size = (60, 4) if backend == "postgresql" else (30, 3)
+    workers = [
+        spawn(database_url, "--concurrency", "4", DEFER_POLL_INTERVAL=0.1) for _ in range(2)
+    ]
+    for worker in workers:
+        worker.wait_started()
+    with app.app_context():
+        groups = [
+            worker_app.defer.group("record", [{"g": g, "m": m} for m in range(size)],
+                                   then="record", then_payload={"g": g})
+            for g in range(groups_count)
+        ]  # fmt: skip
+        worker_app.db.session.commit()
+    total = groups_count * (size + 1)
+    wait_until(lambda: count_done(app) == total, timeout=120, interval=0.25)
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    for worker in workers:
+        assert worker.wait() == 0, worker.log()
+
+    recorded = runs(app)
+    per_job = Counter(run.job_id for run in recorded)
+    assert len(per_job) == total and max(per_job.values()) == 1, "a job ran twice"
+    at = {run.job_id: run.at for run in recorded}
+    for group in groups:
+        assert at[group.id] >= max(at[member.id] for member in group.jobs)
+    assert len({run.pid for run in recorded}) == 2, "both processes ran jobs"
+    for worker in workers:
+        assert "Traceback" not in worker.log()

@@ -588,6 +588,31 @@ def test_the_job_page_of_a_pending_job_offers_its_actions_and_refreshes(
     assert 'hx-trigger="defer-jobs-changed from:body"' in done  # settled: no polling
 
 
+def test_the_job_page_links_a_groups_members_and_its_callback(ops: OpsApp) -> None:
+    with ops.context():
+        group = ops.defer.group(
+            "send_email", [{"to": f"user{n}@example.com"} for n in range(3)],
+            then="send_digest", then_payload={"week": 5},
+        )  # fmt: skip
+        ops.db.session.commit()
+    client = signed_in(ops)
+    then_page = client.get(f"/defer/jobs/{group.id}").get_data(as_text=True)
+    assert '<h2 id="defer-job-workflow">Workflow</h2>' in then_page
+    assert "3 jobs to settle" in then_page and 'data-defer-waiting="3"' in then_page
+    parents = then_page.split('data-defer-related="parents"')[1].split("</ul>")[0]
+    for member in group.jobs:
+        assert f'<a href="/defer/jobs/{member.id}">#{member.id} send_email</a>' in parents
+    member_page = client.get(f"/defer/jobs/{group.jobs[0].id}").get_data(as_text=True)
+    children = member_page.split('data-defer-related="children"')[1].split("</ul>")[0]
+    assert f'<a href="/defer/jobs/{group.id}">#{group.id} send_digest</a>' in children
+    assert 'data-defer-related="parents"' not in member_page
+
+
+def test_a_job_without_a_workflow_shows_no_workflow_panel(ops: OpsApp, jobs: Seeded) -> None:
+    html = signed_in(ops).get(f"/defer/jobs/{jobs.done[0]}").get_data(as_text=True)
+    assert "defer-job-workflow" not in html
+
+
 def test_the_back_link_keeps_the_lists_filters(ops: OpsApp, jobs: Seeded) -> None:
     client = signed_in(ops)
     page = client.get(
