@@ -18,7 +18,7 @@ from .env import ROOT, BenchEnv, git_revision, machine, versions
 from .results import log
 from .sizes import DEFAULT, QUICK
 
-SUITES = ("enqueue", "drain", "lateness", "future", "reads", "undo", "profile")
+SUITES = ("enqueue", "drain", "lateness", "future", "reads", "undo", "profile", "workflows")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,25 @@ def evaluate(sections: Sequence[Section], profile_summary: dict[str, str]) -> li
         results += _lateness(rows)
     if "future" in names:
         results += _future(rows)
+    if "workflows" in names:
+        results += _release(rows)
     return results
+
+
+def _release(rows: Sequence[Row]) -> list[TargetResult]:
+    """Issue 35: releasing 1,000 children of one parent costs at most 2x a bulk insert."""
+    out = []
+    for backend in ("postgresql", "sqlite"):
+        row = _one(rows, backend, "release-ratio")
+        target = f"Release of 1,000 children, {backend}: ≤ 2× a 1,000-job bulk insert"
+        if row is None:
+            out.append(TargetResult(target, "not measured", None, "The measurement did not run."))
+            continue
+        assert row.value is not None
+        met = row.value <= 2.0
+        why = "" if met else f"Per-round ratios ranged {row.spread or row.figure}."
+        out.append(TargetResult(target, f"{row.figure}×", met, why))
+    return out
 
 
 def _ratio_target(

@@ -23,7 +23,7 @@ from .extension import Defer
 from .features.batching import Batched
 from .features.http_signing import Secret, secret
 from .features.soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMixin
-from .jobs import Fail, Group, Job, JobEvent, JobStatus, NotYet, RetryAfter
+from .jobs import Aborted, Fail, Group, Job, JobEvent, JobStatus, NotYet, RetryAfter
 from .operations.bulk import JobSpec
 from .operations.health import Health
 from .signals import (
@@ -41,6 +41,7 @@ from .store.recurring_statements import ScheduleRow
 from .undo import Toast, UndoOutcome
 
 __all__ = [
+    "Aborted",
     "INCLUDE_DELETED",
     "Batched",
     "Defer",

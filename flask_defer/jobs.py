@@ -91,6 +91,8 @@ class Job:
     #: How many of its parents (``schedule(..., after=...)``) have not settled yet; None
     #: when it waits for none, so a claim may take it once due.
     waiting_for: int | None = None
+    #: Who asked to abort this running job (``defer.abort``); None when nobody did.
+    abort_requested_by: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Job:
@@ -153,6 +155,17 @@ class Job:
         """True while the job is pending or running."""
         return self.status.is_live
 
+    def abort_requested(self) -> bool:
+        """In a handler: True once someone asked to abort this run (``defer.abort``).
+
+        The worker learns of the request within one heartbeat (``ABORT_CHECK_SECONDS``)
+        and this answers from memory, so call it as often as you like. End by raising
+        :class:`Aborted` (or by returning): the job settles ``cancelled`` with an
+        ``aborted`` history event naming who asked. A handler that never asks runs to
+        its end, and its outcome stands.
+        """
+        return ABORTS.seen(self.id, self.claim_token)
+
     def undo_seconds_left(self, now: datetime | None = None) -> float:
         """Seconds the owner may still undo this job (0 when it is not undoable now)."""
         if self.undo_until is None or self.status is not JobStatus.PENDING:
@@ -191,6 +204,59 @@ class NotYet(Exception):  # noqa: N818 - the name reads as the handler's answer
     def resume_at(self, now: datetime) -> datetime:
         """When to run again, measured from the executor's *now* for a relative delay."""
         return now + self.delay if self.delay is not None else self.until
+
+
+class Aborted(Exception):  # noqa: N818 - the name reads as the handler's answer
+    """Raised by a handler that stops because :meth:`Job.abort_requested` said so.
+
+    The job settles ``cancelled`` (not retried), with an ``aborted`` history event
+    naming who asked for the abort; the exception's text, if any, is its ``last_error``.
+    """
+
+
+#: How often (seconds) a worker, or ``run_due``, looks for abort requests of the jobs
+#: it is running: the longest a handler waits to see ``abort_requested()`` turn True.
+ABORT_CHECK_SECONDS = 0.5
+
+
+class AbortRequests:
+    """The runs (job id, claim token) that someone asked to abort, as this process knows.
+
+    The heartbeat that renews leases (``engine.leases``) fills it; :meth:`Job.
+    abort_requested` reads it, and remembers that the handler saw the request, so
+    a handler that returns after seeing it ends the job as aborted too. Keyed by the
+    claim token: a request is for one run, never for a later claim of the same job.
+    """
+
+    def __init__(self) -> None:
+        self._requested: set[tuple[int, str | None]] = set()
+        self._seen: set[tuple[int, str | None]] = set()
+
+    def request(self, job_id: int, token: str | None) -> None:
+        self._requested.add((job_id, token))
+
+    def requested(self, job_id: int, token: str | None) -> bool:
+        """Whether this run's abort was requested (whether or not the handler looked)."""
+        return (job_id, token) in self._requested
+
+    def seen(self, job_id: int, token: str | None) -> bool:
+        """:meth:`requested`, remembering that the handler was told."""
+        if (job_id, token) not in self._requested:
+            return False
+        self._seen.add((job_id, token))
+        return True
+
+    def was_seen(self, job_id: int, token: str | None) -> bool:
+        return (job_id, token) in self._seen
+
+    def forget(self, job_id: int, token: str | None) -> None:
+        """The run ended: its entries go (set operations are atomic under the GIL)."""
+        self._requested.discard((job_id, token))
+        self._seen.discard((job_id, token))
+
+
+#: This process's abort requests (one per process, like the worker's own threads).
+ABORTS = AbortRequests()
 
 
 class RetryAfter(Exception):  # noqa: N818 - the name reads as the handler's answer
@@ -234,7 +300,8 @@ class JobEvent:
 
     ``event`` is one of ``scheduled``, ``replaced``, ``rescheduled``, ``started``,
     ``done``, ``retried``, ``snoozed``, ``failed``, ``cancelled``, ``undone``,
-    ``reclaimed``, ``run_now``, ``retried_by_operator``, ``expired``. ``actor`` says who caused it:
+    ``reclaimed``, ``run_now``, ``retried_by_operator``, ``expired``, ``released`` (its
+    last parent settled), ``abort_requested`` and ``aborted``. ``actor`` says who caused it:
     the owner for an undo, the operator for a dashboard action, ``cli``,
     ``worker:<host>:<pid>``, or ``app`` (a Python call without ``actor=``).
     ``attempt`` is the job's attempt count at that moment; ``error`` is the failed

@@ -3,7 +3,7 @@
 Each command parses its options, calls one facade method, and prints the result. Only
 here do errors become exit codes: 1 for a refused operation, 2 for bad input
 (:mod:`.common`). The commands: ``install`` and ``db`` (:mod:`.schema`); ``list``,
-``cancel``, ``retry``, ``prune`` (:mod:`.jobs`); ``status`` and ``run-due``
+``cancel``, ``abort``, ``retry``, ``prune`` (:mod:`.jobs`); ``status`` and ``run-due``
 (:mod:`.status`); ``worker`` (:mod:`.worker`); ``schedules`` (the recurring
 schedules, :mod:`.recurring`); ``pause``, ``resume`` and ``paused`` (:mod:`.pauses`).
 """
@@ -25,6 +25,7 @@ for _command in (
     schema.db_cli,
     jobs.list_command,
     jobs.cancel_command,
+    jobs.abort_command,
     status.status_command,
     status.run_due_command,
     worker.worker_command,

@@ -114,6 +114,35 @@ def cancel_command(job_id: int | None, key: str | None, key_prefix: str | None) 
     raise click.ClickException(f"not cancelled: {which} is {status}")
 
 
+@click.command("abort", short_help="Stop a job: cancel it if pending, else ask its worker.")
+@click.argument("job_id", type=int)
+@with_appcontext
+@errors_to_exit_codes
+def abort_command(job_id: int) -> None:
+    """Stop job JOB_ID: cancel it while pending; while running, ask its worker to stop
+    it (its handler sees ``job.abort_requested()`` within a heartbeat).
+
+    Exits 1 when no job has this id, when it has settled already, or when its abort was
+    asked for before.
+    """
+    defer = current_defer()
+    if defer.abort(job_id, actor=CLI_ACTOR):
+        job = defer.get(job_id)
+        if job is not None and job.status is JobStatus.CANCELLED:
+            click.echo(f"cancelled job {job_id}")
+        else:
+            click.echo(f"abort requested for job {job_id}: its worker stops it at its next look")
+        return
+    job = defer.get(job_id)
+    status = job.status.value if job is not None else "gone"
+    if job is not None and job.abort_requested_by is not None and job.is_live:
+        raise click.ClickException(
+            f"not aborted: job {job_id} is {status}, abort already requested by "
+            f"{job.abort_requested_by}"
+        )
+    raise click.ClickException(f"not aborted: job {job_id} is {status}")
+
+
 @click.command("retry", short_help="Put a failed job back to pending, due now.")
 @click.argument("job_id", type=int)
 @with_appcontext

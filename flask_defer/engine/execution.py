@@ -20,16 +20,17 @@ from sqlalchemy import Connection
 
 from .. import signals
 from ..config import RetryPolicy
-from ..jobs import Fail, Job, JobStatus, NotYet, RetryAfter
+from ..jobs import ABORTS, Aborted, Fail, Job, JobStatus, NotYet, RetryAfter
 from ..registry import Registry
 from ..store import UNKNOWN_HANDLER_NOTE, Ack, JobStore
-from .coroutines import run_coroutine
+from .coroutines import AbortedTask, HandlerTimeout, awaited, run_coroutine
 from .outcomes import (
     JobLog,
     Outcome,
     PendingAck,
     RunSummary,
     UnstorableResult,
+    abort_note,
     duration,
     error_summary,
     error_text,
@@ -37,17 +38,10 @@ from .outcomes import (
 )
 from .retry import backoff_delay
 
-__all__ = [
-    "Clock",
-    "Executor",
-    "HandlerTimeout",
-    "JobLog",
-    "Outcome",
-    "PendingAck",
-    "RunSummary",
-    "UnstorableResult",
-    "error_summary",
-]
+__all__ = [  # noqa: RUF022 - grouped: the executor, then what it re-exports
+    "Clock", "Executor", "HandlerTimeout", "JobLog", "Outcome", "PendingAck", "RunSummary",
+    "UnstorableResult", "error_summary",
+]  # fmt: skip
 
 logger = logging.getLogger("flask_defer")
 
@@ -65,9 +59,6 @@ UNCOMMITTED_NOTE = (
     "warning: the handler scheduled jobs in db.session and returned without committing; "
     "they were discarded (call db.session.commit() in the handler, or use atomic=True)"
 )
-
-class HandlerTimeout(Exception):
-    """A handler ran longer than its timeout; recorded as the attempt's error."""
 
 
 class _LeaseLost(Exception):
@@ -96,9 +87,8 @@ class Executor:
         self.atomic_scope = atomic_scope
         self.emit = emit
         self.uncommitted = uncommitted
-        # Where writes are serialised (SQLite), an atomic handler that writes holds the
-        # one write lock until its done mark commits; past the busy timeout other
-        # writers have started failing.
+        # SQLite: an atomic handler that writes holds the one write lock until its done
+        # mark commits; past the busy timeout other writers have started failing.
         self.lock_warning = sqlite_busy_timeout if store.driver.serialises_writes else None
 
     def execute(
@@ -114,6 +104,12 @@ class Executor:
         *actor* (the worker, or ``app`` for ``run_due``) is who the outcome's history
         event names when it is written here; a batch names its actor at :meth:`flush`.
         """
+        try:
+            return self._execute(job, clock, batch=batch, actor=actor)
+        finally:  # this run's abort request, if any, is settled either way
+            ABORTS.forget(job.id, job.claim_token)
+
+    def _execute(self, job: Job, clock: Clock, *, batch: bool, actor: str) -> Outcome | PendingAck:
         log = JobLog(logger, {"job": job})
         spec = self.registry.get(job.name)
         if spec is None:
@@ -142,6 +138,8 @@ class Executor:
                 note = self._uncommitted_note(log)
         except BaseException as error:  # noqa: BLE001 - mapped to its outcome below
             return self._ended_with(job, log, error, clock, actor, batch)
+        if ABORTS.was_seen(job.id, job.claim_token):
+            return self._aborted(job, log, None, clock, actor)  # it saw the request and stopped
         return self._done(job, log, result, note, time.monotonic() - began, clock, actor, batch)
 
     async def execute_async(
@@ -163,17 +161,18 @@ class Executor:
         began = time.monotonic()
         try:
             with self.context_factory():
-                try:
-                    result = storable(await asyncio.wait_for(spec.func(job), timeout))
-                except TimeoutError:
-                    raise HandlerTimeout(
-                        f"handler ran longer than its timeout of {timeout:g} s"
-                    ) from None
+                result = storable(await awaited(job, spec.func(job), timeout))
                 note = self._uncommitted_note(log)
+            if ABORTS.was_seen(job.id, job.claim_token):
+                raise AbortedTask()  # it saw the request and returned
+        except AbortedTask:
+            return self._aborted(job, log, None, clock, actor)
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # noqa: BLE001 - mapped to its outcome below
             return self._ended_with(job, log, error, clock, actor, True)
+        finally:
+            ABORTS.forget(job.id, job.claim_token)
         return self._done(job, log, result, note, time.monotonic() - began, clock, actor, True)
 
     def _unknown(
@@ -235,6 +234,10 @@ class Executor:
         """Map how a handler ended (NotYet, Fail, an error, SystemExit) to its outcome."""
         if isinstance(error, _LeaseLost):
             return self._lost(log)
+        if isinstance(error, Aborted) or ABORTS.requested(job.id, job.claim_token):
+            # Raised Aborted, or failed some other way after an abort was asked for:
+            # either way the run ends as aborted, not as a failure to retry.
+            return self._aborted(job, log, error, clock, actor)
         if isinstance(error, NotYet):
             until = error.resume_at(clock())
             log.info("not yet; runs again at %s", until.isoformat())
@@ -373,7 +376,19 @@ class Executor:
 
         return self._record(PendingAck(ack, settle), clock, batch, actor)
 
+    def _aborted(
+        self, job: Job, log: JobLog, error: BaseException | None, clock: Clock, actor: str
+    ) -> Outcome:
+        """Settle a run that stopped on an abort request: ``cancelled``, written now
+        (aborts are rare; its event names who asked, which a batch cannot)."""
+        if not self.store.ack_aborted(job, now=clock(), note=abort_note(error), actor=actor):
+            return self._lost(log)
+        log.info("aborted on request (attempt %d)", job.attempts)
+        self.emit(signals.job_cancelled, job=job)
+        return Outcome.ABORTED
+
     @staticmethod
     def _lost(log: JobLog) -> Outcome:
         log.warning("lease lapsed before acknowledgement; outcome discarded")
         return Outcome.LOST
+

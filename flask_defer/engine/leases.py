@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..jobs import Job
+from ..jobs import ABORT_CHECK_SECONDS, ABORTS, Job
 from ..store import JobStore
 from .execution import Clock
 
@@ -28,7 +29,8 @@ logger = logging.getLogger("flask_defer.worker")
 
 
 class LeaseHeartbeat(threading.Thread):
-    """Renews the leases of ``in_flight()`` every lease/3 until stopped.
+    """Renews the leases of ``in_flight()`` every lease/3 until stopped, and looks for
+    abort requests of those jobs every ``ABORT_CHECK_SECONDS``.
 
     *in_flight* is called from the heartbeat thread and must be thread-safe; it returns
     the claimed jobs whose outcome is not recorded yet. Usable as a context manager:
@@ -53,8 +55,31 @@ class LeaseHeartbeat(threading.Thread):
 
     def run(self) -> None:
         interval = self.lease.total_seconds() / 3
-        while not self.stopped.wait(interval):
-            self.beat()
+        tick = min(interval, ABORT_CHECK_SECONDS)
+        renew_at = time.monotonic() + interval
+        while not self.stopped.wait(tick):
+            self.look_for_aborts()
+            if time.monotonic() >= renew_at:
+                renew_at = time.monotonic() + interval
+                self.beat()
+
+    def look_for_aborts(self) -> int:
+        """Note the in-flight runs someone asked to abort (``defer.abort``), so their
+        handlers' ``job.abort_requested()`` turns True; how many there are. One read
+        by primary key, only while jobs are in flight."""
+        jobs = list(self.in_flight())
+        if not jobs:
+            return 0
+        try:
+            asked = self.store.aborts_requested(jobs)
+        except SQLAlchemyError as error:
+            logger.warning("looking for abort requests failed (%s)", brief(error))
+            return 0
+        for job in asked:
+            if not ABORTS.requested(job.id, job.claim_token):
+                logger.info("job %d %s: abort requested", job.id, job.name)
+            ABORTS.request(job.id, job.claim_token)
+        return len(asked)
 
     def beat(self) -> int:
         """Renew every in-flight lease now; return how many were still ours."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from ..errors import InvalidArgument
-from ..jobs import Fail, Job
+from ..jobs import Aborted, Fail, Job
 from ..store import Ack
 from ..validation import payload_text
 
@@ -36,6 +36,7 @@ class Outcome(enum.StrEnum):
     SNOOZED = "snoozed"  # NotYet: back to pending, attempt not spent
     UNKNOWN = "unknown"  # no handler here: back to pending with a backoff
     LOST = "lost"  # the claim's lease lapsed; another worker owns the job now
+    ABORTED = "aborted"  # stopped on an abort request (defer.abort): cancelled
 
 
 @dataclass
@@ -133,6 +134,14 @@ def error_text(error: BaseException) -> str:
         # Keep the end: the innermost frame and the message are what a reader needs.
         text = "…(truncated)\n" + text[-MAX_ERROR_CHARS:]
     return text
+
+
+def abort_note(error: BaseException | None) -> str | None:
+    """The ``last_error`` of an aborted run: :class:`~flask_defer.Aborted`'s text (None
+    without one), or the traceback of another error raised after the request."""
+    if error is None or isinstance(error, Aborted):
+        return (str(error) or None) if error is not None else None
+    return error_text(error)
 
 
 class UnstorableResult(Fail):

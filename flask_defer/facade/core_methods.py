@@ -201,6 +201,25 @@ class CoreMethods(FacadeBase):
             self._state(), id, key, owner, checked_actor(actor), commit=commit
         )
 
+    def abort(self, id: int, *, actor: str | None = None) -> bool:
+        """Stop job *id*: a pending job is cancelled (as :meth:`cancel`, hooks and all
+        with an *actor*); a running one is asked to stop. True if this call did either;
+        False when the job has settled already or its abort was asked for before.
+        Unknown id → :class:`JobNotFound`.
+
+        The worker running the job learns of the request within one heartbeat
+        (``flask_defer.jobs.ABORT_CHECK_SECONDS``, half a second): a plain handler sees
+        ``job.abort_requested()`` turn True and ends by raising
+        :class:`~flask_defer.Aborted` (or by returning after it looked); a coroutine
+        handler is cancelled (``asyncio.CancelledError`` at its next ``await``). The
+        job then settles ``cancelled``, with an ``aborted`` history event naming
+        *actor*, and its ``"done"`` children are cancelled with it. **A handler that
+        never asks runs to its end**, and its outcome stands: Python cannot stop a
+        thread from outside. ``atomic=True`` handlers that return commit their work
+        and end done. Meanwhile the dashboard shows "abort requested".
+        """
+        return control.abort(self._state(), id, checked_actor(actor))
+
     def cancel_many(
         self,
         *,

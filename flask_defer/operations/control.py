@@ -73,6 +73,23 @@ def cancel(
     return True
 
 
+def abort(state: DeferState, job_id: Any, actor: str = DEFAULT_ACTOR) -> bool:
+    """Stop a job: cancel it while pending, else ask its worker to stop it; True if
+    this call did either. Unknown id → :class:`JobNotFound`.
+
+    Two guarded statements in turn, never a read first: the cancel (pending →
+    cancelled, as :func:`cancel`), then the request (running, not asked yet →
+    ``abort_requested_by``). A job claimed between the two is asked; one that settled
+    meanwhile is left alone (False).
+    """
+    job_id, _ = identity(job_id, None)
+    assert job_id is not None
+    if cancel(state, job_id, None, None, actor):
+        return True
+    with state.transactions.control("abort", commit=True) as conn:
+        return state.store.request_abort(conn, job_id, now=utcnow(), actor=actor)
+
+
 def cancel_with_hooks(
     state: DeferState,
     job_id: int | None,

@@ -27,7 +27,16 @@ from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BindParameter, Connection, Integer, bindparam, column, func, select, text
+from sqlalchemy import (
+    BindParameter,
+    Connection,
+    Integer,
+    bindparam,
+    column,
+    func,
+    select,
+    text,
+)
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import Job
@@ -93,7 +102,6 @@ class ClaimStatements(DependencyStatements):
         stmt = text(sql).bindparams(*binds).columns(*columns)
         self._claim_sql[(kind, queues, None)] = stmt
         return stmt
-
 
     def claim(
         self,
@@ -203,6 +211,40 @@ class ClaimStatements(DependencyStatements):
         event = HistoryEvent(job.id, "done", now, actor, job.attempts, note)
         params = {"v_last_error": note, "v_result": result}
         return self._acknowledge(job, "done", params, now=now, event=event, conn=conn)
+
+    def ack_aborted(self, job: Job, *, now: datetime, note: str | None, actor: str = "app") -> bool:
+        """Settle a claimed job whose handler stopped on an abort request as
+        ``cancelled``; its ``aborted`` event names who asked (*actor* if nobody did:
+        the handler raised :class:`~flask_defer.Aborted` on its own). False if this
+        claim no longer owns it. Its children are cancelled or released with it."""
+        params = {"job_id": job.id, "token": job.claim_token, "now": now, "v_last_error": note}
+        with self.begin() as conn:
+            row = conn.execute(self._guarded_ack("aborted"), params).first()
+            if row is None:
+                return False
+            by = row[1] or actor
+            self.record_events(conn, [HistoryEvent(job.id, "aborted", now, by, job.attempts, note)])
+            if row[0]:
+                self.release_children(conn, [job.id], now=now, actor=by)
+        return True
+
+    def aborts_requested(self, jobs: Sequence[Job]) -> list[Job]:
+        """Those of *jobs* (claimed runs) whose abort someone asked for: one read by
+        primary key, what the heartbeat asks every ``ABORT_CHECK_SECONDS``."""
+        if not jobs:
+            return []
+        t = self.table
+        stmt = self._control_sql.get("aborts_requested")
+        if stmt is None:
+            stmt = self._control_sql["aborts_requested"] = select(t.c.id, t.c.claim_token).where(
+                t.c.id.in_(bindparam("ids", expanding=True)),
+                t.c.abort_requested_by.is_not(None),
+            )
+        with self.engine.connect() as conn:
+            asked = {
+                (int(i), token) for i, token in conn.execute(stmt, {"ids": [j.id for j in jobs]})
+            }
+        return [job for job in jobs if (job.id, job.claim_token) in asked]
 
     def ack_retry(
         self, job: Job, *, now: datetime, run_at: datetime, error: str, actor: str = "app"

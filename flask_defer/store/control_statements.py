@@ -116,6 +116,31 @@ class ControlStatements(DependencyStatements):
         )
         return select(cancelled).add_cte(recorded.cte("recorded"))
 
+    def request_abort(
+        self, conn: Connection, job_id: int, *, now: datetime, actor: str = "app"
+    ) -> bool:
+        """Ask the worker running *job_id* to stop it; True if this call asked.
+
+        One guarded statement (``... AND status = 'running' AND abort_requested_by IS
+        NULL``): False when the job is not running (any more), or an abort was already
+        asked for. Writes an ``abort_requested`` event by *actor*.
+        """
+        t = self.table
+        row = conn.execute(
+            update(t)
+            .where(
+                t.c.id == job_id,
+                t.c.status == JobStatus.RUNNING.value,
+                t.c.abort_requested_by.is_(None),
+            )
+            .values(abort_requested_by=actor, updated_at=now)
+            .returning(t.c.attempts)
+        ).first()
+        if row is None:
+            return False
+        self.record_events(conn, [HistoryEvent(job_id, "abort_requested", now, actor, row[0])])
+        return True
+
     def cancel_many(
         self, conn: Connection, where: JobFilter, *, now: datetime, actor: str = "app"
     ) -> tuple[int, int]:

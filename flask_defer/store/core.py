@@ -46,6 +46,8 @@ _NOW, _BIND = object(), object()
 ACK_VALUES: dict[str, dict[str, Any]] = {
     "done": {"status": "done", "finished_at": _NOW, "last_error": _BIND, "result": _BIND},
     "failed": {"status": "failed", "finished_at": _NOW, "last_error": _BIND},
+    # A handler that stopped on an abort request (``defer.abort``).
+    "aborted": {"status": "cancelled", "finished_at": _NOW, "last_error": _BIND},
     "retry": {"status": "pending", "run_at": _BIND, "last_error": _BIND},
     # Snoozed without spending the attempt; "snooze_due" also moves due_at (NotYet).
     "snooze": {"status": "pending", "run_at": _BIND, "attempts": -1, "last_error": _BIND},
@@ -247,7 +249,10 @@ class StoreBase:
             )
             .values(values)
         )
-        if ACK_VALUES[kind]["status"] in SETTLING:
+        if kind == "aborted":
+            # Its children, and who asked for the abort (its event names them).
+            stmt = stmt.returning(t.c.dependents, t.c.abort_requested_by)
+        elif ACK_VALUES[kind]["status"] in SETTLING:
             # Whether the settled job has children to release (see store.dependencies).
             stmt = stmt.returning(t.c.dependents)
         self._ack_one_sql[kind] = stmt

@@ -146,6 +146,9 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         # children at all, so an acknowledgement looks for them only then.
         Column("waiting_for", Integer, nullable=True),
         Column("dependents", Boolean, nullable=False, server_default=false()),
+        # Who asked to abort the running job (revision flask_defer_0012): the worker
+        # running it looks for this every heartbeat.
+        Column("abort_requested_by", String(255), nullable=True),
     )
     c = table.c
     pending = c.status == "pending"

@@ -64,6 +64,7 @@ def register(blueprint: Blueprint) -> None:
         ("/jobs/<int:job_id>/run-now", "dashboard_run_now", run_now),
         ("/jobs/<int:job_id>/reschedule", "dashboard_reschedule", reschedule),
         ("/jobs/<int:job_id>/retry", "dashboard_retry", retry),
+        ("/jobs/<int:job_id>/abort", "dashboard_abort", abort_job),
         ("/jobs/cancel", "dashboard_cancel_many", cancel_many),
         ("/jobs/retry", "dashboard_retry_many", retry_many),
     ):
@@ -95,6 +96,23 @@ def cancel(job_id: int) -> ResponseReturnValue:
         return answer(ActionOutcome(True, gettext("Job {id} cancelled.", id=job_id)))
     return answer(
         _refused(job_id, _status_of(job_id), N_("Job {id} is {status}; not cancelled."))
+    )
+
+
+@action
+def abort_job(job_id: int) -> ResponseReturnValue:
+    """running → abort requested (pending → cancelled); a settled job is refused."""
+    if current_defer().abort(job_id, actor=operator()):
+        job = current_defer().get(job_id)
+        if job is not None and job.status.value == "cancelled":
+            return answer(ActionOutcome(True, gettext("Job {id} cancelled.", id=job_id)))
+        return answer(
+            ActionOutcome(
+                True, gettext("Abort of job {id} requested; its worker stops it.", id=job_id)
+            )
+        )
+    return answer(
+        _refused(job_id, _status_of(job_id), N_("Job {id} is {status}; not aborted."))
     )
 
 

@@ -30,6 +30,7 @@ def register(blueprint: Blueprint) -> None:
         ("/jobs/<int:job_id>/cancel", "dashboard_cancel_confirm", confirm_cancel),
         ("/jobs/<int:job_id>/run-now", "dashboard_run_now_confirm", confirm_run_now),
         ("/jobs/<int:job_id>/retry", "dashboard_retry_confirm", confirm_retry),
+        ("/jobs/<int:job_id>/abort", "dashboard_abort_confirm", confirm_abort),
         ("/jobs/cancel", "dashboard_cancel_many_confirm", confirm_cancel_many),
         ("/jobs/retry", "dashboard_retry_many_confirm", confirm_retry_many),
     ):
@@ -77,6 +78,19 @@ RETRY = JobQuestion(
     danger=False,
 )
 
+ABORT = JobQuestion(
+    N_("Abort job {id} ({name})?"),
+    N_("Abort job {id} ({name}, key {key})?"),
+    N_(
+        "Its worker asks the handler to stop; a handler that checks "
+        "job.abort_requested() stops and the job is cancelled. One that never checks "
+        "runs to its end."
+    ),
+    "defer.dashboard_abort",
+    N_("Yes, abort it"),
+    danger=True,
+)
+
 
 def _confirm_job(job_id: int, asked: JobQuestion) -> ResponseReturnValue:
     """The confirm page of *asked* for one job (404 for an unknown id)."""
@@ -108,6 +122,11 @@ def confirm_cancel(job_id: int) -> ResponseReturnValue:
 def confirm_run_now(job_id: int) -> ResponseReturnValue:
     """Ask before making one job due now (404 for an unknown id)."""
     return _confirm_job(job_id, RUN_NOW)
+
+
+def confirm_abort(job_id: int) -> ResponseReturnValue:
+    """Ask before aborting one running job (404 for an unknown id)."""
+    return _confirm_job(job_id, ABORT)
 
 
 def confirm_retry(job_id: int) -> ResponseReturnValue:

@@ -55,6 +55,8 @@ EVENTS: dict[str, tuple[str, str]] = {
     "retried_by_operator": (N_("Retried by an operator"), "info"),
     "expired": (N_("Expired before it started"), "neutral"),
     "released": (N_("Released: every job it waited for settled"), "info"),
+    "abort_requested": (N_("Abort requested"), "warn"),
+    "aborted": (N_("Aborted"), "neutral"),
 }
 
 #: A job's status as the dashboard's badges and details say it; "due" is a pending

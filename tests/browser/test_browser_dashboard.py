@@ -401,3 +401,64 @@ def test_the_job_history_timeline(
     assert shot.stat().st_size > 20_000
     if width == 1280:
         docs_screenshot(shot, f"{name}.png")  # docs/history.md shows the desktop timeline
+
+
+# -- workflows: a group's pages, and aborting a running job ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scheme", "width"),
+    [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
+    ids=["light-1280", "dark-1280", "light-375", "dark-375"],
+)
+def test_a_groups_pages_link_members_and_callback_and_abort_works_from_the_keyboard(
+    live: Live,
+    operator_page: Callable[..., Page],
+    axe_violations: Callable[[Any], list[dict[str, Any]]],
+    artifacts: Path,
+    scheme: str,
+    width: int,
+) -> None:
+    with live.ops.context():
+        group = live.ops.defer.group(
+            "send_email", [{"to": f"reader{n}@example.com"} for n in range(3)],
+            then="send_digest", then_payload={"week": 9},
+        )  # fmt: skip
+        live.ops.db.session.commit()
+    page = operator_page(
+        color_scheme=scheme, device_scale_factor=2, viewport={"width": width, "height": 900}
+    )
+    page.goto(f"{live.url}/defer/jobs/{group.id}")
+    page.wait_for_load_state("load")
+    workflow = page.locator(".defer-job__workflow")
+    expect(workflow.locator("[data-defer-related=parents] li")).to_have_count(3)
+    expect(page.locator("[data-defer-waiting]")).to_contain_text("3 jobs to settle")
+    expect(page.locator("[data-defer-waiting-tag]")).to_be_visible()  # not "due"
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"{overflow}px of horizontal scroll at {width}px"
+    assert axe_violations(page) == []
+    suffix = ("-dark" if scheme == "dark" else "") + ("-375" if width == 375 else "")
+    page.screenshot(path=str(artifacts / f"group{suffix}.png"), full_page=True)
+
+    # Keyboard only: from the callback to its first member, then back up the link.
+    first = group.jobs[0].id
+    link = workflow.get_by_role("link", name=f"#{first} send_email")
+    link.focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(f"{live.url}/defer/jobs/{first}")
+    expect(page.locator("[data-defer-related=children]")).to_contain_text(f"#{group.id}")
+
+    # A running job's Abort button: confirmed, then "abort requested" in place.
+    (running_id,) = live.jobs.running
+    page.goto(f"{live.url}/defer/jobs/{running_id}")
+    page.wait_for_load_state("load")
+    page.once("dialog", lambda dialog: dialog.accept())
+    abort_button = page.get_by_role("button", name="Abort")
+    abort_button.focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#defer-outcome")).to_contain_text(
+        f"Abort of job {running_id} requested"
+    )
+    expect(page.locator("[data-defer-abort-requested]")).to_be_visible()
+    assert axe_violations(page) == []
+    page.screenshot(path=str(artifacts / f"abort-requested{suffix}.png"), full_page=True)

@@ -608,6 +608,38 @@ def test_the_job_page_links_a_groups_members_and_its_callback(ops: OpsApp) -> No
     assert 'data-defer-related="parents"' not in member_page
 
 
+@pytest.mark.parametrize("htmx", [True, False], ids=["htmx", "form"])
+def test_the_abort_button_of_a_running_job_asks_its_worker_to_stop_it(
+    ops: OpsApp, jobs: Seeded, htmx: bool
+) -> None:
+    client = signed_in(ops)
+    job_id = jobs.running[0]
+    page = client.get(f"/defer/jobs/{job_id}").get_data(as_text=True)
+    assert f'action="/defer/jobs/{job_id}/abort"' in page and "abort requested" not in page
+    confirm = client.get(f"/defer/jobs/{job_id}/abort").get_data(as_text=True)
+    assert f"Abort job {job_id} (publish_post, key post:91:publish)?" in confirm
+    assert act(client, f"/defer/jobs/{job_id}/abort", htmx=htmx, token="forged").status_code == 400
+    response = act(client, f"/defer/jobs/{job_id}/abort", htmx=htmx)
+    if htmx:
+        assert outcome_text(response.get_data(as_text=True)) == (
+            f"ok: Abort of job {job_id} requested; its worker stops it."
+        )
+    else:
+        assert response.status_code == 303
+    page = client.get(f"/defer/jobs/{job_id}").get_data(as_text=True)
+    assert "data-defer-abort-requested" in page and "Abort requested by admin" in page
+    assert f'action="/defer/jobs/{job_id}/abort"' not in page  # asked once
+    with ops.context():
+        assert [e.event for e in ops.defer.history(job_id)][-1] == "abort_requested"
+    again = act(client, f"/defer/jobs/{job_id}/abort", htmx=True)
+    assert outcome_text(again.get_data(as_text=True)).startswith("refused: ")
+
+
+def test_an_abort_is_refused_to_a_visitor(ops: OpsApp, jobs: Seeded) -> None:
+    client = ops.app.test_client()
+    assert client.post(f"/defer/jobs/{jobs.running[0]}/abort").status_code == 403
+
+
 def test_a_job_without_a_workflow_shows_no_workflow_panel(ops: OpsApp, jobs: Seeded) -> None:
     html = signed_in(ops).get(f"/defer/jobs/{jobs.done[0]}").get_data(as_text=True)
     assert "defer-job-workflow" not in html
