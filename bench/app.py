@@ -53,6 +53,16 @@ def bench_record_start(job: Job) -> dict[str, float]:
     return {"started": time.time()}
 
 
+#: The rate-limited job of the workflows measurement, and its limit per second.
+RATE_LIMITED = "bench_rate_limited"
+RATE_PER_SECOND = 20
+
+
+@defer.job(RATE_LIMITED, max_attempts=3, rate_limit=f"{RATE_PER_SECOND}/s")
+def bench_rate_limited(job: Job) -> None:
+    """A no-op held to RATE_PER_SECOND starts a second across workers."""
+
+
 routes = Blueprint("bench", __name__, url_prefix="/bench")
 
 

@@ -62,6 +62,13 @@ def _release(rows: Sequence[Row]) -> list[TargetResult]:
         met = row.value <= 2.0
         why = "" if met else f"Per-round ratios ranged {row.spread or row.figure}."
         out.append(TargetResult(target, f"{row.figure}×", met, why))
+    for backend in ("postgresql", "sqlite"):
+        row = _one(rows, backend, "rate-deviation")
+        target = f"Rate limit, {backend}: within ±1 job of the limit per period"
+        if row is None or row.value is None:
+            out.append(TargetResult(target, "not measured", None, "The measurement did not run."))
+            continue
+        out.append(TargetResult(target, row.figure, row.value <= 1, row.note))
     return out
 
 

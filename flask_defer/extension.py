@@ -41,6 +41,7 @@ from .store.schema import (
     define_jobs_table,
     define_pauses_table,
     define_schedules_table,
+    define_starts_table,
 )
 from .web import init_web
 
@@ -92,6 +93,7 @@ class Defer(DeferFacade):
             define_schedules_table(db.metadata, schedules_table_name)
             define_pauses_table(db.metadata, table_name)
             define_dependencies_table(db.metadata, table_name)
+            define_starts_table(db.metadata, table_name)
         if app is not None:
             self.init_app(app, db=db)
 

@@ -93,6 +93,11 @@ class Job:
     waiting_for: int | None = None
     #: Who asked to abort this running job (``defer.abort``); None when nobody did.
     abort_requested_by: str | None = None
+    #: A rate-limited handler's limit (``@defer.job(rate_limit="10/s")``): at most
+    #: ``rate_limit`` jobs of its bucket (its ``concurrency_key``) start per
+    #: ``rate_period`` seconds, across every worker. None for other jobs.
+    rate_limit: int | None = None
+    rate_period: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Job:

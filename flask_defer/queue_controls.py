@@ -24,6 +24,15 @@ MAX_PRIORITY = 100
 MAX_CONCURRENCY_LIMIT = 10_000
 
 
+#: A rate limit's periods, in seconds: ``"10/s"``, ``"100/m"``, ``"1000/h"``.
+RATE_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+#: The most starts a rate limit may allow per period (a sanity bound).
+MAX_RATE = 100_000
+#: A rate-limited job's bucket is its ``concurrency_key``: this prefix, the job name,
+#: and its ``rate_key`` when it has one.
+RATE_BUCKET_PREFIX = "rate:"
+
+
 @dataclass(frozen=True, slots=True)
 class QueueControls:
     """The stored form: what the row's ``priority`` ... ``expires_at`` columns hold."""
@@ -32,6 +41,48 @@ class QueueControls:
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
     expires_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """At most ``count`` starts per ``period`` seconds (``@defer.job(rate_limit="10/s")``)."""
+
+    count: int
+    period: float
+
+    def text(self) -> str:
+        """As it was written: ``10/s``."""
+        unit = next(u for u, seconds in RATE_PERIODS.items() if seconds == self.period)
+        return f"{self.count}/{unit}"
+
+
+def checked_rate_limit(value: Any, argument: str = "rate_limit") -> RateLimit | None:
+    """``"N/s"``, ``"N/m"`` or ``"N/h"`` (N from 1 to :data:`MAX_RATE`), or None."""
+    if value is None:
+        return None
+    if isinstance(value, RateLimit):
+        return value
+    if not isinstance(value, str):
+        raise InvalidArgument(argument, f"expected a string like '10/s', got {value!r}")
+    count, slash, unit = value.strip().partition("/")
+    count, unit = count.strip(), unit.strip()
+    if not slash or unit not in RATE_PERIODS or not count.isascii() or not count.isdigit():
+        raise InvalidArgument(
+            argument,
+            f"expected N/s, N/m or N/h (starts per second, minute or hour), got {value!r}",
+        )
+    if not 1 <= int(count) <= MAX_RATE:
+        raise InvalidArgument(argument, f"expected 1 to {MAX_RATE:,} per period, got {count}")
+    return RateLimit(int(count), RATE_PERIODS[unit])
+
+
+def rate_bucket(name: str, rate_key: Any) -> str:
+    """The bucket a rate-limited job of *name* counts in (checked *rate_key*, or None)."""
+    key = checked_text(rate_key, "rate_key")
+    bucket = f"{RATE_BUCKET_PREFIX}{name}" + (f":{key}" if key is not None else "")
+    if len(bucket) > 255:
+        raise InvalidArgument("rate_key", "too long: the job name and rate_key make its bucket")
+    return bucket
 
 
 def validate_queue(queue: object) -> None:

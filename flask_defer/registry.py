@@ -23,9 +23,12 @@ from typing import Any, TypeVar
 from .errors import InvalidArgument
 from .jobs import Job
 from .queue_controls import (
+    RateLimit,
     checked_concurrency_limit,
     checked_priority,
+    checked_rate_limit,
     checked_ttl,
+    rate_bucket,
     resolve_controls,
     validate_queue,
 )
@@ -62,20 +65,56 @@ class HandlerSpec:
     priority: int = 0
     concurrency_limit: int | None = None
     ttl: timedelta | None = None
+    #: At most this many of its jobs start per period, across every worker.
+    rate_limit: RateLimit | None = None
 
     @property
     def is_async(self) -> bool:
         """True for an ``async def`` handler: the worker awaits it on its event loop."""
         return inspect.iscoroutinefunction(self.func)
 
-    def controls(self, *, run_at: datetime, queue: Any, **given: Any) -> dict[str, Any]:
+    def rate_fields(self) -> dict[str, Any]:
+        """The ``NewJob`` fields that put a job of this handler in its rate bucket (no
+        ``rate_key``); empty without a rate limit. For the jobs the library writes
+        itself (recurring ticks, batches), which take no other queue controls."""
+        if self.rate_limit is None:
+            return {}
+        return {
+            "concurrency_key": rate_bucket(self.name, None),
+            "rate_limit": self.rate_limit.count,
+            "rate_period": self.rate_limit.period,
+        }
+
+    def controls(
+        self, *, run_at: datetime, queue: Any, rate_key: Any = None, **given: Any
+    ) -> dict[str, Any]:
         """The ``NewJob`` fields of one ``schedule()`` call's queue controls.
 
         *given* are its ``priority``, ``concurrency_key``, ``concurrency_limit``,
-        ``expires_at`` and ``ttl``; what it leaves out comes from this handler.
+        ``expires_at`` and ``ttl``; what it leaves out comes from this handler. A
+        rate-limited handler's job counts in its bucket (the name and *rate_key*),
+        which is its ``concurrency_key``: the keyed claim, serialised across workers,
+        is what holds the limit.
         """
         if queue is not None:
             validate_queue(queue)
+        if self.rate_limit is None:
+            if rate_key is not None:
+                raise InvalidArgument(
+                    "rate_key",
+                    f"job {self.name!r} has no rate limit to count by; register it with "
+                    "@defer.job(..., rate_limit='10/s')",
+                )
+        else:
+            for argument in ("concurrency_key", "concurrency_limit"):
+                if given.get(argument) is not None:
+                    raise InvalidArgument(
+                        argument,
+                        f"job {self.name!r} is rate-limited ({self.rate_limit.text()}): its "
+                        "concurrency key is its rate bucket; give rate_key= to split it",
+                    )
+            given["concurrency_key"] = rate_bucket(self.name, rate_key)
+            given["concurrency_limit"] = 1  # unused: the rate decides (see claim_sql)
         controls = resolve_controls(
             run_at=run_at,
             default_priority=self.priority,
@@ -83,12 +122,15 @@ class HandlerSpec:
             default_ttl=self.ttl,
             **given,
         )
+        limit = self.rate_limit
         return {
             "queue": queue if queue is not None else self.queue,
             "priority": controls.priority,
             "concurrency_key": controls.concurrency_key,
-            "concurrency_limit": controls.concurrency_limit,
+            "concurrency_limit": None if limit is not None else controls.concurrency_limit,
             "expires_at": controls.expires_at,
+            "rate_limit": limit.count if limit is not None else None,
+            "rate_period": limit.period if limit is not None else None,
         }
 
 
@@ -120,6 +162,7 @@ class Registry:
         priority: int = 0,
         concurrency_limit: int | None = None,
         ttl: Duration | None = None,
+        rate_limit: str | None = None,
     ) -> Callable[[F], F]:
         """What ``@defer.job(name, ...)`` returns: registers the function it decorates.
 
@@ -130,6 +173,13 @@ class Registry:
         level = checked_priority(priority)
         limit = None if concurrency_limit is None else checked_concurrency_limit(concurrency_limit)
         span = checked_ttl(ttl)
+        rate = checked_rate_limit(rate_limit)
+        if rate is not None and limit is not None:
+            raise InvalidArgument(
+                "concurrency_limit",
+                "a rate-limited handler's jobs are limited by their rate; give one of "
+                "rate_limit and concurrency_limit",
+            )
 
         def register(func: F) -> F:
             validate_handler(func)
@@ -150,6 +200,7 @@ class Registry:
                     priority=level,
                     concurrency_limit=limit,
                     ttl=span,
+                    rate_limit=rate,
                 )
             )
             return func

@@ -64,6 +64,11 @@ def record_job(job: Job) -> None:
     record(job)
 
 
+@defer.job("rate_limited", rate_limit="10/s")
+def rate_limited(job: Job) -> None:
+    record(job)
+
+
 @defer.job("slow_first")
 def slow_first(job: Job) -> None:
     """Blocks for ``payload["sleep"]`` seconds on its first attempt only."""

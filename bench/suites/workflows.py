@@ -11,13 +11,14 @@ release time ÷ bulk insert time; the target is at most 2.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
 from flask_defer.store import Ack
 
-from ..app import NOOP, db, defer
+from ..app import NOOP, RATE_LIMITED, RATE_PER_SECOND, db, defer
 from ..fd import FlaskDeferApp
 from ..results import Contender, Row, Sample, interleave
 from . import Context, Section
@@ -38,7 +39,62 @@ def run(ctx: Context) -> Section:
     )
     for backend in ctx.backends:
         section.rows += _backend(ctx, backend, rounds)
+        section.rows += _rate(ctx, backend)
+    section.method += (
+        f" Then a rate limit: {RATE_BACKLOG} jobs of a {RATE_PER_SECOND}/s handler drained by "
+        "one worker (4 threads); the starts (the jobs' `started` events, the claims' "
+        "own times) are counted in each whole second from the first, and in any "
+        "one-second window."
+    )
     return section
+
+
+RATE_BACKLOG = 100
+
+
+def _rate(ctx: Context, backend: str) -> list[Row]:
+    """Issue 35: a rate-limited handler holds its limit within ±1 job per period."""
+    database = ctx.env.database(backend, f"rate limit {backend}")
+    app = FlaskDeferApp(database)
+    with app.app.app_context():
+        jobs = [defer.schedule(RATE_LIMITED, {"n": n}) for n in range(RATE_BACKLOG)]
+        db.session.commit()
+        worker = defer.worker(concurrency=4)
+        thread = threading.Thread(target=lambda: worker.run(install_signal_handlers=False))
+        thread.start()
+        deadline = time.monotonic() + RATE_BACKLOG / RATE_PER_SECOND * 3 + 10
+        while defer.count(status="done") < RATE_BACKLOG and time.monotonic() < deadline:
+            db.session.commit()
+            time.sleep(0.1)
+        worker.stop()
+        thread.join(30)
+        starts = sorted(
+            event.at.timestamp()
+            for job in jobs
+            for event in defer.history(job.id)
+            if event.event == "started"
+        )
+    app.close()
+    if len(starts) < RATE_BACKLOG:
+        return [Row("rate limit", backend, "flask_defer worker", f"{RATE_BACKLOG}",
+                    "n/a", note=f"only {len(starts)} started")]  # fmt: skip
+    most = max(sum(1 for t in starts if a <= t < a + 1.0) for a in starts)
+    first = starts[0]
+    whole = int((starts[-1] - first) // 1)
+    per_second = [sum(1 for t in starts if first + s <= t < first + s + 1) for s in range(whole)]
+    deviation = max(abs(n - RATE_PER_SECOND) for n in per_second) if per_second else 0
+    return [
+        Row(
+            "rate limit",
+            backend,
+            f"flask_defer worker, {RATE_PER_SECOND}/s",
+            f"{RATE_BACKLOG}",
+            f"most in any second {most}; whole seconds {per_second}",
+            note=f"largest deviation from {RATE_PER_SECOND} in a whole second: {deviation}",
+            value=float(max(deviation, most - RATE_PER_SECOND)),
+            tag="rate-deviation",
+        )
+    ]
 
 
 def _backend(ctx: Context, backend: str, rounds: int) -> list[Row]:

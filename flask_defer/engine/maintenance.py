@@ -144,6 +144,7 @@ class Maintenance:
                 self.expired += expire_due(
                     self.store, self.clock, actor=self.actor, emit=self.emit
                 )
+                self.store.forget_old_starts(now=self.clock())
                 stranded = self.store.release_stranded(now=self.clock(), actor=self.actor)
                 if stranded:
                     logger.warning(

@@ -67,6 +67,7 @@ class CoreMethods(FacadeBase):
         priority: int = 0,
         concurrency_limit: int | None = None,
         ttl: Duration | None = None,
+        rate_limit: str | None = None,
     ) -> Callable[[F], F]: ...
 
     def job(
@@ -81,6 +82,7 @@ class CoreMethods(FacadeBase):
         priority: int = 0,
         concurrency_limit: int | None = None,
         ttl: Duration | None = None,
+        rate_limit: str | None = None,
     ) -> F | Callable[[F], F]:
         """Register a handler for jobs called *name* (default: the function's name).
 
@@ -90,12 +92,17 @@ class CoreMethods(FacadeBase):
         ``queue``, ``priority`` (-100 to 100, lower first), ``concurrency_limit`` (for
         jobs scheduled with a ``concurrency_key``) and ``ttl`` are the defaults of this
         handler's jobs; ``schedule()`` may override each (see docs/queues.md).
+        ``rate_limit`` (``"10/s"``, ``"100/m"``, ``"1000/h"``): at most that many of its
+        jobs start per period across every worker and process, per ``rate_key`` given to
+        ``schedule()`` (one bucket per tenant, per provider); jobs over the limit stay
+        pending and the workers wake when the bucket frees (see docs/workflows.md).
         """
         if callable(name):
             return self.job()(name)
         return self.registry.decorator(
             name, max_attempts=max_attempts, timeout=timeout, atomic=atomic, queue=queue,
             priority=priority, concurrency_limit=concurrency_limit, ttl=ttl,
+            rate_limit=rate_limit,
         )  # fmt: skip
 
     # -- scheduling ---------------------------------------------------------------

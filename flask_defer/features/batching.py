@@ -181,6 +181,7 @@ def batch(
                 max_attempts=scheduling.max_attempts(state, spec),
                 queue=spec.queue,
                 key=job_key,
+                **spec.rate_fields(),
             )
             try:
                 job = scheduling.insert(state, new, now=arrived, conn=conn)

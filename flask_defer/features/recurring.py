@@ -253,6 +253,7 @@ class Ticker:
                     max_attempts=max_attempts,
                     queue=queue,
                     key=tick_key(row.id, tick),
+                    **(spec.rate_fields() if spec else {}),
                 ),
             )
             for tick in steps.ticks
@@ -345,6 +346,7 @@ class Ticker:
             max_attempts=(spec.max_attempts if spec else None) or self.default_max_attempts,
             queue=spec.queue if spec else "default",
             key=f"{tick_key(row.id, now)}:now",
+            **(spec.rate_fields() if spec else {}),
         )
         job = self.store.insert_job(new, now=now)
         self._written(job)

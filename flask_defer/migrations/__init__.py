@@ -49,6 +49,7 @@ OWN_TABLES = frozenset(
         "defer_jobs_history",
         "defer_jobs_pauses",
         "defer_jobs_after",
+        "defer_jobs_starts",
         VERSION_TABLE,
     }
 )

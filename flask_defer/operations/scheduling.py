@@ -11,6 +11,7 @@ options every scheduling call takes are one :class:`ScheduleOptions`, relayed wi
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace as dataclass_replace
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
@@ -58,6 +59,8 @@ class ScheduleOptions(TypedDict, total=False):
     #: ``after_policy="done"`` (the default) only if every one of them ended done.
     after: Any
     after_policy: str | None
+    #: A rate-limited handler's bucket within its limit (per tenant, per provider).
+    rate_key: str | None
 
 
 #: The option names, for the check that refuses a misspelt one.
@@ -190,6 +193,7 @@ def schedule(
             concurrency_key=options.get("concurrency_key"),
             concurrency_limit=options.get("concurrency_limit"),
             expires_at=options.get("expires_at"),
+            rate_key=options.get("rate_key"),
         ),
         key=checked_text(options.get("key"), "key"),
         owner=checked_text(options.get("owner"), "owner"),
@@ -256,7 +260,15 @@ def schedule_many(
         return 0
     actor = checked_actor(options.get("actor"))
     with state.transactions.joined(writes=True) as conn:
-        return state.store.insert_many(conn, jobs, now=now, actor=actor)
+        if spec.rate_limit is None:
+            return state.store.insert_many(conn, jobs, now=now, actor=actor)
+        # A rate-limited handler's jobs carry their bucket, which the bulk statement
+        # does not write: one insert each, in the same transaction.
+        bucket = spec.rate_fields()
+        for new in jobs:
+            state.store.insert(conn, dataclass_replace(new, **bucket), now=now, replace=False,
+                               actor=actor)  # fmt: skip
+        return len(jobs)
 
 
 #: What ``undoable`` refuses of the common options, and why.

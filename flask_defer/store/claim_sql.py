@@ -49,6 +49,8 @@ class ClaimTables:
     keyed_hint: str = ""
     #: The quoted pauses table, or None when this store has none.
     pauses: str | None = None
+    #: The quoted rate-limit starts table (``store.schema.define_starts_table``).
+    starts: str | None = None
 
 
 def claimable(tables: ClaimTables, *, queues: bool, alias: str = "", array: bool = False) -> str:
@@ -146,17 +148,39 @@ def keyed_ids_sql(
         " ORDER BY priority, run_at LIMIT 1) IS NOT NULL LIMIT 1)"
     )
     select = (
-        "SELECT c.id FROM (SELECT id, concurrency_key, concurrency_limit, priority, run_at,"
+        "SELECT c.id FROM (SELECT id, concurrency_key, concurrency_limit, rate_limit,"
+        " priority, run_at,"
         " row_number() OVER (PARTITION BY concurrency_key ORDER BY priority, run_at, id)"
         f" AS n FROM {t}{hint} WHERE {KEYED} AND run_at <= :now"
         f"{claimable(tables, queues=queues, array=array)}) AS c"
         f" LEFT JOIN (SELECT concurrency_key, count(*) AS n FROM {t} WHERE {KEYED_RUNNING}"
         " GROUP BY concurrency_key) AS busy ON busy.concurrency_key = c.concurrency_key"
-        " WHERE c.n + coalesce(busy.n, 0) <= coalesce(c.concurrency_limit, 1)"
+        f"{_recent_join(tables)}"
+        f" WHERE {_FITS}"
         " AND c.priority <= coalesce((SELECT p FROM level), c.priority)"
         f" ORDER BY c.priority, c.run_at, c.id {limit_sql(limit)}"
     )
     return f"{_levels(tables)}, {level}", select
+
+
+#: A keyed job fits when its number in its key's queue, plus what its key already holds,
+#: is within its limit: jobs running for a concurrency limit, starts within the period
+#: for a rate limit (``rate_limit`` set: any number of its jobs may run at once).
+_FITS = (
+    "((c.rate_limit IS NULL"
+    " AND c.n + coalesce(busy.n, 0) <= coalesce(c.concurrency_limit, 1))"
+    " OR (c.rate_limit IS NOT NULL AND c.n + coalesce(recent.n, 0) <= c.rate_limit))"
+)
+
+
+def _recent_join(tables: ClaimTables) -> str:
+    """``LEFT JOIN`` of each rate bucket's starts that still count at ``:now``."""
+    if tables.starts is None:
+        return " LEFT JOIN (SELECT NULL AS bucket, 0 AS n) AS recent ON 1 = 0"
+    return (
+        f" LEFT JOIN (SELECT bucket, count(*) AS n FROM {tables.starts} WHERE until > :now"
+        " GROUP BY bucket) AS recent ON recent.bucket = c.concurrency_key"
+    )
 
 
 def next_unkeyed_sql(tables: ClaimTables, *, queues: bool) -> str:
@@ -177,14 +201,27 @@ def next_unkeyed_sql(tables: ClaimTables, *, queues: bool) -> str:
 
 
 def next_keyed_sql(tables: ClaimTables, *, queues: bool) -> str:
-    """The earliest ``run_at`` of a keyed job whose key has a free slot."""
+    """The earliest moment a keyed job may start: its ``run_at`` once its key has a
+    free slot. A concurrency key at its limit waits for a running job to end (which
+    wakes the workers); a full rate bucket frees a slot when its oldest counted start
+    stops counting, so that moment (or the job's ``run_at``, if later) is the answer,
+    and a worker sleeps until then rather than polling the bucket."""
     t, hint = tables.jobs, tables.keyed_hint
     running = (
         f"SELECT count(*) FROM {t} AS r WHERE r.{KEYED_RUNNING.replace(' AND ', ' AND r.')}"
         " AND r.concurrency_key = j.concurrency_key"
     )
+    when = "j.run_at"
+    if tables.starts is not None:
+        counted = f"FROM {tables.starts} AS s WHERE s.bucket = j.concurrency_key AND s.until > :now"
+        freed = f"(SELECT min(s.until) {counted})"
+        when = (
+            "CASE WHEN j.rate_limit IS NULL THEN j.run_at"
+            f" WHEN (SELECT count(*) {counted}) < j.rate_limit THEN j.run_at"
+            f" WHEN {freed} > j.run_at THEN {freed} ELSE j.run_at END"
+        )
     return (
-        f"SELECT min(j.run_at) FROM {t} AS j{hint} WHERE j.{KEYED.replace(' AND ', ' AND j.')}"
+        f"SELECT min({when}) FROM {t} AS j{hint} WHERE j.{KEYED.replace(' AND ', ' AND j.')}"
         f"{claimable(tables, queues=queues, alias='j.')}"
-        f" AND ({running}) < coalesce(j.concurrency_limit, 1)"
+        f" AND (j.rate_limit IS NOT NULL OR ({running}) < coalesce(j.concurrency_limit, 1))"
     )

@@ -31,6 +31,7 @@ from .schema import (
     UTCDateTime,
     define_dependencies_table,
     define_pauses_table,
+    define_starts_table,
     typed_jobs_table,
 )
 from .versioning import record_on_create
@@ -87,6 +88,8 @@ class StoreBase:
         self.dependencies_table = typed_jobs_table(
             define_dependencies_table(table.metadata, table.name)
         )
+        #: The rate-limited jobs' recent starts (``@defer.job(rate_limit=...)``).
+        self.starts_table = typed_jobs_table(define_starts_table(table.metadata, table.name))
         # Creating the table from the app's metadata (db.create_all()) or from the store
         # records the newest revision in the same transaction.
         record_on_create(table)
@@ -159,6 +162,7 @@ class StoreBase:
         if history:
             self.pauses_table.create(self.engine, checkfirst=True)
             self.dependencies_table.create(self.engine, checkfirst=True)
+            self.starts_table.create(self.engine, checkfirst=True)
         if history and self.history_table is not None:
             self.history_table.create(self.engine, checkfirst=True)
 
@@ -200,6 +204,7 @@ class StoreBase:
             unkeyed_hint=self.driver.index_hint(f"ix_{name}_pending_priority"),
             keyed_hint=self.driver.index_hint(f"ix_{name}_keyed_pending"),
             pauses=self.engine.dialect.identifier_preparer.format_table(self.pauses_table),
+            starts=self.engine.dialect.identifier_preparer.format_table(self.starts_table),
         )
 
     def _is_pending(self) -> ColumnElement[bool]:
@@ -319,4 +324,6 @@ class StoreBase:
             "concurrency_key": new.concurrency_key,
             "concurrency_limit": new.concurrency_limit,
             "expires_at": new.expires_at,
+            "rate_limit": new.rate_limit,
+            "rate_period": new.rate_period,
         }

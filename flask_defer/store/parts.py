@@ -46,6 +46,9 @@ class StoreParts(Protocol):
     def record_events(self, conn: Connection, events: Sequence[HistoryEvent]) -> None:
         """Insert history events in *conn*'s transaction."""
 
+    def record_starts(self, conn: Connection, jobs: Sequence[Any], now: datetime) -> None:
+        """Count just-claimed rate-limited jobs in their buckets (same transaction)."""
+
     def release_children(
         self, conn: Connection, parents: Collection[int], *, now: datetime, actor: str = "app"
     ) -> None:

@@ -53,6 +53,10 @@ class NewJob:
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
     expires_at: datetime | None = None
+    #: A rate-limited handler's limit: ``rate_limit`` starts per ``rate_period`` seconds
+    #: in the bucket its ``concurrency_key`` names.
+    rate_limit: int | None = None
+    rate_period: float | None = None
     #: ``payload`` already encoded as the JSON text it is stored as (the bulk path
     #: validates by encoding it), so the insert does not encode it a second time.
     payload_json: str | None = None

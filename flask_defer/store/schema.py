@@ -1,8 +1,8 @@
 """The ``defer_jobs`` table, defined in the application's own SQLAlchemy metadata.
 
 Over 400 lines because it is every table flask_defer owns (jobs, schedules, history,
-pauses, dependencies), each with its indexes and the reason for each: one place to
-read the schema a revision must reach.
+pauses, dependencies, rate-limit starts), each with its indexes and the reason for
+each: one place to read the schema a revision must reach.
 
 Living in the app's metadata is what lets ``db.create_all()`` and Alembic autogenerate
 see the table like any other. The indexes are the ones the hot paths need:
@@ -149,6 +149,10 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         # Who asked to abort the running job (revision flask_defer_0012): the worker
         # running it looks for this every heartbeat.
         Column("abort_requested_by", String(255), nullable=True),
+        # Rate limits (revision flask_defer_0013): at most rate_limit starts of the
+        # job's bucket (its concurrency_key) per rate_period seconds.
+        Column("rate_limit", Integer, nullable=True),
+        Column("rate_period", Float, nullable=True),
     )
     c = table.c
     pending = c.status == "pending"
@@ -352,6 +356,11 @@ class SchemaNames:
         return pauses_table_name(self.jobs)
 
     @property
+    def starts(self) -> str:
+        """The rate-limit starts table's name (``<jobs>_starts``)."""
+        return starts_table_name(self.jobs)
+
+    @property
     def dependencies(self) -> str:
         """The job dependencies table's name (``<jobs>_after``)."""
         return dependencies_table_name(self.jobs)
@@ -449,4 +458,34 @@ def define_dependencies_table(
         Column("open", Boolean, nullable=False),
     )
     Index(f"ix_{name}_parent", table.c.parent_id, table.c.child_id)
+    return table
+
+
+def starts_table_name(jobs_table_name: str) -> str:
+    """The name of the rate-limit starts table that belongs to *jobs_table_name*."""
+    return f"{jobs_table_name}_starts"
+
+
+def define_starts_table(metadata: MetaData, jobs_table_name: str = DEFAULT_TABLE_NAME) -> Table:
+    """Add the rate-limit starts table to *metadata* (or return it if it is there).
+
+    One row per start of a rate-limited job: its ``bucket`` and ``until`` (the start's
+    time plus the limit's period). A bucket has room while fewer than its limit of its
+    rows have an ``until`` still ahead; the claim that starts its jobs writes their rows
+    in its own transaction, under the keyed claim's lock, so two workers never both
+    take its last slot. Maintenance deletes rows past their ``until``. Revision
+    ``flask_defer_0013``.
+    """
+    name = starts_table_name(jobs_table_name)
+    if name in metadata.tables:
+        return metadata.tables[name]
+    id_type = BigInteger().with_variant(Integer(), "sqlite")
+    table = Table(
+        name,
+        metadata,
+        Column("id", id_type, primary_key=True, autoincrement=True),
+        Column("bucket", String(255), nullable=False),
+        Column("until", DateTime(timezone=True), nullable=False),
+    )
+    Index(f"ix_{name}_bucket_until", table.c.bucket, table.c.until)
     return table

@@ -603,3 +603,37 @@ def test_worker_processes_run_each_groups_callback_once_after_its_last_member(
     assert len({run.pid for run in recorded}) == 2, "both processes ran jobs"
     for worker in workers:
         assert "Traceback" not in worker.log()
+
+
+def test_worker_processes_share_one_rate_limit(
+    app: Flask, spawn: Any, database_url: str, backend: str
+) -> None:
+    # Two processes claiming from one bucket of 10/s: the claims (the jobs' started
+    # events, on the claiming worker's clock) never exceed 10 in any second.
+    total = 45
+    workers = [
+        spawn(database_url, "--concurrency", "4", DEFER_POLL_INTERVAL=0.05) for _ in range(2)
+    ]
+    for worker in workers:
+        worker.wait_started()
+    with app.app_context():
+        jobs = [worker_app.defer.schedule("rate_limited", {"n": n}) for n in range(total)]
+        worker_app.db.session.commit()
+    wait_until(lambda: count_done(app) == total, timeout=60, interval=0.25)
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    for worker in workers:
+        assert worker.wait() == 0, worker.log()
+    with app.app_context():
+        starts = sorted(
+            event.at.timestamp()
+            for job in jobs
+            for event in worker_app.defer.history(job.id)
+            if event.event == "started"
+        )
+    assert len(starts) == total
+    most = max(sum(1 for t in starts if a <= t < a + 1.0) for a in starts)
+    assert most <= 10, f"{most} starts in one second"
+    assert starts[-1] - starts[0] < 6.0, "the limit held, but the drain dawdled"
+    per_job = Counter(run.job_id for run in runs(app))
+    assert max(per_job.values()) == 1

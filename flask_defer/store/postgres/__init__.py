@@ -323,6 +323,8 @@ class PostgresDriver:
             with self.store.engine.begin() as conn:
                 conn.execute(self._keyed_lock_statement())
                 jobs = self._run_claim(conn, "keyed", queues, params)
+                # Under the same lock: the next keyed claim counts these starts.
+                self.store.record_starts(conn, jobs, params["now"])
         if len(jobs) < limit:
             rest = {**params, "limit": limit - len(jobs)}
             with self.store.autocommit() as conn:

@@ -314,6 +314,7 @@ class SqliteDriver:
             try:
                 if self.store.keyed_in_play(conn):
                     jobs = self._run_claim(conn, "keyed", queues, params)
+                    self.store.record_starts(conn, jobs, params["now"])
                 if len(jobs) < limit:
                     rest = {**params, "limit": limit - len(jobs)}
                     jobs += self._run_claim(conn, "due", queues, rest)
