@@ -70,6 +70,10 @@ class Health:
     #: Paused queues and job names, as ``queue:emails`` and ``name:send_digest`` (queues
     #: first). Their jobs stay pending and, once due, count as owed: paused work is late.
     paused: tuple[str, ...] = ()
+    #: Rate buckets (``rate:send_sms``, ``rate:send_sms:tenant:7``) that are full now
+    #: while due jobs wait in them (at most 50): ``@defer.job(rate_limit=...)`` is
+    #: holding those jobs back. They count as owed too.
+    rate_limited: tuple[str, ...] = ()
 
     @classmethod
     def from_counts(
@@ -83,6 +87,7 @@ class Health:
         oldest_late_tick: datetime | None = None,
         undeclared_schedules: tuple[str, ...] = (),
         paused: tuple[str, ...] = (),
+        rate_limited: tuple[str, ...] = (),
     ) -> Health:
         """Health from per-name counts; *unknown_handlers* defaults to the counts' own."""
         total = StatusCounts.total(parts)
@@ -120,6 +125,7 @@ class Health:
             late_schedules=late_schedules,
             undeclared_schedules=undeclared_schedules,
             paused=paused,
+            rate_limited=rate_limited,
         )
 
     @property
@@ -134,6 +140,7 @@ class Health:
         data["lower_bounds"] = sorted(self.lower_bounds)
         data["undeclared_schedules"] = list(self.undeclared_schedules)
         data["paused"] = list(self.paused)
+        data["rate_limited"] = list(self.rate_limited)
         data["by_name"] = [
             {**asdict(h), "lower_bounds": sorted(h.lower_bounds)} for h in self.by_name
         ]

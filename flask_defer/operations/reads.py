@@ -128,6 +128,7 @@ def health(state: DeferState, now: datetime | None = None) -> Health:
     with state.transactions.joined() as conn:
         # One pass over live and failed rows, bounded counts of settled ones.
         parts = state.store.counts_by_name(conn, now=at)
+        rate_limited = state.store.full_buckets(conn, now=at)
     late, oldest_late = 0, None
     undeclared: tuple[str, ...] = ()
     # Its own connection: on a schema without the table it answers [] (a failed
@@ -145,4 +146,5 @@ def health(state: DeferState, now: datetime | None = None) -> Health:
         oldest_late_tick=oldest_late,
         undeclared_schedules=undeclared,
         paused=paused,
+        rate_limited=rate_limited,
     )

@@ -17,6 +17,7 @@ from .claims import ClaimStatements
 from .control_statements import ControlStatements
 from .driver import Driver, driver_class
 from .pause_statements import PauseStatements
+from .rates import RateStatements
 from .read_statements import ReadStatements
 from .records import (
     NOTIFY_CHANNEL,
@@ -62,10 +63,12 @@ class JobStore(
     ClaimStatements,
     UpkeepStatements,
     PauseStatements,
+    RateStatements,
 ):
     """All reads and writes of the jobs table, over one engine.
 
     Split by who calls it (callers' inserts, control writes and batch appends;
-    reads; the worker's claims, acknowledgements and upkeep; paused queues and names)
+    reads; the worker's claims, acknowledgements and upkeep; paused queues and names;
+    dependencies; rate-limit starts)
     only to keep each file readable; it is one object and one owner of all SQL.
     """

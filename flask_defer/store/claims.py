@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -34,7 +34,6 @@ from sqlalchemy import (
     bindparam,
     column,
     func,
-    insert,
     select,
     text,
 )
@@ -164,18 +163,6 @@ class ClaimStatements(DependencyStatements):
             self.keyed_scheduled()
         jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
         return jobs
-
-    def record_starts(self, conn: Connection, jobs: Sequence[Job], now: datetime) -> None:
-        """Count the rate-limited ones among *jobs*, just claimed in *conn*'s
-        transaction (under the keyed claim's lock), in their buckets: one row each,
-        counting until *now* plus the limit's period (see ``schema.define_starts_table``)."""
-        rows = [
-            {"bucket": job.concurrency_key, "until": now + timedelta(seconds=job.rate_period)}
-            for job in jobs
-            if job.rate_limit is not None and job.rate_period is not None
-        ]
-        if rows:
-            conn.execute(insert(self.starts_table), rows)
 
     def keyed_in_play(self, conn: Connection) -> bool:
         """Whether keyed jobs may be pending: a claim saw some (or this process scheduled

@@ -231,17 +231,6 @@ class UpkeepStatements(DependencyStatements):
             if deleted < batch_size or (max_batches is not None and batches >= max_batches):
                 return total
 
-    def forget_old_starts(self, *, now: datetime) -> int:
-        """Delete the rate-limit starts that no longer count (``until`` passed); how many.
-        Looks first, so a round with none takes no write lock."""
-        s = self.starts_table
-        old = s.c.until <= now
-        with self.engine.connect() as conn:
-            if conn.execute(select(s.c.id).where(old).limit(1)).first() is None:
-                return 0
-        with self.begin_immediate() as conn:
-            return int(conn.execute(delete(s).where(old)).rowcount)
-
     def maintenance_lock(self) -> AbstractContextManager[bool]:
         """Yield True in the one worker that may reclaim and prune right now.
 

@@ -140,3 +140,18 @@ def test_the_job_page_says_a_job_is_rate_limited(kit: AppKit) -> None:
     kit.defer.dashboard_auth(lambda: True)
     page = kit.app.test_client().get(f"/defer/jobs/{job.id}").get_data(as_text=True)
     assert "Rate limit" in page and "2 per minute" in page and "tenant:a" in page
+
+
+def test_health_names_the_full_buckets_holding_due_jobs_back(kit: AppKit) -> None:
+    for n in range(3):
+        kit.defer.schedule("report", {"n": n}, rate_key="tenant:a")
+    kit.defer.schedule("report", {"n": 9}, rate_key="tenant:b")
+    kit.db.session.commit()
+    assert kit.defer.health().rate_limited == ()  # nothing started yet: room everywhere
+    kit.defer.run_due()
+    health = kit.defer.health()
+    assert health.rate_limited == ("rate:report:tenant:a",)  # b has room, and no job left
+    assert health.owed == 1 and health.as_dict()["rate_limited"] == ["rate:report:tenant:a"]
+    kit.defer.dashboard_auth(lambda: True)
+    page = kit.app.test_client().get("/defer/").get_data(as_text=True)
+    assert 'data-defer-figure="rate-limited"' in page and "rate:report:tenant:a" in page

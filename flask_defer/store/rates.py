@@ -1,0 +1,72 @@
+"""Rate limits' bookkeeping: the starts each bucket counts, and which buckets are full.
+
+A rate-limited job (``@defer.job(..., rate_limit="10/s")``) is a keyed job whose
+``concurrency_key`` is its bucket, so the keyed claim (``claim_sql.keyed_ids_sql``),
+which every worker runs under one lock per table, decides whether it may start: fewer
+than ``rate_limit`` of the bucket's starts may still count. Each start it makes is a row
+here, written by :meth:`RateStatements.record_starts` in the claim's own transaction,
+counting until the claim's time plus the period: a sliding window, not a fixed one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, delete, func, insert, select
+
+from ..jobs import Job
+from .history import HistoryStatements
+
+
+class RateStatements(HistoryStatements):
+    """Record rate-limited starts, forget old ones, and name the full buckets."""
+
+    def record_starts(self, conn: Connection, jobs: Sequence[Job], now: datetime) -> None:
+        """Count the rate-limited ones among *jobs*, just claimed in *conn*'s
+        transaction (under the keyed claim's lock), in their buckets: one row each,
+        counting until *now* plus the limit's period."""
+        rows = [
+            {"bucket": job.concurrency_key, "until": now + timedelta(seconds=job.rate_period)}
+            for job in jobs
+            if job.rate_limit is not None and job.rate_period is not None
+        ]
+        if rows:
+            conn.execute(insert(self.starts_table), rows)
+
+    def forget_old_starts(self, *, now: datetime) -> int:
+        """Delete the starts that no longer count (``until`` passed); how many. Looks
+        first, so a maintenance round with none takes no write lock."""
+        s = self.starts_table
+        old = s.c.until <= now
+        with self.engine.connect() as conn:
+            if conn.execute(select(s.c.id).where(old).limit(1)).first() is None:
+                return 0
+        with self.begin_immediate() as conn:
+            return int(conn.execute(delete(s).where(old)).rowcount)
+
+    def full_buckets(self, conn: Connection, *, now: datetime, limit: int = 50) -> tuple[str, ...]:
+        """The rate buckets that hold due jobs back at *now* (at most *limit*): full (as
+        many starts within the period as the limit) while a due job waits in them.
+        Reads only due keyed rows (rate-limited jobs are keyed), through their index."""
+        t, s = self.table, self.starts_table
+        counted = (
+            select(func.count())
+            .where(s.c.bucket == t.c.concurrency_key, s.c.until > now)
+            .scalar_subquery()
+        )
+        stmt = (
+            select(t.c.concurrency_key)
+            .where(
+                self._is_pending(),
+                t.c.waiting_for.is_(None),
+                t.c.concurrency_key.is_not(None),
+                t.c.rate_limit.is_not(None),
+                t.c.run_at <= now,
+                counted >= t.c.rate_limit,
+            )
+            .distinct()
+            .order_by(t.c.concurrency_key)
+            .limit(limit)
+        )
+        return tuple(str(bucket) for bucket in conn.execute(stmt).scalars())
