@@ -47,30 +47,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("base", help="the revision to compare with (e.g. HEAD~1)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--backend", action="append", choices=("sqlite", "postgresql"))
+    parser.add_argument(
+        "--case", action="append", choices=[case for case, _ in CASES],
+        help="only this measurement (repeatable; default all)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    cases = [(case, n) for case, n in CASES if not args.case or case in args.case]
     backends = args.backend or ["sqlite", "postgresql"]
     worktree = Path(tempfile.mkdtemp(prefix="flask-defer-ab-"))
     subprocess.run(["git", "worktree", "add", "-q", "--detach", str(worktree), args.base],
                    cwd=ROOT, check=True)  # fmt: skip
     cluster = None
     try:
-        urls = {"sqlite": "sqlite"}
+        trees = {"base": worktree, "new": ROOT}
+        # A database per tree on PostgreSQL: both record their schema revision in one
+        # version table per database, and an older tree cannot read a newer one's.
+        urls = {("sqlite", name): "sqlite" for name in trees}
         if "postgresql" in backends:
             cluster = PostgresCluster(durable=True)
             cluster.start()
-            urls["postgresql"] = cluster.create_database("flask_defer_ab")
-        trees = {"base": worktree, "new": ROOT}
+            for name in trees:
+                urls[("postgresql", name)] = cluster.create_database(f"flask_defer_ab_{name}")
         for backend in backends:
             results: dict[tuple[str, str], list[float]] = {}
             for r in range(args.rounds):
                 order = list(trees.items())
                 if r % 2:
                     order.reverse()
-                for case, n in CASES:
+                for case, n in cases:
                     for name, tree in order:
-                        value = measure(tree, urls[backend], case, n)
+                        value = measure(tree, urls[(backend, name)], case, n)
                         results.setdefault((name, case), []).append(value)
-            for case, _ in CASES:
+            for case, _ in cases:
                 base = statistics.median(results[("base", case)])
                 new = statistics.median(results[("new", case)])
                 unit = "µs" if case == "schedule" else "jobs/s"

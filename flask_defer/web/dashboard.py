@@ -103,6 +103,12 @@ def job_page(job_id: int) -> ResponseReturnValue:
         "parents": current_defer().parents(job),
         "children": current_defer().children(job, limit=RELATED_SHOWN + 1),
         "related_shown": RELATED_SHOWN,
+        # A due rate-limited job whose bucket is full right now says so.
+        "rate_limited": (
+            job.rate_limit is not None
+            and job.status.value == "pending"
+            and job.concurrency_key in current_defer().health().rate_limited
+        ),
         "history_on": current_defer().config.history,
         "now": utcnow(),
         "here": url_for("defer.dashboard_job", job_id=job.id),

@@ -155,3 +155,6 @@ def test_health_names_the_full_buckets_holding_due_jobs_back(kit: AppKit) -> Non
     kit.defer.dashboard_auth(lambda: True)
     page = kit.app.test_client().get("/defer/").get_data(as_text=True)
     assert 'data-defer-figure="rate-limited"' in page and "rate:report:tenant:a" in page
+    (waiting,) = [j for j in kit.defer.list(status="pending")]
+    job_page = kit.app.test_client().get(f"/defer/jobs/{waiting.id}").get_data(as_text=True)
+    assert "data-defer-rate-limited" in job_page and "rate limited: waits for room" in job_page

@@ -431,6 +431,47 @@ def test_the_pauses_revision_adds_an_empty_table_and_its_downgrade_lifts_every_p
         assert conn.execute(text("SELECT count(*) FROM defer_jobs_pauses")).scalar() == 0
 
 
+def test_the_workflow_revisions_upgrade_and_downgrade_keeping_every_job(
+    legacy_engine: Engine,
+) -> None:
+    # 0011 (dependencies), 0012 (abort) and 0013 (rate limits), up and down with data.
+    fill(legacy_engine, legacy_rows(legacy_engine))
+    _alembic_upgrade(legacy_engine, "flask_defer_0010")
+    assert versioning.upgrade(legacy_engine) == REVISIONS[10:]
+    assert versioning.check(legacy_engine).ok
+    names = set(inspect(legacy_engine).get_table_names())
+    assert {"defer_jobs_after", "defer_jobs_starts"} <= names
+    with legacy_engine.begin() as conn:
+        # Job 1 (pending) waits for job 3 (running), which someone asked to abort;
+        # a start counts in a rate bucket.
+        conn.execute(text("UPDATE defer_jobs SET waiting_for = 1 WHERE id = 1"))
+        conn.execute(text("UPDATE defer_jobs SET dependents = :t WHERE id = 3"), {"t": True})
+        conn.execute(text("UPDATE defer_jobs SET abort_requested_by = 'ops' WHERE id = 3"))
+        conn.execute(
+            text("INSERT INTO defer_jobs_after (child_id, parent_id, policy, open)"
+                 " VALUES (1, 3, 'done', :t)"), {"t": True},
+        )  # fmt: skip
+        conn.execute(
+            text("INSERT INTO defer_jobs_starts (bucket, until) VALUES ('rate:x', :at)"),
+            {"at": NOW},
+        )
+    before = read_back(legacy_engine)
+    _alembic_downgrade(legacy_engine, "flask_defer_0010")
+    names = set(inspect(legacy_engine).get_table_names())
+    assert not {"defer_jobs_after", "defer_jobs_starts"} & names
+    columns = {c["name"] for c in inspect(legacy_engine).get_columns("defer_jobs")}
+    assert not {"waiting_for", "dependents", "abort_requested_by", "rate_limit"} & columns
+    after = read_back(legacy_engine)
+    assert sorted(after) == sorted(before)  # every job kept
+    assert after[1]["status"] == "pending"  # released: claimable under the older code
+    assert versioning.upgrade(legacy_engine) == REVISIONS[10:]
+    with legacy_engine.connect() as conn:
+        assert differences(conn, SchemaNames()) == []
+        assert conn.execute(text("SELECT count(*) FROM defer_jobs_after")).scalar() == 0
+        waiting = conn.execute(text("SELECT waiting_for FROM defer_jobs WHERE id = 1")).scalar()
+    assert waiting is None
+
+
 def test_an_app_without_db_on_an_older_schema_leaves_the_schedules_table_to_the_upgrade(
     legacy_engine: Engine, database_url: str
 ) -> None:
