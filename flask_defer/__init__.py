@@ -36,7 +36,7 @@ from .signals import (
     queue_paused,
     queue_resumed,
 )
-from .store import Pause
+from .store import Pause, WorkerInfo
 from .store.recurring_statements import ScheduleRow
 from .undo import Toast, UndoOutcome
 
@@ -73,6 +73,7 @@ __all__ = [
     "Toast",
     "UndoOutcome",
     "UnknownJob",
+    "WorkerInfo",
     "job_cancelled",
     "job_expired",
     "job_failed",

@@ -42,6 +42,7 @@ from .store.schema import (
     define_pauses_table,
     define_schedules_table,
     define_starts_table,
+    define_workers_table,
 )
 from .web import init_web
 
@@ -94,6 +95,7 @@ class Defer(DeferFacade):
             define_pauses_table(db.metadata, table_name)
             define_dependencies_table(db.metadata, table_name)
             define_starts_table(db.metadata, table_name)
+            define_workers_table(db.metadata, table_name)
         if app is not None:
             self.init_app(app, db=db)
 

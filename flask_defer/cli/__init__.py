@@ -5,14 +5,15 @@ here do errors become exit codes: 1 for a refused operation, 2 for bad input
 (:mod:`.common`). The commands: ``install`` and ``db`` (:mod:`.schema`); ``list``,
 ``cancel``, ``abort``, ``retry``, ``prune`` (:mod:`.jobs`); ``status`` and ``run-due``
 (:mod:`.status`); ``worker`` (:mod:`.worker`); ``schedules`` (the recurring
-schedules, :mod:`.recurring`); ``pause``, ``resume`` and ``paused`` (:mod:`.pauses`).
+schedules, :mod:`.recurring`); ``pause``, ``resume`` and ``paused`` (:mod:`.pauses`);
+``workers`` (:mod:`.workers`).
 """
 
 from __future__ import annotations
 
 import click
 
-from . import jobs, pauses, recurring, schema, status, worker
+from . import jobs, pauses, recurring, schema, status, worker, workers
 
 
 @click.group("defer")
@@ -35,6 +36,7 @@ for _command in (
     pauses.pause_command,
     pauses.resume_command,
     pauses.paused_command,
+    workers.workers_command,
 ):
     defer_cli.add_command(_command)
 

@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..jobs import ABORT_CHECK_SECONDS, ABORTS, Job
 from ..store import JobStore
 from .execution import Clock
+from .presence import Presence
 
 logger = logging.getLogger("flask_defer.worker")
 
@@ -43,9 +44,12 @@ class LeaseHeartbeat(threading.Thread):
         lease: timedelta,
         clock: Clock,
         in_flight: Callable[[], Sequence[Job]],
+        presence: Presence | None = None,
     ) -> None:
         super().__init__(name="flask-defer-heartbeat", daemon=True)
         self.store = store
+        #: This worker's row in the workers table, refreshed with every beat.
+        self.presence = presence
         self.lease = lease
         self.clock = clock
         self.in_flight = in_flight
@@ -57,11 +61,15 @@ class LeaseHeartbeat(threading.Thread):
         interval = self.lease.total_seconds() / 3
         tick = min(interval, ABORT_CHECK_SECONDS)
         renew_at = time.monotonic() + interval
+        if self.presence is not None:
+            self.presence.arrive(self.clock())
         while not self.stopped.wait(tick):
             self.look_for_aborts()
             if time.monotonic() >= renew_at:
                 renew_at = time.monotonic() + interval
                 self.beat()
+                if self.presence is not None:
+                    self.presence.beat(self.clock(), [job.id for job in self.in_flight()])
 
     def look_for_aborts(self) -> int:
         """Note the in-flight runs someone asked to abort (``defer.abort``), so their
@@ -105,6 +113,8 @@ class LeaseHeartbeat(threading.Thread):
         self.stopped.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join()
+        if self.presence is not None:
+            self.presence.leave()
 
     def __enter__(self) -> LeaseHeartbeat:
         self.start()

@@ -27,6 +27,7 @@ from ..store import JobStore
 from ..timeutil import utcnow
 from .execution import Clock, Executor, Outcome, PendingAck, RunSummary
 from .leases import LeaseHeartbeat, brief
+from .presence import Presence
 
 logger = logging.getLogger("flask_defer.worker")
 
@@ -134,8 +135,12 @@ class Runner:
 
         # Leases are judged by the wall clock: an injected *now* in the past must not
         # renew them into the past.
+        presence = Presence(
+            self.store, kind="run_due", queues=None, concurrency=1,
+            heartbeat_seconds=self.lease.total_seconds() / 3,
+        )  # fmt: skip
         heartbeat = LeaseHeartbeat(
-            self.store, self.lease, lambda: max(clock(), utcnow()), in_flight
+            self.store, self.lease, lambda: max(clock(), utcnow()), in_flight, presence=presence
         )
         try:
             while limit is None or summary.ran < limit:

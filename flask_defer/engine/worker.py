@@ -53,6 +53,7 @@ from .leases import brief as _brief
 from .maintenance import Maintenance
 from .outcomes import ProgressLog
 from .pool import HandlerPool, Task, warn_if_connections_short
+from .presence import Presence
 from .runner import Runner
 from .stopping import release, wait_for_handlers
 from .ticks import RecurringTicks, TickTimer
@@ -124,7 +125,14 @@ class Worker:
             store, options.maintenance, clock, actor=self.actor, emit=executor.emit
         )
         # The same heartbeat as run_due's, over the pool's claimed jobs.
-        self._heartbeat = LeaseHeartbeat(store, options.lease, clock, self._in_flight)
+        self.presence = Presence(
+            store, kind="worker", queues=options.queues, concurrency=options.concurrency,
+            heartbeat_seconds=options.lease.total_seconds() / 3,
+            listening=lambda: self.waker.listening if store.can_listen else None,
+        )  # fmt: skip
+        self._heartbeat = LeaseHeartbeat(
+            store, options.lease, clock, self._in_flight, presence=self.presence
+        )
         self._db_failures = 0
         self._progress = ProgressLog(logger)
 
@@ -406,6 +414,7 @@ class Worker:
         why = "still running after the shutdown grace period"
         release(self.store, self.pool.in_flight() + cut_off, why, self.clock())
         self._heartbeat.stopped.set()
+        self.presence.leave()  # a graceful stop: the row goes
         self.pool.close()
         self.coroutines.close()
         self.waker.close()

@@ -26,6 +26,7 @@ from .pause_methods import PauseMethods
 from .recurring_methods import RecurringMethods
 from .schema_methods import SchemaMethods
 from .undo_methods import UndoMethods
+from .visibility_methods import VisibilityMethods
 from .workflow_methods import WorkflowMethods
 
 __all__ = ["DeferFacade", "current_defer"]
@@ -40,6 +41,7 @@ class DeferFacade(
     DashboardMethods,
     PauseMethods,
     WorkflowMethods,
+    VisibilityMethods,
 ):
     """Every public method of :class:`~flask_defer.Defer` but its wiring."""
 

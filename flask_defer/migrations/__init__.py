@@ -50,6 +50,7 @@ OWN_TABLES = frozenset(
         "defer_jobs_pauses",
         "defer_jobs_after",
         "defer_jobs_starts",
+        "defer_jobs_workers",
         VERSION_TABLE,
     }
 )

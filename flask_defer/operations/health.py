@@ -74,6 +74,14 @@ class Health:
     #: while due jobs wait in them (at most 50): ``@defer.job(rate_limit=...)`` is
     #: holding those jobs back. They count as owed too.
     rate_limited: tuple[str, ...] = ()
+    #: Queues with due jobs that no live worker claims from (``defer.workers()``): none
+    #: runs, none serves that queue, or they are all stale. A cron ``run_due`` between
+    #: runs counts as none.
+    unserved_queues: tuple[str, ...] = ()
+    #: Live workers on PostgreSQL whose LISTEN does not hear NOTIFY (behind a
+    #: transaction-mode pooler without ``DEFER_LISTEN_DATABASE_URI``): they poll, so a
+    #: due job may start up to a poll interval late.
+    deaf_workers: tuple[str, ...] = ()
 
     @classmethod
     def from_counts(
@@ -88,6 +96,8 @@ class Health:
         undeclared_schedules: tuple[str, ...] = (),
         paused: tuple[str, ...] = (),
         rate_limited: tuple[str, ...] = (),
+        unserved_queues: tuple[str, ...] = (),
+        deaf_workers: tuple[str, ...] = (),
     ) -> Health:
         """Health from per-name counts; *unknown_handlers* defaults to the counts' own."""
         total = StatusCounts.total(parts)
@@ -126,6 +136,8 @@ class Health:
             undeclared_schedules=undeclared_schedules,
             paused=paused,
             rate_limited=rate_limited,
+            unserved_queues=unserved_queues,
+            deaf_workers=deaf_workers,
         )
 
     @property
@@ -141,6 +153,8 @@ class Health:
         data["undeclared_schedules"] = list(self.undeclared_schedules)
         data["paused"] = list(self.paused)
         data["rate_limited"] = list(self.rate_limited)
+        data["unserved_queues"] = list(self.unserved_queues)
+        data["deaf_workers"] = list(self.deaf_workers)
         data["by_name"] = [
             {**asdict(h), "lower_bounds": sorted(h.lower_bounds)} for h in self.by_name
         ]

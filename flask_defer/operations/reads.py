@@ -18,6 +18,7 @@ from ..store import JobFilter
 from ..timeutil import as_utc, utcnow
 from ..undo import WAITING_HORIZON, Toast
 from ..validation import checked_limit, checked_text, statuses
+from . import visibility
 from .health import Health
 from .state import DeferState
 
@@ -134,6 +135,9 @@ def health(state: DeferState, now: datetime | None = None) -> Health:
     # Its own connection: on a schema without the table it answers [] (a failed
     # statement would have aborted the joined transaction on PostgreSQL).
     paused = tuple(pause.label for pause in state.store.paused())
+    live = [info for info in visibility.workers(state, at) if not info.stale]
+    unserved = visibility.unserved_queues(state, live, at)
+    deaf = tuple(info.id for info in live if info.listening is False)
     if state.recurring is not None:
         found = state.recurring.late(at)
         late, oldest_late = found.count, found.oldest_tick
@@ -147,4 +151,6 @@ def health(state: DeferState, now: datetime | None = None) -> Health:
         undeclared_schedules=undeclared,
         paused=paused,
         rate_limited=rate_limited,
+        unserved_queues=unserved,
+        deaf_workers=deaf,
     )

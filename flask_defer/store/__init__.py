@@ -32,9 +32,11 @@ from .records import (
     Pause,
     QueueCounts,
     StatusCounts,
+    WorkerInfo,
 )
 from .scheduling import SchedulingStatements
 from .upkeep import UpkeepStatements
+from .workers import WorkerStatements
 
 __all__ = [
     "NOTIFY_CHANNEL",
@@ -51,6 +53,7 @@ __all__ = [
     "Pause",
     "QueueCounts",
     "StatusCounts",
+    "WorkerInfo",
     "driver_class",
 ]
 
@@ -64,11 +67,12 @@ class JobStore(
     UpkeepStatements,
     PauseStatements,
     RateStatements,
+    WorkerStatements,
 ):
     """All reads and writes of the jobs table, over one engine.
 
     Split by who calls it (callers' inserts, control writes and batch appends;
     reads; the worker's claims, acknowledgements and upkeep; paused queues and names;
-    dependencies; rate-limit starts)
+    dependencies; rate-limit starts; live workers)
     only to keep each file readable; it is one object and one owner of all SQL.
     """

@@ -32,6 +32,7 @@ from .schema import (
     define_dependencies_table,
     define_pauses_table,
     define_starts_table,
+    define_workers_table,
     typed_jobs_table,
 )
 from .versioning import record_on_create
@@ -90,6 +91,8 @@ class StoreBase:
         )
         #: The rate-limited jobs' recent starts (``@defer.job(rate_limit=...)``).
         self.starts_table = typed_jobs_table(define_starts_table(table.metadata, table.name))
+        #: The live workers (``defer.workers()``), one row per running worker.
+        self.workers_table = typed_jobs_table(define_workers_table(table.metadata, table.name))
         # Creating the table from the app's metadata (db.create_all()) or from the store
         # records the newest revision in the same transaction.
         record_on_create(table)
@@ -163,6 +166,7 @@ class StoreBase:
             self.pauses_table.create(self.engine, checkfirst=True)
             self.dependencies_table.create(self.engine, checkfirst=True)
             self.starts_table.create(self.engine, checkfirst=True)
+            self.workers_table.create(self.engine, checkfirst=True)
         if history and self.history_table is not None:
             self.history_table.create(self.engine, checkfirst=True)
 

@@ -225,3 +225,35 @@ class BatchItems:
     flush_by: Any
     #: The SQL function that takes the earlier of two times.
     earliest: Any
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """One worker (or ``run_due`` while it holds jobs), as ``defer.workers()`` returns it.
+
+    ``id`` is ``<host>:<pid>:<random>``; ``kind`` is ``worker`` or ``run_due``;
+    ``queues`` are the queues it claims from (empty: every queue); ``running`` the ids of
+    the jobs it holds at its last heartbeat. ``stale`` is True once two heartbeats were
+    missed (``last_seen`` older than twice ``heartbeat_seconds``): the worker was killed
+    or cannot reach the database; its row goes a day later. ``listening`` says whether
+    its LISTEN hears NOTIFY (PostgreSQL; False: it polls, see docs/storage.md), None
+    where it has none.
+    """
+
+    id: str
+    kind: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    version: str
+    started_at: datetime
+    last_seen: datetime
+    heartbeat_seconds: float
+    running: tuple[int, ...]
+    stale: bool
+    listening: bool | None = None
+
+    def serves(self, queue: str) -> bool:
+        """Whether it claims jobs of *queue*."""
+        return not self.queues or queue in self.queues

@@ -1,7 +1,7 @@
 """The ``defer_jobs`` table, defined in the application's own SQLAlchemy metadata.
 
 Over 400 lines because it is every table flask_defer owns (jobs, schedules, history,
-pauses, dependencies, rate-limit starts), each with its indexes and the reason for
+pauses, dependencies, rate-limit starts, workers), each with its indexes and the reason for
 each: one place to read the schema a revision must reach.
 
 Living in the app's metadata is what lets ``db.create_all()`` and Alembic autogenerate
@@ -356,6 +356,11 @@ class SchemaNames:
         return pauses_table_name(self.jobs)
 
     @property
+    def workers(self) -> str:
+        """The live workers table's name (``<jobs>_workers``)."""
+        return workers_table_name(self.jobs)
+
+    @property
     def starts(self) -> str:
         """The rate-limit starts table's name (``<jobs>_starts``)."""
         return starts_table_name(self.jobs)
@@ -489,3 +494,39 @@ def define_starts_table(metadata: MetaData, jobs_table_name: str = DEFAULT_TABLE
     )
     Index(f"ix_{name}_bucket_until", table.c.bucket, table.c.until)
     return table
+
+
+def workers_table_name(jobs_table_name: str) -> str:
+    """The name of the live workers table that belongs to *jobs_table_name*."""
+    return f"{jobs_table_name}_workers"
+
+
+def define_workers_table(metadata: MetaData, jobs_table_name: str = DEFAULT_TABLE_NAME) -> Table:
+    """Add the live workers table to *metadata* (or return it if it is there).
+
+    One row per running worker, and per ``run_due`` while it holds jobs: written when
+    it starts, refreshed by its lease heartbeat (``last_seen``, the ids it is
+    ``running``), deleted when it stops; a worker killed outright leaves its row, which
+    readers call stale after two missed heartbeats and maintenance deletes after a day.
+    ``listening`` is whether its LISTEN hears (PostgreSQL), None where there is none.
+    Revision ``flask_defer_0014``.
+    """
+    name = workers_table_name(jobs_table_name)
+    if name in metadata.tables:
+        return metadata.tables[name]
+    return Table(
+        name,
+        metadata,
+        Column("id", String(100), primary_key=True),
+        Column("kind", String(16), nullable=False),
+        Column("host", String(255), nullable=False),
+        Column("pid", Integer, nullable=False),
+        Column("queues", JSON, nullable=False),
+        Column("concurrency", Integer, nullable=False),
+        Column("version", String(32), nullable=False),
+        Column("started_at", DateTime(timezone=True), nullable=False),
+        Column("last_seen", DateTime(timezone=True), nullable=False),
+        Column("heartbeat_seconds", Float, nullable=False),
+        Column("running", JSON, nullable=False),
+        Column("listening", Boolean, nullable=True),
+    )

@@ -23,14 +23,15 @@ from .schema import (
     define_pauses_table,
     define_schedules_table,
     define_starts_table,
+    define_workers_table,
 )
 
 
 def differences(conn: Connection, names: SchemaNames) -> list[str]:
     """What autogenerate would change in flask_defer's tables (empty: they match).
 
-    The jobs, recurring schedules, pauses, dependencies and rate-limit starts tables (a
-    missing one shows as ``add_table``), and the job history table where it exists.
+    The jobs, recurring schedules, pauses, dependencies, rate-limit starts and workers
+    tables (a missing one shows as ``add_table``), and the job history table where it exists.
     """
     metadata = MetaData()
     define_jobs_table(metadata, names.jobs)
@@ -38,6 +39,7 @@ def differences(conn: Connection, names: SchemaNames) -> list[str]:
     define_pauses_table(metadata, names.jobs)
     define_dependencies_table(metadata, names.jobs)
     define_starts_table(metadata, names.jobs)
+    define_workers_table(metadata, names.jobs)
     # The job history table is checked where it exists: an app with DEFER_HISTORY =
     # False that created its tables with create_all() has none, and needs none.
     if inspect(conn).has_table(names.history):

@@ -26,7 +26,15 @@ from ..jobs import JobStatus
 from ..operations.health import SCHEDULED_COUNT_CAP, SETTLED_COUNT_CAP, Health
 from ..timeutil import utcnow
 from ..undo import MAX_JOB_ID
-from . import dashboard_actions, dashboard_confirm, formatting, metrics_view, queues, recurring
+from . import (
+    dashboard_actions,
+    dashboard_confirm,
+    formatting,
+    metrics_view,
+    queues,
+    recurring,
+    workers,
+)
 from .access import current_defer, operators_only
 from .dashboard_actions import ActionOutcome
 from .i18n import gettext
@@ -49,6 +57,7 @@ def register(blueprint: Blueprint) -> None:
     dashboard_confirm.register(blueprint)
     recurring.register(blueprint)
     queues.register(blueprint)
+    workers.register(blueprint)
     metrics_view.register(blueprint)
     formatting.register(blueprint)
     blueprint.register_error_handler(400, _bad_request)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from playwright.sync_api import BrowserContext, Locator, Page, expect
 from playwright.sync_api import Error as PlaywrightError
 
 from flask_defer import JobStatus
+from flask_defer.engine.presence import Presence
+from flask_defer.timeutil import utcnow
 
 from ..dashboard_app import OpsApp, Seeded, create_app, seed
 
@@ -462,3 +465,47 @@ def test_a_groups_pages_link_members_and_callback_and_abort_works_from_the_keybo
     expect(page.locator("[data-defer-abort-requested]")).to_be_visible()
     assert axe_violations(page) == []
     page.screenshot(path=str(artifacts / f"abort-requested{suffix}.png"), full_page=True)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "width"),
+    [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
+    ids=["light-1280", "dark-1280", "light-375", "dark-375"],
+)
+def test_the_workers_page_from_the_keyboard(
+    live: Live,
+    operator_page: Callable[..., Page],
+    axe_violations: Callable[[Any], list[dict[str, Any]]],
+    artifacts: Path,
+    scheme: str,
+    width: int,
+) -> None:
+    with live.ops.context():
+        store = live.ops.defer.store
+        busy = Presence(store, kind="worker", queues=["mail", "default"], concurrency=8,
+                        heartbeat_seconds=30)  # fmt: skip
+        busy.arrive(utcnow())
+        busy.beat(utcnow(), live.jobs.running)
+        gone = Presence(store, kind="worker", queues=None, concurrency=4, heartbeat_seconds=1)
+        gone.arrive(utcnow() - timedelta(minutes=3))  # killed three minutes ago
+    page = operator_page(
+        color_scheme=scheme, device_scale_factor=2, viewport={"width": width, "height": 900}
+    )
+    page.get_by_role("link", name="Workers", exact=True).focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(live.url + "/defer/workers")
+    page.wait_for_load_state("load")
+    expect(page.locator("tr[data-defer-state=live]")).to_have_count(1)
+    expect(page.locator("tr[data-defer-state=stale]")).to_have_count(1)
+    (running_id,) = live.jobs.running
+    link = page.get_by_role("link", name=f"#{running_id}")
+    link.focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(f"{live.url}/defer/jobs/{running_id}")
+    page.go_back()
+    page.wait_for_load_state("load")
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"{overflow}px of horizontal scroll at {width}px"
+    assert axe_violations(page) == []
+    suffix = ("-dark" if scheme == "dark" else "") + ("-375" if width == 375 else "")
+    page.screenshot(path=str(artifacts / f"workers{suffix}.png"), full_page=True)

@@ -637,3 +637,25 @@ def test_worker_processes_share_one_rate_limit(
     assert starts[-1] - starts[0] < 6.0, "the limit held, but the drain dawdled"
     per_job = Counter(run.job_id for run in runs(app))
     assert max(per_job.values()) == 1
+
+
+def test_a_worker_killed_with_sigkill_shows_as_stale_within_two_heartbeats(
+    app: Flask, spawn: Any, database_url: str
+) -> None:
+    worker = spawn(database_url, DEFER_LEASE=1.5)  # a heartbeat every 0.5 s
+    worker.wait_started()
+
+    def rows() -> list[Any]:
+        with app.app_context():
+            return worker_app.defer.workers()
+
+    (info,) = wait_until(lambda: [w for w in rows() if w.pid == worker.pid], timeout=20)
+    assert not info.stale and info.heartbeat_seconds == 0.5
+    worker.signal(signal.SIGKILL)
+    worker.wait()
+    killed = time.monotonic()
+    wait_until(lambda: all(w.stale for w in rows() if w.pid == worker.pid), timeout=10)
+    # Two missed heartbeats (1 s), plus the last beat's age at the kill (≤ 0.5 s).
+    assert time.monotonic() - killed < 3.0
+    with app.app_context():
+        assert worker_app.defer.health().unserved_queues == ()  # nothing due
