@@ -26,6 +26,7 @@ from .features.soft_delete import INCLUDE_DELETED, RestoreOutcome, SoftDeleteMix
 from .jobs import Aborted, Fail, Group, Job, JobEvent, JobStatus, NotYet, RetryAfter
 from .operations.bulk import JobSpec
 from .operations.health import Health
+from .operations.visibility import Reason
 from .signals import (
     job_cancelled,
     job_expired,
@@ -62,6 +63,7 @@ __all__ = [
     "NotYet",
     "Outcome",
     "Pause",
+    "Reason",
     "RestoreOutcome",
     "RetryAfter",
     "RunSummary",

@@ -6,7 +6,7 @@ here do errors become exit codes: 1 for a refused operation, 2 for bad input
 ``cancel``, ``abort``, ``retry``, ``prune`` (:mod:`.jobs`); ``status`` and ``run-due``
 (:mod:`.status`); ``worker`` (:mod:`.worker`); ``schedules`` (the recurring
 schedules, :mod:`.recurring`); ``pause``, ``resume`` and ``paused`` (:mod:`.pauses`);
-``workers`` (:mod:`.workers`).
+``workers`` and ``explain`` (:mod:`.workers`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ for _command in (
     pauses.resume_command,
     pauses.paused_command,
     workers.workers_command,
+    workers.explain_command,
 ):
     defer_cli.add_command(_command)
 

@@ -1,4 +1,5 @@
-"""``flask defer workers``: who is running, serving which queues, holding which jobs."""
+"""``flask defer workers``: who is running, serving which queues, holding which jobs;
+``flask defer explain``: why a job has not started."""
 
 from __future__ import annotations
 
@@ -55,3 +56,32 @@ def workers_command(as_json: bool) -> None:
             f"{info.id}  {state}  {info.kind}  {queues}  {info.concurrency} thread(s)"
             f"  running {len(info.running)}  seen {seen:.0f} s ago{listen}"
         )
+
+
+@click.command("explain", short_help="Say why a pending job has not started.")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of the reasons.")
+@with_appcontext
+@errors_to_exit_codes
+def explain_command(job_id: int, as_json: bool) -> None:
+    """Every reason pending job JOB_ID has not started: not due yet, paused, waiting for
+    parents, a concurrency key at its limit, a rate limit used up, no live worker for
+    its queue or its name, expired. Exits 1 when no job has the id."""
+    defer = current_defer()
+    reasons = defer.explain(job_id)
+    if as_json:
+        rows = [
+            {**asdict(r), **{k: getattr(r, k).isoformat() for k in ("until", "since")
+                             if getattr(r, k) is not None}, "job_ids": list(r.job_ids)}
+            for r in reasons
+        ]  # fmt: skip
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not reasons:
+        job = defer.get(job_id)
+        status = job.status.value if job is not None else "gone"
+        click.echo(f"job {job_id} is {status}: nothing holds it back" if status == "pending"
+                   else f"job {job_id} is {status}, not waiting")  # fmt: skip
+        return
+    for reason in reasons:
+        click.echo(f"{reason.code}: {reason.text}")

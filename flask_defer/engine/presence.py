@@ -45,6 +45,7 @@ class Presence:
         concurrency: int,
         heartbeat_seconds: float,
         listening: Callable[[], bool | None] = lambda: None,
+        names: Collection[str] = (),
     ) -> None:
         self.store = store
         self.listening = listening
@@ -61,6 +62,7 @@ class Presence:
             "heartbeat_seconds": heartbeat_seconds,
             "running": [],
             "listening": None,
+            "names": sorted(names),
         }
         self._here = False
         # A beat and the leave never interleave: a beat that found the row gone would

@@ -129,6 +129,7 @@ class Worker:
             store, kind="worker", queues=options.queues, concurrency=options.concurrency,
             heartbeat_seconds=options.lease.total_seconds() / 3,
             listening=lambda: self.waker.listening if store.can_listen else None,
+            names=executor.registry.names(),
         )  # fmt: skip
         self._heartbeat = LeaseHeartbeat(
             store, options.lease, clock, self._in_flight, presence=self.presence

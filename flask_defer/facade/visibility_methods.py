@@ -1,15 +1,25 @@
-"""``Defer``'s visibility methods: the live workers (:mod:`flask_defer.operations.
-visibility`), what the dashboard's Workers page and ``flask defer workers`` show."""
+"""``Defer``'s visibility methods (:mod:`flask_defer.operations.visibility`): the live
+workers (the dashboard's Workers page, ``flask defer workers``) and why a job waits
+(its page, ``flask defer explain``)."""
 
 from __future__ import annotations
 
 from ..operations import visibility
+from ..operations.visibility import Reason
 from ..store import WorkerInfo
 from .declarations import FacadeBase
 
 
 class VisibilityMethods(FacadeBase):
-    """``defer.workers``."""
+    """``defer.workers`` and ``defer.explain``."""
+
+    def explain(self, id: int) -> list[Reason]:
+        """Every reason pending job *id* has not started yet, as :class:`Reason` values
+        (``.code``, a translated ``.text``; see :class:`~flask_defer.Reason` for the
+        codes). [] for a job that is not pending; :class:`JobNotFound` for an unknown id.
+        At most five queries, whatever the table holds.
+        """
+        return visibility.explain(self._state(), id)
 
     def workers(self) -> list[WorkerInfo]:
         """Every worker, and every ``run_due`` while it holds jobs: live ones first.

@@ -256,6 +256,16 @@ class DependencyStatements(HistoryStatements):
         ).mappings()
         return [Job.from_row(row) for row in rows]
 
+    def open_parents(self, conn: Connection, child_id: int) -> list[int]:
+        """The parents *child_id* still waits for (its open edges), oldest first."""
+        d = self.dependencies_table
+        rows = conn.execute(
+            select(d.c.parent_id)
+            .where(d.c.child_id == child_id, d.c.open == true())
+            .order_by(d.c.parent_id)
+        )
+        return [int(parent) for parent in rows.scalars()]
+
     def children(self, conn: Connection, parent_id: int, *, limit: int = 100) -> list[Job]:
         """The children of *parent_id*, oldest first, at most *limit*."""
         t, d = self.table, self.dependencies_table

@@ -45,6 +45,30 @@ class RateStatements(HistoryStatements):
         with self.begin_immediate() as conn:
             return int(conn.execute(delete(s).where(old)).rowcount)
 
+    def bucket_frees_at(
+        self, conn: Connection, bucket: str, *, limit: int, now: datetime
+    ) -> datetime | None:
+        """When *bucket* (a rate limit of *limit*) next has room: None if it has room
+        now, else when its oldest start still counting stops counting."""
+        s = self.starts_table
+        counted = (s.c.bucket == bucket) & (s.c.until > now)
+        n, first = conn.execute(select(func.count(), func.min(s.c.until)).where(counted)).one()
+        return None if int(n) < limit else first
+
+    def key_holders(self, conn: Connection, key: str) -> list[int]:
+        """The running jobs of concurrency key *key* (the keyed live index)."""
+        t = self.table
+        rows = conn.execute(
+            select(t.c.id)
+            .where(
+                t.c.status.in_(["pending", "running"]),
+                t.c.concurrency_key == key,
+                t.c.status == "running",
+            )
+            .order_by(t.c.id)
+        )
+        return [int(job_id) for job_id in rows.scalars()]
+
     def full_buckets(self, conn: Connection, *, now: datetime, limit: int = 50) -> tuple[str, ...]:
         """The rate buckets that hold due jobs back at *now* (at most *limit*): full (as
         many starts within the period as the limit) while a due job waits in them.

@@ -253,6 +253,8 @@ class WorkerInfo:
     running: tuple[int, ...]
     stale: bool
     listening: bool | None = None
+    #: The job names it has handlers for.
+    names: tuple[str, ...] = ()
 
     def serves(self, queue: str) -> bool:
         """Whether it claims jobs of *queue*."""

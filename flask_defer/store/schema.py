@@ -529,4 +529,6 @@ def define_workers_table(metadata: MetaData, jobs_table_name: str = DEFAULT_TABL
         Column("heartbeat_seconds", Float, nullable=False),
         Column("running", JSON, nullable=False),
         Column("listening", Boolean, nullable=True),
+        # The job names it has handlers for: explain's "no live worker knows its name".
+        Column("names", JSON, nullable=False),
     )

@@ -65,7 +65,7 @@ class WorkerStatements(HistoryStatements):
                 running=tuple(int(i) for i in r["running"] or ()),
                 stale=now - r["last_seen"]
                 > timedelta(seconds=r["heartbeat_seconds"] * MISSED_HEARTBEATS),
-                listening=r["listening"],
+                listening=r["listening"], names=tuple(r["names"] or ()),
             )  # fmt: skip
             for r in rows
         ]

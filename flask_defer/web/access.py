@@ -17,7 +17,7 @@ from flask.typing import ResponseReturnValue
 
 from ..facade import current_defer
 from ..features.owner import flask_login_owner
-from .i18n import gettext
+from ..i18n import gettext
 
 __all__ = ["current_defer", "operator", "operators_only", "require_operator"]
 

@@ -15,7 +15,7 @@ import secrets
 from flask import abort, current_app, request, session
 
 from ..features.owner import require_secret_key
-from .i18n import gettext
+from ..i18n import gettext
 
 #: The session key of the extension's own token.
 SESSION_KEY = "_defer_csrf"

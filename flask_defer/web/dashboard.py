@@ -22,6 +22,7 @@ from flask import (
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import BadRequest
 
+from ..i18n import gettext
 from ..jobs import JobStatus
 from ..operations.health import SCHEDULED_COUNT_CAP, SETTLED_COUNT_CAP, Health
 from ..timeutil import utcnow
@@ -37,7 +38,6 @@ from . import (
 )
 from .access import current_defer, operators_only
 from .dashboard_actions import ActionOutcome
-from .i18n import gettext
 from .job_query import JobQuery
 from .pages import form_context, page_context, refresh_seconds, uncached_page, wants_fragment
 from .redirects import path_of
@@ -112,6 +112,8 @@ def job_page(job_id: int) -> ResponseReturnValue:
         "parents": current_defer().parents(job),
         "children": current_defer().children(job, limit=RELATED_SHOWN + 1),
         "related_shown": RELATED_SHOWN,
+        # Why a pending job has not started (at most five queries).
+        "reasons": current_defer().explain(job.id) if job.status.value == "pending" else [],
         # A due rate-limited job whose bucket is full right now says so.
         "rate_limited": (
             job.rate_limit is not None

@@ -28,11 +28,11 @@ from flask import (
 from flask.typing import ResponseReturnValue
 
 from ..errors import JobNotFound, JobNotPending
+from ..i18n import N_, gettext, ngettext
 from ..undo import MAX_JOB_ID
 from .access import current_defer, operator, require_operator
 from .csrf import require_csrf
 from .formatting import relative, status_label, utc_text
-from .i18n import N_, gettext, ngettext
 from .job_query import JobQuery
 from .redirects import safe_local_target
 from .responses import is_htmx, no_store

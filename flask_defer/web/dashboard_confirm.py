@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from flask import Blueprint, abort, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
+from ..i18n import N_, gettext
 from ..undo import MAX_JOB_ID
 from .access import current_defer, require_operator
 from .csrf import csrf_token, field_name
-from .i18n import N_, gettext
 from .job_query import JobQuery
 from .redirects import safe_local_target
 

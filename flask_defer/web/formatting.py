@@ -14,8 +14,8 @@ from typing import Any
 
 from flask import Blueprint
 
+from ..i18n import N_, format_number, format_seconds, gettext, ngettext, pgettext
 from ..recurring_rules import Rule
-from .i18n import N_, format_number, format_seconds, gettext, ngettext, pgettext
 
 #: Longest one-line error summary shown in the job list.
 SUMMARY_CHARS = 140

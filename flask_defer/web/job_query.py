@@ -13,8 +13,8 @@ from typing import Any
 from flask import abort
 from werkzeug.datastructures import MultiDict
 
+from ..i18n import gettext
 from ..jobs import JobStatus
-from .i18n import gettext
 
 #: The highest page number accepted; beyond it the offset would be absurd.
 MAX_PAGE = 1_000_000

@@ -17,11 +17,11 @@ from flask.typing import ResponseReturnValue
 
 from ..errors import InvalidArgument
 from ..facade import DeferFacade
+from ..i18n import N_, gettext
 from ..timeutil import utcnow
 from .access import current_defer, operator, operators_only, require_operator
 from .csrf import require_csrf
 from .dashboard_actions import ActionOutcome, answer
-from .i18n import N_, gettext
 from .pages import form_context, page_context, refresh_seconds, uncached_page, wants_fragment
 
 #: The outcome sentences, by (action, kind, changed), each a catalogue message.

@@ -14,12 +14,12 @@ from flask.typing import ResponseReturnValue
 
 from ..errors import ScheduleNotFound
 from ..facade import DeferFacade
+from ..i18n import N_, gettext
 from ..recurring_rules import ID_PATTERN
 from ..timeutil import utcnow
 from .access import current_defer, operators_only, require_operator
 from .csrf import require_csrf
 from .dashboard_actions import ActionOutcome, answer
-from .i18n import N_, gettext
 from .pages import form_context, page_context, uncached_page, wants_fragment
 
 

@@ -18,10 +18,10 @@ from flask import (
 )
 from markupsafe import Markup
 
+from ..i18n import locale_tag
 from ..undo import Toast, UndoOutcome
 from .access import current_defer
 from .csrf import csrf_token, field_name
-from .i18n import locale_tag
 from .redirects import path_of, safe_local_target
 
 #: Flash categories of the no-JavaScript Undo's outcomes ("defer-undone", ...).

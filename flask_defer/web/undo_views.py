@@ -28,6 +28,7 @@ from flask import (
 from flask.typing import ResponseReturnValue
 
 from ..errors import InvalidArgument, JobNotFound, JobNotPending
+from ..i18n import format_seconds, gettext, locale_tag
 from ..jobs import Job
 from ..timeutil import utcnow
 from ..undo import (
@@ -40,7 +41,6 @@ from ..undo import (
 )
 from .access import current_defer
 from .csrf import csrf_token, field_name, require_csrf
-from .i18n import format_seconds, gettext, locale_tag
 from .redirects import path_of, safe_local_target
 from .responses import is_htmx, no_store, safe_json
 from .toasts import page_of_fragment_request, toast_context

@@ -21,7 +21,7 @@ from flask import Flask
 from flask_babel import Babel
 from jinja2 import Environment
 
-from flask_defer.web import i18n
+from flask_defer import i18n
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 LOCALES = ("de", "fr")

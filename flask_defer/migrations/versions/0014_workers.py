@@ -40,6 +40,7 @@ def upgrade() -> None:
         sa.Column("heartbeat_seconds", sa.Float(), nullable=False),
         sa.Column("running", sa.JSON(), nullable=False),
         sa.Column("listening", sa.Boolean(), nullable=True),
+        sa.Column("names", sa.JSON(), nullable=False),
     )
 
 

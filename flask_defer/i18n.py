@@ -1,4 +1,7 @@
-"""The blueprint's words in the reader's language: Flask-Babel when the app uses it.
+"""flask_defer's words in the reader's language: Flask-Babel when the app uses it.
+
+The blueprint's pages and toasts use it, and so does ``defer.explain`` (its reasons'
+texts), which is why it stands low, beside validation, not in the web package.
 
 Every user-facing string of the toasts, outcomes and pages goes through
 :func:`gettext`. With Flask-Babel installed and initialised on the app (``Babel(app)``),
@@ -18,7 +21,7 @@ from typing import Any
 from flask import current_app, has_app_context
 
 #: The catalogue's folder (``<lang>/LC_MESSAGES/flask_defer.mo``) and gettext domain.
-TRANSLATIONS_DIR = Path(__file__).resolve().parent.parent / "translations"
+TRANSLATIONS_DIR = Path(__file__).resolve().parent / "translations"
 DOMAIN = "flask_defer"
 
 
