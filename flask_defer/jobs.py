@@ -98,6 +98,9 @@ class Job:
     #: ``rate_period`` seconds, across every worker. None for other jobs.
     rate_limit: int | None = None
     rate_period: float | None = None
+    #: The W3C trace context (``traceparent``, ``tracestate``) of the span that
+    #: scheduled it, with OpenTelemetry (``flask_defer.tracing``); None otherwise.
+    trace_context: dict[str, str] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Job:

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from .. import signals
+from .. import signals, tracing
 from ..config import RetryPolicy
 from ..jobs import ABORTS, Aborted, Fail, Job, JobStatus, NotYet, RetryAfter
 from ..registry import Registry
@@ -118,7 +118,7 @@ class Executor:
         note: str | None = None
         began = time.monotonic()
         try:
-            with self.context_factory():
+            with self.context_factory(), tracing.run_span(job):
                 if spec.atomic:
                     with self.atomic_scope() as conn:
                         began = time.monotonic()
@@ -160,7 +160,7 @@ class Executor:
         note: str | None = None
         began = time.monotonic()
         try:
-            with self.context_factory():
+            with self.context_factory(), tracing.run_span(job):
                 result = storable(await awaited(job, spec.func(job), timeout))
                 note = self._uncommitted_note(log)
             if ABORTS.was_seen(job.id, job.claim_token):

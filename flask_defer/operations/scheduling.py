@@ -17,7 +17,7 @@ from typing import Any, TypedDict, Unpack
 
 from sqlalchemy import Connection
 
-from .. import signals
+from .. import signals, tracing
 from ..errors import InvalidArgument, UnknownJob
 from ..jobs import Job
 from ..queue_controls import checked_priority, checked_ttl, validate_queue
@@ -206,7 +206,11 @@ def schedule(
         raise InvalidArgument("replace", f"expected True or False, got {replace!r}")
     after = checked_after(options.get("after"), options.get("after_policy"))
     actor = checked_actor(options.get("actor"))
-    return insert(state, new, now=now, replace=replace, actor=actor, after=after)
+    if tracing.TRACER is None:
+        return insert(state, new, now=now, replace=replace, actor=actor, after=after)
+    with tracing.scheduling(name, new.queue) as context:
+        new = dataclass_replace(new, trace_context=context)
+        return insert(state, new, now=now, replace=replace, actor=actor, after=after)
 
 
 #: What ``schedule_many`` refuses of the common options, and why.

@@ -153,6 +153,9 @@ def define_jobs_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Tab
         # job's bucket (its concurrency_key) per rate_period seconds.
         Column("rate_limit", Integer, nullable=True),
         Column("rate_period", Float, nullable=True),
+        # The W3C trace context of the span that scheduled it (flask_defer.tracing,
+        # revision flask_defer_0015): its run joins that trace.
+        Column("trace_context", payload_type, nullable=True),
     )
     c = table.c
     pending = c.status == "pending"
@@ -246,7 +249,7 @@ def typed_jobs_table(table: Table) -> Table:
     """
     if table.info.get("flask_defer.typed"):
         return table
-    return _typed_copy(table, ("payload", "result"))
+    return _typed_copy(table, ("payload", "result", "trace_context"))
 
 
 def typed_schedules_table(table: Table) -> Table:
