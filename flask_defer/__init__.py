@@ -37,12 +37,13 @@ from .signals import (
     queue_paused,
     queue_resumed,
 )
-from .store import Pause, WorkerInfo
+from .store import ActivityBucket, Pause, WorkerInfo
 from .store.recurring_statements import ScheduleRow
 from .undo import Toast, UndoOutcome
 
 __all__ = [
     "Aborted",
+    "ActivityBucket",
     "INCLUDE_DELETED",
     "Batched",
     "Defer",

@@ -37,6 +37,7 @@ from .store.schema import (
     DEFAULT_SCHEDULES_TABLE_NAME,
     DEFAULT_TABLE_NAME,
     SchemaNames,
+    define_activity_table,
     define_dependencies_table,
     define_jobs_table,
     define_pauses_table,
@@ -96,6 +97,7 @@ class Defer(DeferFacade):
             define_dependencies_table(db.metadata, table_name)
             define_starts_table(db.metadata, table_name)
             define_workers_table(db.metadata, table_name)
+            define_activity_table(db.metadata, table_name)
         if app is not None:
             self.init_app(app, db=db)
 

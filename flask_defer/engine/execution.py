@@ -191,7 +191,7 @@ class Executor:
             last_error=f"{UNKNOWN_HANDLER_NOTE} for {job.name!r} in the worker",
             attempt=job.attempts,
         )
-        return self._record(PendingAck(ack, lambda _ok: Outcome.UNKNOWN), clock, batch, actor)
+        return self._record(PendingAck(ack, lambda _ok: Outcome.UNKNOWN, job), clock, batch, actor)
 
     def _begin(self, job: Job, log: JobLog) -> None:
         self.emit(signals.job_started, job=job)
@@ -219,7 +219,9 @@ class Executor:
             job.id, job.claim_token or "", JobStatus.DONE.value, result=result,
             last_error=note, attempt=job.attempts,
         )  # fmt: skip
-        succeeded = PendingAck(done, lambda ok: self._succeeded(job, log, took, acknowledged=ok))
+        succeeded = PendingAck(
+            done, lambda ok: self._succeeded(job, log, took, acknowledged=ok), job
+        )
         return self._record(succeeded, clock, batch, actor)
 
     def _ended_with(
@@ -245,7 +247,7 @@ class Executor:
                 job.id, job.claim_token or "", JobStatus.PENDING.value, run_at=until,
                 due_at=until, attempts_delta=-1, attempt=job.attempts,
             )  # fmt: skip
-            snoozed = PendingAck(ack, lambda ok: Outcome.SNOOZED if ok else self._lost(log))
+            snoozed = PendingAck(ack, lambda ok: Outcome.SNOOZED if ok else self._lost(log), job)
             return self._record(snoozed, clock, batch, actor)
         if isinstance(error, Fail):
             return self._failed_attempt(
@@ -374,7 +376,7 @@ class Executor:
             self.emit(signals.job_failed, job=job, error=text, will_retry=will_retry)
             return Outcome.RETRIED if will_retry else Outcome.FAILED
 
-        return self._record(PendingAck(ack, settle), clock, batch, actor)
+        return self._record(PendingAck(ack, settle, job), clock, batch, actor)
 
     def _aborted(
         self, job: Job, log: JobLog, error: BaseException | None, clock: Clock, actor: str

@@ -146,6 +146,7 @@ class Maintenance:
                 )
                 self.store.forget_old_starts(now=self.clock())
                 self.store.forget_workers(now=self.clock())
+                self.store.forget_old_activity(now=self.clock())
                 stranded = self.store.release_stranded(now=self.clock(), actor=self.actor)
                 if stranded:
                     logger.warning(

@@ -102,6 +102,8 @@ class PendingAck:
 
     ack: Ack
     settle: Callable[[bool], Outcome]
+    #: The claimed job (the activity counts read its queue, name and lateness).
+    job: Job | None = None
 
 
 #: Longest error text in a log line; the whole traceback is in the job's last_error.

@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..jobs import Job
 from ..store import JobStore
 from ..timeutil import utcnow
+from .activity import ActivityCounter
 from .execution import Clock, Executor, Outcome, PendingAck, RunSummary
 from .leases import LeaseHeartbeat, brief
 from .presence import Presence
@@ -78,6 +79,8 @@ class Runner:
         self.lease = lease
         self.claim_batch = claim_batch
         self.actor = actor
+        #: What this runner ran, per minute, queue and name: written every few seconds.
+        self.activity = ActivityCounter(store)
 
     def claim(
         self,
@@ -101,14 +104,21 @@ class Runner:
     def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:
         """Run one claimed job's handler; acknowledge its outcome now, or with ``batch``
         hand back the acknowledgement for :meth:`flush` to write with others."""
-        return self.executor.execute(job, clock, batch=batch, actor=self.actor)
+        result = self.executor.execute(job, clock, batch=batch, actor=self.actor)
+        if isinstance(result, Outcome):
+            self.activity.record(job, result)
+        return result
 
     def flush(self, pending: Sequence[PendingAck], clock: Clock) -> list[Outcome]:
         """Write batched acknowledgements in one statement; their outcomes, in order.
 
         The one place batched outcomes are written, for ``run_due`` and the worker.
         """
-        return self.executor.flush(pending, clock, actor=self.actor)
+        outcomes = self.executor.flush(pending, clock, actor=self.actor)
+        for done, outcome in zip(pending, outcomes, strict=True):
+            if done.job is not None:
+                self.activity.record(done.job, outcome)
+        return outcomes
 
     def run_due(
         self, clock: Clock, *, limit: int | None = None, deadline: float | None = None
@@ -186,6 +196,7 @@ class Runner:
         finally:
             heartbeat.stop()
             self._hand_back([job for job in held if job.id not in started], clock)
+            self.activity.flush()
         return summary
 
     def _hand_back(self, jobs: list[Job], clock: Clock) -> None:

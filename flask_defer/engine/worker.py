@@ -213,6 +213,7 @@ class Worker:
         """One round: time-outs, maintenance, claim. Returns how long to sleep."""
         self._record_timeouts()
         self.maintenance.run_if_due()
+        self.runner.activity.flush_if_due()
         with self._summary_lock:
             self._progress.maybe_log(self.summary)
         if self._stop.is_set():
@@ -416,6 +417,7 @@ class Worker:
         release(self.store, self.pool.in_flight() + cut_off, why, self.clock())
         self._heartbeat.stopped.set()
         self.presence.leave()  # a graceful stop: the row goes
+        self.runner.activity.flush()
         self.pool.close()
         self.coroutines.close()
         self.waker.close()

@@ -4,14 +4,39 @@ workers (the dashboard's Workers page, ``flask defer workers``) and why a job wa
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from ..operations import visibility
 from ..operations.visibility import Reason
-from ..store import WorkerInfo
+from ..store import ActivityBucket, WorkerInfo
 from .declarations import FacadeBase
 
 
 class VisibilityMethods(FacadeBase):
-    """``defer.workers`` and ``defer.explain``."""
+    """``defer.workers``, ``defer.explain`` and ``defer.activity``."""
+
+    def activity(
+        self,
+        since: datetime | None = None,
+        bucket: str = "minute",
+        *,
+        queue: str | None = None,
+        name: str | None = None,
+    ) -> list[ActivityBucket]:
+        """Runs per minute (kept two hours; default: the last hour) or per hour (kept
+        eight days; default: the last seven), oldest first; empty buckets left out.
+
+        Each :class:`~flask_defer.ActivityBucket` has ``.start``, ``.started``,
+        ``.done``, ``.failed``, ``.retried`` and the p50/p95 lateness (an upper estimate
+        from a histogram). *queue* or *name* narrows it to one queue or job name.
+        Workers count in memory and write every few seconds, so the current minute
+        trails by that much; a worker killed outright loses at most those seconds.
+        """
+        return visibility.activity(self._state(), since, bucket, queue=queue, name=name)
+
+    def activity_keys(self, since: datetime) -> tuple[list[str], list[str]]:
+        """The queues and job names with activity since *since*."""
+        return visibility.activity_keys(self._state(), since)
 
     def explain(self, id: int) -> list[Reason]:
         """Every reason pending job *id* has not started yet, as :class:`Reason` values

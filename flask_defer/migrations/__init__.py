@@ -51,6 +51,7 @@ OWN_TABLES = frozenset(
         "defer_jobs_after",
         "defer_jobs_starts",
         "defer_jobs_workers",
+        "defer_jobs_activity",
         VERSION_TABLE,
     }
 )

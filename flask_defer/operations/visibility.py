@@ -8,17 +8,17 @@ reason a pending job has not started.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from ..errors import JobNotFound
+from ..errors import InvalidArgument, JobNotFound
 from ..i18n import gettext
 from ..jobs import JobStatus
-from ..store import WorkerInfo
-from ..timeutil import utcnow
-from ..validation import identity
+from ..store import ActivityBucket, WorkerInfo
+from ..timeutil import as_utc, utcnow
+from ..validation import checked_text, identity
 from .state import DeferState
 
 #: At most this many queues with due jobs are looked at for "nobody serves it".
@@ -135,3 +135,35 @@ def explain(state: DeferState, job_id: Any, now: datetime | None = None) -> list
             "No live worker serving its queue has a handler for {name}.",
             name=job.name)))  # fmt: skip
     return reasons
+
+
+#: What ``defer.activity(bucket=...)`` takes, and the span each reads.
+BUCKETS = {"minute": "m", "hour": "h"}
+
+
+def activity(
+    state: DeferState,
+    since: datetime | None = None,
+    bucket: str = "minute",
+    *,
+    queue: str | None = None,
+    name: str | None = None,
+) -> list[ActivityBucket]:
+    """Runs started, done, failed and retried per *bucket* (``minute``: kept two hours,
+    default the last hour; ``hour``: kept eight days, default the last seven), oldest
+    first, for everything or one *queue* or job *name*."""
+    if bucket not in BUCKETS:
+        raise InvalidArgument("bucket", f"expected 'minute' or 'hour', got {bucket!r}")
+    now = utcnow()
+    if since is None:
+        since = now - (timedelta(hours=1) if bucket == "minute" else timedelta(days=7))
+    start = as_utc(since, "since")
+    return state.store.activity(
+        since=start, span=BUCKETS[bucket], queue=checked_text(queue, "queue"),
+        name=checked_text(name, "name"),
+    )  # fmt: skip
+
+
+def activity_keys(state: DeferState, since: datetime) -> tuple[list[str], list[str]]:
+    """The queues and job names with activity since *since* (the Activity page's filters)."""
+    return state.store.activity_keys(since=since)

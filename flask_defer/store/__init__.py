@@ -12,6 +12,7 @@ own. All times are passed in (``now=``) so tests can drive the clock.
 
 from __future__ import annotations
 
+from .activity import ActivityBucket, ActivityStatements
 from .batches import BatchStatements
 from .claims import ClaimStatements
 from .control_statements import ControlStatements
@@ -44,6 +45,7 @@ __all__ = [
     "SETTLED_COUNT_CAP",
     "UNKNOWN_HANDLER_NOTE",
     "Ack",
+    "ActivityBucket",
     "BatchAppend",
     "Driver",
     "HistoryEvent",
@@ -68,11 +70,12 @@ class JobStore(
     PauseStatements,
     RateStatements,
     WorkerStatements,
+    ActivityStatements,
 ):
     """All reads and writes of the jobs table, over one engine.
 
     Split by who calls it (callers' inserts, control writes and batch appends;
     reads; the worker's claims, acknowledgements and upkeep; paused queues and names;
-    dependencies; rate-limit starts; live workers)
+    dependencies; rate-limit starts; live workers; activity)
     only to keep each file readable; it is one object and one owner of all SQL.
     """

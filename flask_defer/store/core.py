@@ -29,6 +29,7 @@ from .parts import StoreParts
 from .records import SETTLING, HistoryEvent, JobFilter, NewJob
 from .schema import (
     UTCDateTime,
+    define_activity_table,
     define_dependencies_table,
     define_pauses_table,
     define_starts_table,
@@ -93,6 +94,10 @@ class StoreBase:
         self.starts_table = typed_jobs_table(define_starts_table(table.metadata, table.name))
         #: The live workers (``defer.workers()``), one row per running worker.
         self.workers_table = typed_jobs_table(define_workers_table(table.metadata, table.name))
+        #: Runs per minute and hour, by queue and name (``defer.activity()``).
+        self.activity_table = typed_jobs_table(
+            define_activity_table(table.metadata, table.name)
+        )
         # Creating the table from the app's metadata (db.create_all()) or from the store
         # records the newest revision in the same transaction.
         record_on_create(table)
@@ -167,6 +172,7 @@ class StoreBase:
             self.dependencies_table.create(self.engine, checkfirst=True)
             self.starts_table.create(self.engine, checkfirst=True)
             self.workers_table.create(self.engine, checkfirst=True)
+            self.activity_table.create(self.engine, checkfirst=True)
         if history and self.history_table is not None:
             self.history_table.create(self.engine, checkfirst=True)
 

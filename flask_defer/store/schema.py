@@ -1,8 +1,8 @@
 """The ``defer_jobs`` table, defined in the application's own SQLAlchemy metadata.
 
 Over 400 lines because it is every table flask_defer owns (jobs, schedules, history,
-pauses, dependencies, rate-limit starts, workers), each with its indexes and the reason for
-each: one place to read the schema a revision must reach.
+pauses, dependencies, rate-limit starts, workers, activity), each with its indexes and
+the reason for each: one place to read the schema a revision must reach.
 
 Living in the app's metadata is what lets ``db.create_all()`` and Alembic autogenerate
 see the table like any other. The indexes are the ones the hot paths need:
@@ -359,6 +359,11 @@ class SchemaNames:
         return pauses_table_name(self.jobs)
 
     @property
+    def activity(self) -> str:
+        """The activity aggregate table's name (``<jobs>_activity``)."""
+        return activity_table_name(self.jobs)
+
+    @property
     def workers(self) -> str:
         """The live workers table's name (``<jobs>_workers``)."""
         return workers_table_name(self.jobs)
@@ -534,4 +539,35 @@ def define_workers_table(metadata: MetaData, jobs_table_name: str = DEFAULT_TABL
         Column("listening", Boolean, nullable=True),
         # The job names it has handlers for: explain's "no live worker knows its name".
         Column("names", JSON, nullable=False),
+    )
+
+
+def activity_table_name(jobs_table_name: str) -> str:
+    """The name of the activity aggregate table that belongs to *jobs_table_name*."""
+    return f"{jobs_table_name}_activity"
+
+
+def define_activity_table(
+    metadata: MetaData, jobs_table_name: str = DEFAULT_TABLE_NAME
+) -> Table:
+    """Add the activity aggregate table to *metadata* (or return it if it is there).
+
+    One row per span (``m``: a minute, ``h``: an hour), its start, queue and job name:
+    runs started, done, failed and retried, and a histogram of their lateness
+    (``late_0`` ... ``late_9``, bounds in ``store.activity.LATENESS_BOUNDS``). Workers
+    add to it with an upsert every few seconds; the primary key is the only index the
+    reads need. Revision ``flask_defer_0016``.
+    """
+    name = activity_table_name(jobs_table_name)
+    if name in metadata.tables:
+        return metadata.tables[name]
+    counts = ["started", "done", "failed", "retried", *[f"late_{i}" for i in range(10)]]
+    return Table(
+        name,
+        metadata,
+        Column("span", String(1), primary_key=True),
+        Column("start", DateTime(timezone=True), primary_key=True),
+        Column("queue", String(100), primary_key=True),
+        Column("name", String(200), primary_key=True),
+        *[Column(c, Integer, nullable=False, server_default="0") for c in counts],
     )

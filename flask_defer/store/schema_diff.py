@@ -17,6 +17,7 @@ from sqlalchemy import Connection, MetaData, inspect
 from .driver import driver_class
 from .schema import (
     SchemaNames,
+    define_activity_table,
     define_dependencies_table,
     define_history_table,
     define_jobs_table,
@@ -30,8 +31,9 @@ from .schema import (
 def differences(conn: Connection, names: SchemaNames) -> list[str]:
     """What autogenerate would change in flask_defer's tables (empty: they match).
 
-    The jobs, recurring schedules, pauses, dependencies, rate-limit starts and workers
-    tables (a missing one shows as ``add_table``), and the job history table where it exists.
+    The jobs, recurring schedules, pauses, dependencies, rate-limit starts, workers and
+    activity tables (a missing one shows as ``add_table``), and the job history table
+    where it exists.
     """
     metadata = MetaData()
     define_jobs_table(metadata, names.jobs)
@@ -40,6 +42,7 @@ def differences(conn: Connection, names: SchemaNames) -> list[str]:
     define_dependencies_table(metadata, names.jobs)
     define_starts_table(metadata, names.jobs)
     define_workers_table(metadata, names.jobs)
+    define_activity_table(metadata, names.jobs)
     # The job history table is checked where it exists: an app with DEFER_HISTORY =
     # False that created its tables with create_all() has none, and needs none.
     if inspect(conn).has_table(names.history):

@@ -46,7 +46,7 @@ from .schema_diff import differences
 
 #: The default tables (``defer_jobs``, ``defer_schedules``, ``defer_jobs_history``,
 #: ``defer_jobs_pauses``, ``defer_jobs_after``, ``defer_jobs_starts``,
-#: ``defer_jobs_workers``).
+#: ``defer_jobs_workers``, ``defer_jobs_activity``).
 DEFAULT_NAMES = SchemaNames()
 
 #: The first revision: the schema of 0.1.0, which recorded no version.

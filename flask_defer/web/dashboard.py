@@ -28,6 +28,7 @@ from ..operations.health import SCHEDULED_COUNT_CAP, SETTLED_COUNT_CAP, Health
 from ..timeutil import utcnow
 from ..undo import MAX_JOB_ID
 from . import (
+    activity,
     dashboard_actions,
     dashboard_confirm,
     formatting,
@@ -58,6 +59,7 @@ def register(blueprint: Blueprint) -> None:
     recurring.register(blueprint)
     queues.register(blueprint)
     workers.register(blueprint)
+    activity.register(blueprint)
     metrics_view.register(blueprint)
     formatting.register(blueprint)
     blueprint.register_error_handler(400, _bad_request)

@@ -7,6 +7,7 @@ the documented ``@defer.dashboard_auth`` example expects.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -509,3 +510,45 @@ def test_the_workers_page_from_the_keyboard(
     assert axe_violations(page) == []
     suffix = ("-dark" if scheme == "dark" else "") + ("-375" if width == 375 else "")
     page.screenshot(path=str(artifacts / f"workers{suffix}.png"), full_page=True)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "width"),
+    [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
+    ids=["light-1280", "dark-1280", "light-375", "dark-375"],
+)
+def test_the_activity_page_charts_and_their_table_from_the_keyboard(
+    live: Live,
+    operator_page: Callable[..., Page],
+    axe_violations: Callable[[Any], list[dict[str, Any]]],
+    artifacts: Path,
+    scheme: str,
+    width: int,
+) -> None:
+    page = operator_page(
+        color_scheme=scheme, device_scale_factor=2, viewport={"width": width, "height": 900}
+    )
+    page.get_by_role("link", name="Activity", exact=True).focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(live.url + "/defer/activity")
+    page.wait_for_load_state("load")
+    minute = page.locator("[data-defer-chart=minute]")
+    expect(minute.locator("svg")).to_be_visible()
+    # The seeded runs (done, retried, failed) are drawn in the last week's chart.
+    expect(page.locator("[data-defer-chart=hour] rect")).not_to_have_count(0)
+    summary = page.locator("details.defer-chart__figures summary").last
+    summary.focus()
+    page.keyboard.press("Enter")
+    figures = page.locator("details.defer-chart__figures").last
+    expect(figures.locator("tbody tr")).not_to_have_count(0)
+    # Filter by a job name with the keyboard only.
+    page.locator("select[name=name]").focus()
+    page.keyboard.press("ArrowDown")
+    page.get_by_role("button", name="Show").focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(re.compile(r"/defer/activity\?queue=&name=\w+"))
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"{overflow}px of horizontal scroll at {width}px"
+    assert axe_violations(page) == []
+    suffix = ("-dark" if scheme == "dark" else "") + ("-375" if width == 375 else "")
+    page.screenshot(path=str(artifacts / f"activity{suffix}.png"), full_page=True)

@@ -29,7 +29,7 @@ from ..conftest import AppKit
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 #: Every shipped revision, oldest first: what an upgrade from nothing applies.
-REVISIONS = [f"flask_defer_{n:04d}" for n in range(1, 16)]
+REVISIONS = [f"flask_defer_{n:04d}" for n in range(1, 17)]
 
 
 def build_0_1_0(engine: Engine) -> None:
