@@ -79,6 +79,7 @@ class Worker:
         clock: Clock = utcnow,
         ticker: RecurringTicks | None = None,
     ) -> None:
+        # Long because: one attribute per part of the worker, each with why it is there.
         self.store = store
         #: Recurring schedules: synced at start, their due ticks written each round.
         self.ticks = TickTimer(ticker, options.poll_interval.total_seconds())
