@@ -210,13 +210,19 @@ class Worker:
                     # look at the schedules table again instead of at the next poll.
                     self.ticks.look_again()
 
-    def _step(self) -> float | None:
-        """One round: time-outs, maintenance, claim. Returns how long to sleep."""
+    def _housekeeping(self) -> None:
+        """What each round does before it claims: overrun handlers' time-outs, the
+        maintenance round when due, expired jobs, the activity counts, the progress log."""
         self._record_timeouts()
         self.maintenance.run_if_due()
+        self.maintenance.expire_if_due()
         self.runner.activity.flush_if_due()
         with self._summary_lock:
             self._progress.maybe_log(self.summary)
+
+    def _step(self) -> float | None:
+        """One round: housekeeping, then the claim. Returns how long to sleep."""
+        self._housekeeping()
         if self._stop.is_set():
             return 0.0
         opts = self.options
@@ -254,6 +260,9 @@ class Worker:
             waits.append(deadline - time.monotonic())
         if not opts.burst:
             waits.append(self.maintenance.next_due() - time.monotonic())
+            expiry = self.maintenance.next_expiry_due()
+            if expiry is not None:
+                waits.append(expiry - time.monotonic())
         elif not claimed and not self._busy():
             if not self._acks.idle():
                 # Outcomes not written yet may free a concurrency key's slot: a burst

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Connection,
     bindparam,
     delete,
+    func,
     literal_column,
     select,
     tuple_,
@@ -192,6 +193,16 @@ class UpkeepStatements(DependencyStatements):
         if on_expired is not None and rows:
             on_expired([Job.from_row(row) for row in rows])
         return len(rows)
+
+    def next_expiry(self, *, now: datetime) -> datetime | None:
+        """The earliest ``expires_at`` of a pending job still ahead of *now* (None: none):
+        one step into the partial expiry index."""
+        t = self.table
+        stmt = select(func.min(t.c.expires_at)).where(
+            self._is_pending(), t.c.expires_at.is_not(None), t.c.expires_at > now
+        )
+        with self.engine.connect() as conn:
+            return conn.execute(stmt).scalar()
 
     def prune(
         self,

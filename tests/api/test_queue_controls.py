@@ -189,3 +189,28 @@ def test_a_worker_runs_one_job_of_a_key_at_a_time_and_others_beside_it(
     with worker_thread(kit.defer.worker()):
         wait_until(lambda: all(j.status is JobStatus.DONE for j in kit.defer.list(limit=20)))
     assert most == {"acct:1": 1, "acct:2": 2}
+
+
+def test_a_worker_settles_an_expired_job_in_its_claim_loop_not_at_the_next_reclaim(
+    make_kit: MakeKit,
+) -> None:
+    kit = make_kit(DEFER_RECLAIM_INTERVAL=600)  # the maintenance round will not come
+    kit.defer.job("send")(lambda job: None)
+    kit.defer.pause(name="send")  # nothing may start it: it can only expire
+    job = kit.defer.schedule("send", ttl=0.3)
+    kit.db.session.commit()
+    with worker_thread(kit.defer.worker()):
+        time.sleep(0.6)  # the first maintenance round at start found nothing expired
+        wait_until(lambda: stored(kit, job.id).status is JobStatus.EXPIRED, timeout=3)
+
+
+def test_the_dashboard_shows_a_pending_job_past_its_expiry_as_expired(make_kit: MakeKit) -> None:
+    kit = make_kit()
+    kit.defer.job("send")(lambda job: None)
+    job = kit.defer.schedule("send", ttl=0.05)
+    kit.db.session.commit()
+    time.sleep(0.1)  # past expires_at, not swept: no worker runs
+    kit.defer.dashboard_auth(lambda: True)
+    page = kit.app.test_client().get(f"/defer/jobs/{job.id}").get_data(as_text=True)
+    assert 'class="defer-badge defer-badge--expired">expired</span>' in page
+    assert stored(kit, job.id).status is JobStatus.PENDING

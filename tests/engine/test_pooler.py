@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from flask import Flask
 from sqlalchemy import create_engine, text
 
 from flask_defer import Job, NotConfigured
 from flask_defer.engine.wake import Waker
 from flask_defer.timeutil import utcnow
 
+from .. import worker_app
 from ..conftest import AppKit
 from ..pg_bouncer import PgBouncer
-from ..worker_helpers import wait_until, worker_thread
+from ..worker_helpers import WorkerProcess, wait_until, worker_thread
 
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"])
 
@@ -156,3 +159,102 @@ def test_a_direct_listen_hears_its_test_and_wakes_the_worker_at_once(
             kit.db.session.commit()
             wait_until(lambda: started, timeout=10)
     assert started[0] - scheduled < 1.0
+
+
+# -- two worker processes behind the pooler ----------------------------------------------
+
+
+@pytest.fixture
+def spawn(tmp_path: Any) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(database_url: str, *args: str, **config: Any) -> WorkerProcess:
+        process = WorkerProcess(database_url, tmp_path / f"worker-{len(started)}.log",
+                                *args, **config)  # fmt: skip
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.close()
+
+
+def _lateness(app: Flask, jobs: list[Job]) -> list[float]:
+    """Each job's claim (its started event) after its run_at, in seconds."""
+    with app.app_context():
+        late = []
+        for job in jobs:
+            (started,) = [e.at for e in worker_app.defer.history(job.id) if e.event == "started"]
+            late.append((started - job.run_at).total_seconds())
+    return sorted(late)
+
+
+@pytest.mark.slow
+def test_two_workers_behind_the_pooler_run_each_job_once_on_time(
+    bouncer: PgBouncer, database_url: str, spawn: Callable[..., WorkerProcess]
+) -> None:
+    pooled = bouncer.pooled(database_url)
+    app = worker_app.create_app(pooled, SQLALCHEMY_ENGINE_OPTIONS=NO_PREPARE)
+    settings = {
+        "SQLALCHEMY_ENGINE_OPTIONS": NO_PREPARE,
+        "DEFER_LISTEN_DATABASE_URI": database_url,
+        "DEFER_POLL_INTERVAL": 5,  # only a NOTIFY heard can make them punctual
+    }
+    workers = [spawn(pooled, "--concurrency", "4", **settings) for _ in range(2)]
+    for worker in workers:
+        worker.wait_started()
+    try:
+        with app.app_context():
+            wait_until(lambda: len([w for w in worker_app.defer.workers()
+                                    if w.listening]) == 2, timeout=20)  # fmt: skip
+            soon = utcnow() + timedelta(seconds=1)
+            jobs = [worker_app.defer.schedule("record", {"n": n},
+                                              run_at=soon + timedelta(milliseconds=20 * n))
+                    for n in range(100)]  # fmt: skip
+            worker_app.db.session.commit()
+        wait_until(lambda: len(worker_app.runs(app)) == 100, timeout=60, interval=0.2)
+        late = _lateness(app, jobs)
+        per_job = Counter(run.job_id for run in worker_app.runs(app))
+        assert len(per_job) == 100 and max(per_job.values()) == 1, "a job ran twice"
+        p99 = late[98]
+        assert p99 <= 0.020, f"lateness p99 {p99 * 1000:.1f} ms: {late[-5:]}"
+        for worker in workers:
+            assert "Traceback" not in worker.log() and "ERROR" not in worker.log()
+    finally:
+        with app.app_context():
+            worker_app.db.session.remove()
+            worker_app.db.engine.dispose()
+
+
+@pytest.mark.slow
+def test_without_a_direct_listen_workers_poll_say_so_and_are_never_later_than_the_poll(
+    bouncer: PgBouncer, database_url: str, spawn: Callable[..., WorkerProcess]
+) -> None:
+    pooled = bouncer.pooled(database_url)
+    app = worker_app.create_app(pooled, SQLALCHEMY_ENGINE_OPTIONS=NO_PREPARE)
+    poll = 0.5
+    settings = {"SQLALCHEMY_ENGINE_OPTIONS": NO_PREPARE, "DEFER_POLL_INTERVAL": poll}
+    workers = [spawn(pooled, **settings) for _ in range(2)]
+    for worker in workers:
+        worker.wait_started()
+    try:
+        with app.app_context():
+            # The LISTEN through the pooler hears nothing: both workers find out and say
+            # so in their rows, which health() and the dashboard read.
+            wait_until(lambda: len(worker_app.defer.health().deaf_workers) == 2, timeout=20)
+            jobs = []
+            for n in range(6):  # sparse: one at a time, each due while the workers sleep
+                due = utcnow() + timedelta(seconds=0.7)
+                jobs.append(worker_app.defer.schedule("record", {"n": n}, run_at=due))
+                worker_app.db.session.commit()
+                time.sleep(0.9)
+        wait_until(lambda: len(worker_app.runs(app)) == 6, timeout=30, interval=0.2)
+        late = _lateness(app, jobs)
+        assert late[-1] <= poll + 0.1, f"{late[-1]:.3f} s late, the poll is {poll} s"
+        for worker in workers:
+            log = worker.log()
+            assert "DEFER_LISTEN_DATABASE_URI" in log and "Traceback" not in log
+    finally:
+        with app.app_context():
+            worker_app.db.session.remove()
+            worker_app.db.engine.dispose()
