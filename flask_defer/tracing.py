@@ -38,8 +38,10 @@ SYSTEM = "flask_defer"
 def _tracer() -> Any:
     if importlib.util.find_spec("opentelemetry") is None:
         return None
-    from opentelemetry import trace
-
+    try:
+        from opentelemetry import trace
+    except ImportError:  # a leftover namespace folder, or a distribution without the API
+        return None
     return trace.get_tracer("flask_defer")
 
 
