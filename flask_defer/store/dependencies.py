@@ -165,7 +165,10 @@ class DependencyStatements(HistoryStatements):
             note = f"parent job {parent} {ended.value}: not run (after_policy 'done')"
             rows = conn.execute(
                 update(t)
-                .where(t.c.id.in_(children), t.c.status == literal_column("'pending'"))
+                .where(
+                    self.driver.ids_in(t.c.id, children),
+                    t.c.status == literal_column("'pending'"),
+                )
                 .values(
                     {**self._settle_values(JobStatus.CANCELLED, now), "last_error": note,
                      "waiting_for": None}
@@ -197,7 +200,7 @@ class DependencyStatements(HistoryStatements):
             rows = conn.execute(
                 update(t)
                 .where(
-                    t.c.id.in_(children),
+                    self.driver.ids_in(t.c.id, children),
                     t.c.status == literal_column("'pending'"),
                     t.c.waiting_for.is_not(None),
                 )
@@ -206,18 +209,17 @@ class DependencyStatements(HistoryStatements):
                     due_at=case((last & (t.c.run_at < now), now), else_=t.c.due_at),
                     updated_at=now,
                 )
-                .returning(t.c.id, t.c.attempts, t.c.waiting_for, t.c.queue, t.c.run_at)
+                .returning(t.c.id, t.c.waiting_for, t.c.queue, t.c.run_at)
             ).all()
-            released = [row for row in rows if row[2] is None]
+            released = [row for row in rows if row[1] is None]
+            # A waiting child never ran: its attempt count is 0.
             self.record_events(
                 conn,
-                [
-                    HistoryEvent(int(row[0]), "released", now, actor, row[1], None, row[4])
-                    for row in released
-                ],
-            )
+                [HistoryEvent(int(row[0]), "released", now, actor, 0, None, row[3])
+                 for row in released],
+            )  # fmt: skip
             if self.driver.notifies:
-                for queue in sorted({row[3] for row in released if self.wants_notify(row[4], now)}):
+                for queue in sorted({row[2] for row in released if self.wants_notify(row[3], now)}):
                     self.notify(conn, queue)
 
     def release_stranded(self, *, now: datetime, actor: str = "app", limit: int = 500) -> int:

@@ -90,6 +90,9 @@ class Driver(Protocol):
     def key_startswith(self, table: Table, prefix: str) -> ColumnElement[bool]:
         """``key`` starts with *prefix* exactly (case and wildcards included)."""
 
+    def ids_in(self, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:
+        """*column* is one of *ids* (many: a thousand children of a parent)."""
+
     def skip_locked(self, select: Select[Any]) -> Select[Any]:
         """*select* passing over rows another transaction holds (where rows lock)."""
 

@@ -167,6 +167,9 @@ class SqliteDriver:
         self._sql.clear()
         return True
 
+    def ids_in(self, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:
+        return column.in_(list(ids))  # type: ignore[no-any-return]
+
     def key_startswith(self, table: Table, prefix: str) -> ColumnElement[bool]:
         # autoescape escapes % and _ in the bound prefix, so "a_b:" matches only itself;
         # SQLite's LIKE ignores ASCII case, and the exact substr comparison restores it.
