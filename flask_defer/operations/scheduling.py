@@ -209,8 +209,14 @@ def schedule(
     if tracing.TRACER is None:
         return insert(state, new, now=now, replace=replace, actor=actor, after=after)
     with tracing.scheduling(name, new.queue) as context:
-        new = dataclass_replace(new, trace_context=context)
-        return insert(state, new, now=now, replace=replace, actor=actor, after=after)
+        if context is None:
+            return insert(state, new, now=now, replace=replace, actor=actor, after=after)
+        with state.transactions.joined(writes=True) as conn:
+            job = insert(
+                state, new, now=now, replace=replace, conn=conn, actor=actor, after=after
+            )
+            state.store.set_trace_context(conn, job.id, context)
+        return dataclass_replace(job, trace_context=context)
 
 
 #: What ``schedule_many`` refuses of the common options, and why.

@@ -336,5 +336,4 @@ class StoreBase:
             "expires_at": new.expires_at,
             "rate_limit": new.rate_limit,
             "rate_period": new.rate_period,
-            "trace_context": new.trace_context,
         }

@@ -57,8 +57,6 @@ class NewJob:
     #: in the bucket its ``concurrency_key`` names.
     rate_limit: int | None = None
     rate_period: float | None = None
-    #: The scheduling span's trace context (``flask_defer.tracing``), or None.
-    trace_context: dict[str, str] | None = None
     #: ``payload`` already encoded as the JSON text it is stored as (the bulk path
     #: validates by encoding it), so the insert does not encode it a second time.
     payload_json: str | None = None

@@ -104,6 +104,16 @@ class SchedulingStatements(DependencyStatements):
             self.notify(conn, new.queue)
         return self._inserted_job(int(found), values)
 
+    def set_trace_context(
+        self, conn: Connection, job_id: int, context: dict[str, str]
+    ) -> None:
+        """Store the scheduling span's trace context on the job just inserted in *conn*'s
+        transaction (``flask_defer.tracing``). Apart from the insert on purpose: the
+        insert every job takes binds no column for it, so apps without OpenTelemetry
+        pay nothing for it."""
+        t = self.table
+        conn.execute(update(t).where(t.c.id == job_id).values(trace_context=context))
+
     def insert_many(
         self, conn: Connection, jobs: Sequence[NewJob], *, now: datetime, actor: str = "app"
     ) -> int:
