@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.exc import SQLAlchemyError
 
 from .execution import Outcome, PendingAck
-from .leases import brief
+from .logs import brief
 
 logger = logging.getLogger("flask_defer.worker")
 

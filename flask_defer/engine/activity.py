@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..jobs import Job
 from ..store import JobStore
 from ..store.activity import LATENESS_BOUNDS, ActivityRow
+from .logs import brief
 from .outcomes import Outcome
 
 logger = logging.getLogger("flask_defer.worker")
@@ -94,9 +95,9 @@ class ActivityCounter:
         try:
             self.store.record_activity(rows)
         except SQLAlchemyError as error:
-            first = str(getattr(error, "orig", None) or error).strip().splitlines()
-            logger.warning("could not write the activity counts (%s); kept for the next "
-                           "flush", first[0] if first else type(error).__name__)  # fmt: skip
+            logger.warning(
+                "could not write the activity counts (%s); kept for the next flush", brief(error)
+            )
             with self._lock:
                 for key, counts in taken.items():
                     kept = self._counts.get(key)

@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..jobs import ABORT_CHECK_SECONDS, ABORTS, Job
 from ..store import JobStore
 from .execution import Clock
+from .logs import brief
 from .presence import Presence
 
 logger = logging.getLogger("flask_defer.worker")
@@ -128,8 +129,3 @@ class LeaseHeartbeat(threading.Thread):
     ) -> None:
         self.stop()
 
-
-def brief(error: BaseException) -> str:
-    """The first line of a database error, without SQLAlchemy's background link."""
-    text = str(getattr(error, "orig", None) or error).strip().splitlines()
-    return text[0] if text else type(error).__name__

@@ -14,6 +14,13 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+
+def brief(error: BaseException) -> str:
+    """The first line of a database error, without SQLAlchemy's background link."""
+    text = str(getattr(error, "orig", None) or error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
 #: Record attributes copied into JSON lines when present.
 JOB_FIELDS = ("job_id", "job_name", "job_key")
 

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..store import JobStore
+from .logs import brief
 
 logger = logging.getLogger("flask_defer.worker")
 
@@ -100,10 +101,9 @@ class Presence:
         try:
             action()
         except SQLAlchemyError as error:
-            first = str(getattr(error, "orig", None) or error).strip().splitlines()
             logger.warning(
                 "could not %s this worker's row in the workers table (%s); run "
                 "`flask defer db upgrade` if the schema is behind",
                 what,
-                first[0] if first else type(error).__name__,
+                brief(error),
             )

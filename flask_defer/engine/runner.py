@@ -27,7 +27,8 @@ from ..store import JobStore
 from ..timeutil import utcnow
 from .activity import ActivityCounter
 from .execution import Clock, Executor, Outcome, PendingAck, RunSummary
-from .leases import LeaseHeartbeat, brief
+from .leases import LeaseHeartbeat
+from .logs import brief
 from .presence import Presence
 
 logger = logging.getLogger("flask_defer.worker")

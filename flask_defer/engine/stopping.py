@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..jobs import Job
 from ..store import JobStore
 from .execution import JobLog
-from .leases import brief
+from .logs import brief
 from .pool import HandlerPool
 
 logger = logging.getLogger("flask_defer.worker")

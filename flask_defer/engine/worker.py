@@ -49,7 +49,7 @@ from .ack_flusher import AckFlusher
 from .event_loop import CoroutineRunner
 from .execution import Clock, Executor, JobLog, Outcome, PendingAck, RunSummary
 from .leases import LeaseHeartbeat
-from .leases import brief as _brief
+from .logs import brief as _brief
 from .maintenance import Maintenance
 from .outcomes import ProgressLog
 from .pool import HandlerPool, Task, warn_if_connections_short
