@@ -149,3 +149,27 @@ def test_the_tracing_module_imports_no_opentelemetry_when_it_is_missing() -> Non
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert trace  # the real one stays importable here
+
+
+def test_with_the_api_but_no_tracer_provider_a_run_makes_no_span_until_one_is_set() -> None:
+    # A fresh interpreter: the API's global provider is set once per process.
+    import subprocess
+    import sys
+
+    code = (
+        "from datetime import datetime, UTC\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from flask_defer import Job, tracing\n"
+        "job = Job(id=1, name='n', queue='default', payload={}, status='running',\n"
+        "          run_at=datetime.now(UTC), due_at=datetime.now(UTC), attempts=1,\n"
+        "          max_attempts=1)\n"
+        "assert isinstance(tracing.TRACER, trace.ProxyTracer)\n"
+        "assert not tracing.recording() and tracing.run_span(job) is tracing.NO_SPAN\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "assert tracing.recording()\n"
+        "with tracing.run_span(job) as span:\n"
+        "    assert span.is_recording() and span.name == 'defer.run n', span\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
