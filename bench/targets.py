@@ -253,6 +253,9 @@ def _reads(rows: Sequence[Row]) -> list[TargetResult]:
         for tag, what, bound in (
             ("reads-health", "defer.health()", 20.0),
             ("reads-dashboard", "GET /defer/", 50.0),
+            ("reads-activity", "defer.activity() (minutes of the last hour)", 20.0),
+            ("reads-activity-hour", "defer.activity(bucket='hour') (the last week)", 20.0),
+            ("reads-activity-page", "GET /defer/activity", 50.0),
         ):
             row = _one(rows, backend, tag)
             target = f"{what}, {backend}, 1,000,000 settled + 100,000 pending: ≤ {bound:g} ms"

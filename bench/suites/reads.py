@@ -1,17 +1,24 @@
-"""(7) Reads: ``defer.health()`` and ``GET /defer/`` over a large history.
+"""(7) Reads: ``defer.health()``, ``defer.activity()`` and the dashboard over a large history.
 
 One table per backend holds the settled history and the live backlog of the issue's
 sizes (built once with set-based SQL: setup is not what is measured). Then, in turn,
 ``defer.health()`` and the dashboard page through Flask's test client (the whole view:
 health figures, the bounded count, the first page of the list, the template), each
 called repeatedly; the figure is the median and p95 per call. An open dashboard tab
-repeats this every few seconds, so it must not scan the table.
+repeats this every few seconds, so it must not scan the table. ``defer.activity()``
+(a minute per bucket over the last hour, and an hour per bucket over the last week)
+reads the aggregate table, filled as that many runs over its kept spans would leave
+it, and the Activity page draws both.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from flask_defer.timeutil import utcnow
 
 from .. import raw
 from ..fd import FlaskDeferApp
@@ -73,6 +80,18 @@ def _backend(ctx: Context, backend: str) -> list[Row]:
                     check,
                 )
             )
+            fill_activity(defer, settled=sizes.reads_settled)
+            for bucket, tag in (("minute", "reads-activity"), ("hour", "reads-activity-hour")):
+                figures = defer.activity(bucket=bucket)
+                rows.append(
+                    _row(
+                        backend,
+                        f"flask_defer defer.activity(bucket={bucket!r})",
+                        _calls(lambda b=bucket: defer.activity(bucket=b), sizes.reads_calls),
+                        tag,
+                        f"{len(figures)} buckets, {sum(f.started for f in figures):,} started",
+                    )
+                )
         client = app.test_client()
 
         def page() -> None:
@@ -89,9 +108,46 @@ def _backend(ctx: Context, backend: str) -> list[Row]:
                 "",
             )
         )
+
+        def activity_page() -> None:
+            response = client.get("/defer/activity")
+            if response.status_code != 200:
+                raise RuntimeError(f"GET /defer/activity answered {response.status_code}")
+
+        rows.append(
+            _row(
+                backend,
+                "flask_defer GET /defer/activity",
+                _calls(activity_page, sizes.reads_calls),
+                "reads-activity-page",
+                "",
+            )
+        )
     finally:
         fd.close()
     return rows
+
+
+def fill_activity(defer: Any, *, settled: int, queues: int = 2, names: int = 5) -> None:
+    """The activity aggregate as *settled* runs spread over the kept spans would have
+    left it (what workers write, through the store's own upsert): a row per minute of
+    the last two hours and per hour of the last eight days, for each (queue, name)."""
+    from flask_defer.store.activity import LATENESS_BOUNDS, ActivityRow
+
+    now = utcnow().replace(second=0, microsecond=0)
+    keys = [(f"q{q}", f"job{n}") for q in range(queues) for n in range(names)]
+    minutes = [now - timedelta(minutes=m) for m in range(120)]
+    hours = [now.replace(minute=0) - timedelta(hours=h) for h in range(3, 192)]
+    per = max(1, settled // (len(keys) * (len(minutes) + len(hours))))
+
+    def row(start: datetime, queue: str, name: str) -> ActivityRow:
+        late = [0] * len(LATENESS_BOUNDS)
+        late[0], late[1] = per - per // 10, per // 10
+        return ActivityRow(start, queue, name, per, per - per // 50, per // 50, per // 100, late)
+
+    store = defer._state().store
+    for start in minutes + hours:  # an hour's row holds its minutes' sum
+        store.record_activity([row(start, queue, name) for queue, name in keys])
 
 
 def _calls(call: object, n: int) -> list[float]:
