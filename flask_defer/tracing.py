@@ -17,9 +17,9 @@ and most backends drop its late spans anyway.
 Without OpenTelemetry installed nothing here imports it: :data:`TRACER` is None and
 both hooks return at once (one ``is None`` test per call). With the API installed but
 no tracer provider set (no SDK configured: every span would be a non-recording no-op),
-a run makes no span either: :func:`run_span` asks the API for its provider first, so
-a worker pays nothing per job for tracing nobody records (the drain lost 4-5 % to
-the no-op spans before this check).
+neither ``schedule()`` nor a run makes a span or stores a context: both ask
+:func:`recording` first, so nobody pays per job for tracing nobody records (the drain
+lost 4-5 % to the no-op spans before this check).
 """
 
 from __future__ import annotations

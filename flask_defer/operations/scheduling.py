@@ -206,7 +206,7 @@ def schedule(
         raise InvalidArgument("replace", f"expected True or False, got {replace!r}")
     after = checked_after(options.get("after"), options.get("after_policy"))
     actor = checked_actor(options.get("actor"))
-    if tracing.TRACER is None:
+    if not tracing.recording():
         return insert(state, new, now=now, replace=replace, actor=actor, after=after)
     with tracing.scheduling(name, new.queue) as context:
         if context is None:

@@ -166,6 +166,7 @@ def test_with_the_api_but_no_tracer_provider_a_run_makes_no_span_until_one_is_se
         "          max_attempts=1)\n"
         "assert isinstance(tracing.TRACER, trace.ProxyTracer)\n"
         "assert not tracing.recording() and tracing.run_span(job) is tracing.NO_SPAN\n"
+
         "trace.set_tracer_provider(TracerProvider())\n"
         "assert tracing.recording()\n"
         "with tracing.run_span(job) as span:\n"
