@@ -190,6 +190,7 @@ def _lateness(app: Flask, jobs: list[Job]) -> list[float]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_two_workers_behind_the_pooler_run_each_job_once_on_time(
     bouncer: PgBouncer, database_url: str, spawn: Callable[..., WorkerProcess]
 ) -> None:
@@ -217,10 +218,10 @@ def test_two_workers_behind_the_pooler_run_each_job_once_on_time(
         per_job = Counter(run.job_id for run in worker_app.runs(app))
         assert len(per_job) == 100 and max(per_job.values()) == 1, "a job ran twice"
         p99 = late[98]
-        # Woken by NOTIFY through the direct LISTEN, not by the 5 s poll. Alone, p99 is
-        # 3-20 ms here; under the whole suite's load it reached 48 ms once, so the bound
-        # asserted is the mechanism's, not the figure's (see docs/storage.md).
-        assert p99 <= 0.25, f"lateness p99 {p99 * 1000:.1f} ms: {late[-5:]}"
+        # Woken by NOTIFY through the direct LISTEN, not by the 5 s poll: 1.5-4 ms here.
+        # Marked `alone`: under the rest of the suite's load the machine, not the library,
+        # set the figure (48 ms once), so make test runs it by itself.
+        assert p99 <= 0.020, f"lateness p99 {p99 * 1000:.1f} ms: {late[-5:]}"
         for worker in workers:
             assert "Traceback" not in worker.log() and "ERROR" not in worker.log()
     finally:
