@@ -1,7 +1,8 @@
 """Raw-SQL loops over flask_defer's own table: the limit a job library can approach.
 
 They use the very table and indexes flask_defer creates, the same claim guard
-(``status = 'pending' AND run_at <= now``, ``FOR UPDATE SKIP LOCKED`` on PostgreSQL,
+(``status = 'pending' AND waiting_for IS NULL AND run_at <= now``: the last term is
+what lets the partial index of ready rows serve it; ``FOR UPDATE SKIP LOCKED`` on PostgreSQL,
 ``UPDATE ... RETURNING`` in ``BEGIN IMMEDIATE`` on SQLite) and the same compare-and-set
 acknowledgement, but no Python layers in between. Every job is acknowledged in its
 own transaction, as a worker that does not want to redo finished jobs after a crash
@@ -150,7 +151,7 @@ def count_by_status(db: Database) -> dict[str, int]:
 _PG_CLAIM = """
 WITH due AS MATERIALIZED (
     SELECT id FROM defer_jobs
-    WHERE status = 'pending' AND run_at <= %(now)s
+    WHERE status = 'pending' AND waiting_for IS NULL AND run_at <= %(now)s
     ORDER BY run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -212,7 +213,7 @@ SET status = 'running', attempts = attempts + 1, claim_token = ?,
     lease_expires_at = ?, updated_at = ?
 WHERE id IN (
     SELECT id FROM defer_jobs
-    WHERE status = 'pending' AND run_at <= ?
+    WHERE status = 'pending' AND waiting_for IS NULL AND run_at <= ?
     ORDER BY run_at, id LIMIT ?
 ) AND status = 'pending'
 RETURNING id, name, payload
@@ -354,7 +355,8 @@ def claim_plan(db: Database) -> str:
                 row[0]
                 for row in conn.execute(
                     "EXPLAIN SELECT id FROM defer_jobs WHERE status = 'pending'"
-                    " AND run_at <= %s ORDER BY run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED",
+                    " AND waiting_for IS NULL AND run_at <= %s ORDER BY run_at, id LIMIT 10"
+                    " FOR UPDATE SKIP LOCKED",
                     (now,),
                 )
             ]
@@ -364,6 +366,7 @@ def claim_plan(db: Database) -> str:
     try:
         rows = conn.execute(
             "EXPLAIN QUERY PLAN SELECT id FROM defer_jobs WHERE status = 'pending'"
+            " AND waiting_for IS NULL"
             " AND run_at <= ? ORDER BY run_at, id LIMIT 10",
             (sqlite_time(now),),
         ).fetchall()
