@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
@@ -91,18 +92,33 @@ def run_span(job: Job) -> AbstractContextManager[Any]:
     return running(job) if recording() else NO_SPAN
 
 
+#: How often a process without a tracer provider looks again for one set since.
+PROVIDER_LOOK_SECONDS = 1.0
+_provider_seen = False
+_next_provider_look = 0.0
+
+
 def recording() -> bool:
     """Whether a span made now could be recorded: OpenTelemetry is installed and
     either :data:`TRACER` is a tracer of a real provider, or it is the API's proxy
-    and the app has set a tracer provider since (the proxy then delegates to it).
+    and the app has set a tracer provider since (the proxy then delegates to it; a
+    provider set while the process runs is seen within :data:`PROVIDER_LOOK_SECONDS`).
     The proxy before that makes non-recording spans only: nothing to pay for."""
+    global _provider_seen, _next_provider_look
     tracer = TRACER
     if tracer is None:
         return False
     api = sys.modules["opentelemetry.trace"]  # imported with TRACER: one dict look-up
-    if isinstance(tracer, api.ProxyTracer):
-        return not isinstance(api.get_tracer_provider(), api.ProxyTracerProvider)
-    return True
+    if not isinstance(tracer, api.ProxyTracer) or _provider_seen:
+        return True
+    # The API's look-up reads os.environ each time while no provider is set: asked at
+    # most every PROVIDER_LOOK_SECONDS, and never again once one is (it stays).
+    now = time.monotonic()
+    if now < _next_provider_look:
+        return False
+    _next_provider_look = now + PROVIDER_LOOK_SECONDS
+    _provider_seen = not isinstance(api.get_tracer_provider(), api.ProxyTracerProvider)
+    return _provider_seen
 
 
 @contextmanager

@@ -7,6 +7,7 @@ No Flask here; the lease heartbeat (:mod:`.leases`) drives it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -25,7 +26,9 @@ from .logs import brief
 logger = logging.getLogger("flask_defer.worker")
 
 
+@functools.cache
 def _version() -> str:
+    # Cached: a look through every installed distribution, 2-3 ms each time.
     try:
         return metadata.version("flask-defer-jobs")
     except metadata.PackageNotFoundError:  # a source checkout, not installed

@@ -168,6 +168,7 @@ def test_with_the_api_but_no_tracer_provider_a_run_makes_no_span_until_one_is_se
         "assert not tracing.recording() and tracing.run_span(job) is tracing.NO_SPAN\n"
 
         "trace.set_tracer_provider(TracerProvider())\n"
+        "import time; time.sleep(tracing.PROVIDER_LOOK_SECONDS)  # looked for once a second\n"
         "assert tracing.recording()\n"
         "with tracing.run_span(job) as span:\n"
         "    assert span.is_recording() and span.name == 'defer.run n', span\n"
