@@ -94,8 +94,10 @@ def test_the_demo_screenshot_test_run_as_make_test_runs_it_leaves_docs_untouched
     tmp_path: Path,
 ) -> None:
     before = tree_digest(ROOT / "docs")
-    # make test's own command line (PYTEST_ARGS empty), in one process, on one test.
-    command = shlex.split(recipe("test").strip().splitlines()[-1].strip())
+    # make test's own command line (PYTEST_ARGS empty), in one process, on one test:
+    # its main run, the line of the recipe that starts the parallel pytest.
+    (line,) = [line for line in recipe("test").splitlines() if "-m pytest -n" in line]
+    command = shlex.split(line.split(";")[0].strip())
     assert command[:3] == [".venv/bin/python", "-m", "pytest"], command
     arguments = command[3:]
     for flag in ("-n", "--dist"):  # one process is enough for one test

@@ -395,7 +395,6 @@ class SqliteDriver:
         stamp = self.stored_time
         at = stamp(now)
         owned: set[int] = set()
-        parents: list[int] = []
         with self.write_transaction() as conn:
             # The driver's cursor, inside the same transaction: one small UPDATE per row
             # keeps its compare-and-set, and SQLAlchemy's per-call bookkeeping cost more
@@ -414,18 +413,7 @@ class SqliteDriver:
                     owned.add(a.job_id)
                     if a.status in SETTLING:
                         settled.append(a.job_id)
-            # Which of them have children: one look-up by primary key for the batch,
-            # in the same transaction (no child can attach in between: one writer at a
-            # time). A RETURNING on each UPDATE cost 5 us a row; this, well under one.
-            for start in range(0, len(settled), _IDS_PER_LOOKUP):
-                chunk = settled[start : start + _IDS_PER_LOOKUP]
-                marks = ", ".join("?" * len(chunk))
-                rows = cursor.execute(
-                    f"SELECT id FROM {self.store.quoted_table}"
-                    f" WHERE dependents = 1 AND id IN ({marks})",
-                    chunk,
-                ).fetchall()
-                parents += [int(row[0]) for row in rows]
+            parents = self._parents_among(cursor, settled)
             cursor.close()
             self.record_events(
                 conn,
@@ -439,6 +427,22 @@ class SqliteDriver:
                 # Their children are released (or cancelled) in the same transaction.
                 self.store.release_children(conn, parents, now=now, actor=actor)
         return owned
+
+    def _parents_among(self, cursor: Any, settled: list[int]) -> list[int]:
+        """Which of the jobs just *settled* have children: one look-up by primary key
+        per chunk, in the ack's transaction (no child can attach in between: one writer
+        at a time). A RETURNING on each ack's UPDATE cost 5 us a row; this, under one."""
+        parents: list[int] = []
+        for start in range(0, len(settled), _IDS_PER_LOOKUP):
+            chunk = settled[start : start + _IDS_PER_LOOKUP]
+            marks = ", ".join("?" * len(chunk))
+            rows = cursor.execute(
+                f"SELECT id FROM {self.store.quoted_table}"
+                f" WHERE dependents = 1 AND id IN ({marks})",
+                chunk,
+            ).fetchall()
+            parents += [int(row[0]) for row in rows]
+        return parents
 
     @contextmanager
     def maintenance_lock(self) -> Iterator[bool]:
