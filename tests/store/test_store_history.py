@@ -16,7 +16,7 @@ import pytest
 from flask import Flask
 from sqlalchemy import Engine, MetaData, event, func, inspect, select
 
-from flask_defer import Defer, InvalidArgument, Job, JobEvent, JobStatus, NotYet
+from flask_defer import Defer, InvalidArgument, Job, JobEvent, JobSpec, JobStatus, NotYet
 from flask_defer.store import Ack, JobFilter, JobStore, NewJob
 from flask_defer.store.schema import define_history_table, define_jobs_table
 from flask_defer.timeutil import utcnow
@@ -236,6 +236,28 @@ def test_schedule_many_records_scheduled_for_each_job(kit: AppKit) -> None:
     kit.db.session.commit()
     ids = sorted(job.id for job in kit.defer.list(name="send"))
     assert [events(kit, job_id) for job_id in ids] == [["scheduled"]] * 3
+
+
+def test_schedule_many_events_carry_each_jobs_run_at_and_the_actor_as_schedule_does(
+    kit: AppKit,
+) -> None:
+    @kit.defer.job("send")
+    def send(job: Job) -> None: ...
+
+    soon = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+    specs = [JobSpec({"n": n}, run_at=soon + timedelta(minutes=n)) for n in range(4)]
+    assert kit.defer.schedule_many("send", specs, actor="ops:ana") == 4
+    one = kit.defer.schedule("send", run_at=soon, actor="ops:ana")
+    kit.db.session.commit()
+    (single,) = kit.defer.history(one.id)
+    jobs = sorted((j for j in kit.defer.list(name="send") if j.id != one.id), key=lambda j: j.id)
+    for n, job in enumerate(jobs):
+        (scheduled,) = kit.defer.history(job.id)
+        assert scheduled.event == "scheduled" and scheduled.actor == "ops:ana"
+        assert scheduled.attempt == 0 and scheduled.error is None
+        assert scheduled.run_at == job.run_at == soon + timedelta(minutes=n)
+        assert scheduled.at == jobs[0].created_at
+    assert single.run_at == soon and single.actor == "ops:ana"
 
 
 def test_history_off_writes_no_rows_and_has_no_table(make_app: Callable[..., AppKit]) -> None:

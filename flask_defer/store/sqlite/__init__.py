@@ -297,12 +297,14 @@ class SqliteDriver:
             return
         last = int(conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one())
         first = last - len(jobs) + 1
-        self.record_events(
-            conn,
-            [
-                HistoryEvent(job_id, "scheduled", now, actor, 0, run_at=job.run_at)
-                for job_id, job in zip(range(first, last + 1), jobs, strict=True)
-            ],
+        # Their scheduled events are made by SQLite from the rows just written (each
+        # event's run_at is its row's): one statement, and no Python per event.
+        history = conn.dialect.identifier_preparer.format_table(self.store.history_table)
+        conn.exec_driver_sql(
+            f"INSERT INTO {history} (job_id, event, at, actor, attempt, run_at)"
+            f" SELECT id, 'scheduled', ?, ?, 0, run_at FROM {self.store.quoted_table}"
+            " WHERE id BETWEEN ? AND ? ORDER BY id",
+            (self.stored_time(now), actor, first, last),
         )
 
     def claim(self, params: dict[str, Any], *, queues: bool, actor: str) -> list[Job]:
