@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 
 from .history import HistoryStatements
 
@@ -139,24 +139,27 @@ class ActivityStatements(HistoryStatements):
             conditions.append(a.c.queue == queue)
         if name is not None:
             conditions.append(a.c.name == name)
+        # Summed by the database: a week of hours is one row per hour however many
+        # queues and names ran (adding up their rows here cost 8-20 ms at ten keys).
+        counted = ("started", "done", "failed", "retried", *late)
         with self.engine.connect() as conn:
             rows = conn.execute(
-                select(a.c.start, a.c.started, a.c.done, a.c.failed, a.c.retried,
-                       *[a.c[c] for c in late]).where(*conditions).order_by(a.c.start)
-            ).all()  # fmt: skip
-        sums: dict[datetime, list[int]] = {}
+                select(a.c.start, *[func.sum(a.c[c]) for c in counted])
+                .where(*conditions)
+                .group_by(a.c.start)
+                .order_by(a.c.start)
+            ).all()
+        buckets = []
         for row in rows:
-            kept = sums.setdefault(row[0], [0] * (4 + len(late)))
-            for i, value in enumerate(row[1:]):
-                kept[i] += int(value)
-        return [
-            ActivityBucket(
-                start, started=counts[0], done=counts[1], failed=counts[2],
-                retried=counts[3], lateness_p50=_percentile(counts[4:], 0.5),
-                lateness_p95=_percentile(counts[4:], 0.95),
-            )  # fmt: skip
-            for start, counts in sorted(sums.items())
-        ]
+            counts = [int(value or 0) for value in row[1:]]
+            buckets.append(
+                ActivityBucket(
+                    row[0], started=counts[0], done=counts[1], failed=counts[2],
+                    retried=counts[3], lateness_p50=_percentile(counts[4:], 0.5),
+                    lateness_p95=_percentile(counts[4:], 0.95),
+                )  # fmt: skip
+            )
+        return buckets
 
     def activity_keys(self, *, since: datetime) -> tuple[list[str], list[str]]:
         """The queues and job names with activity since *since* (the page's filters)."""
