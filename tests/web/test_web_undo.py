@@ -450,7 +450,11 @@ def test_the_apps_templates_override_the_blueprints(
     client = mail.app.test_client()
     send(client, label="Custom")
     html = client.get("/").get_data(as_text=True)
-    assert '<p class="my-toast">Custom: 5 s</p>' in html
+    # The app's own toast, counting down the 5 s window (4 once a loaded machine took
+    # more than half a second between the send and the page).
+    shown = re.search(r'<p class="my-toast">Custom: (\d+) s</p>', html)
+    assert shown is not None, html
+    assert 1 <= int(shown.group(1)) <= 5
 
 
 def test_the_url_prefix_is_configurable(make_mail: Callable[..., MailApp]) -> None:
