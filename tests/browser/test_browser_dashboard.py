@@ -473,11 +473,13 @@ def test_a_groups_pages_link_members_and_callback_and_abort_works_from_the_keybo
     [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
     ids=["light-1280", "dark-1280", "light-375", "dark-375"],
 )
+@pytest.mark.docs_screenshot
 def test_the_workers_page_from_the_keyboard(
     live: Live,
     operator_page: Callable[..., Page],
     axe_violations: Callable[[Any], list[dict[str, Any]]],
     artifacts: Path,
+    docs_screenshot: Callable[[Path, str], Path | None],
     scheme: str,
     width: int,
 ) -> None:
@@ -509,7 +511,10 @@ def test_the_workers_page_from_the_keyboard(
     assert overflow <= 0, f"{overflow}px of horizontal scroll at {width}px"
     assert axe_violations(page) == []
     suffix = ("-dark" if scheme == "dark" else "") + ("-375" if width == 375 else "")
-    page.screenshot(path=str(artifacts / f"workers{suffix}.png"), full_page=True)
+    shot = artifacts / f"workers{suffix}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    if width == 1280 and scheme == "light":
+        docs_screenshot(shot, "workers.png")  # docs/dashboard.md shows it
 
 
 @pytest.mark.parametrize(
@@ -517,11 +522,13 @@ def test_the_workers_page_from_the_keyboard(
     [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
     ids=["light-1280", "dark-1280", "light-375", "dark-375"],
 )
+@pytest.mark.docs_screenshot
 def test_the_activity_page_charts_and_their_table_from_the_keyboard(
     live: Live,
     operator_page: Callable[..., Page],
     axe_violations: Callable[[Any], list[dict[str, Any]]],
     artifacts: Path,
+    docs_screenshot: Callable[[Path, str], Path | None],
     scheme: str,
     width: int,
 ) -> None:
@@ -541,6 +548,11 @@ def test_the_activity_page_charts_and_their_table_from_the_keyboard(
     page.keyboard.press("Enter")
     figures = page.locator("details.defer-chart__figures").last
     expect(figures.locator("tbody tr")).not_to_have_count(0)
+    suffix = ("-dark" if scheme == "dark" else "") + ("-375" if width == 375 else "")
+    shot = artifacts / f"activity{suffix}.png"
+    page.screenshot(path=str(shot), full_page=True)  # every queue and name, figures open
+    if width == 1280 and scheme == "light":
+        docs_screenshot(shot, "activity.png")  # docs/dashboard.md shows it
     # Filter by a job name with the keyboard only.
     page.locator("select[name=name]").focus()
     page.keyboard.press("ArrowDown")
@@ -550,5 +562,44 @@ def test_the_activity_page_charts_and_their_table_from_the_keyboard(
     overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     assert overflow <= 0, f"{overflow}px of horizontal scroll at {width}px"
     assert axe_violations(page) == []
+    page.screenshot(path=str(artifacts / f"activity-filtered{suffix}.png"), full_page=True)
+
+
+@pytest.mark.docs_screenshot
+@pytest.mark.parametrize(
+    ("scheme", "width"),
+    [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
+    ids=["light-1280", "dark-1280", "light-375", "dark-375"],
+)
+def test_the_job_page_says_why_a_pending_job_has_not_started(
+    live: Live,
+    operator_page: Callable[..., Page],
+    axe_violations: Callable[[Any], list[dict[str, Any]]],
+    artifacts: Path,
+    docs_screenshot: Callable[[Path, str], Path | None],
+    scheme: str,
+    width: int,
+) -> None:
+    waiting = live.jobs.scheduled[0]  # due later, on a queue no live worker serves
+    page = operator_page(
+        color_scheme=scheme, device_scale_factor=2, viewport={"width": width, "height": 900}
+    )
+    page.goto(f"{live.url}/defer/jobs/{waiting}")
+    page.wait_for_load_state("load")
+    reasons = page.get_by_role("region", name="Why it has not started")
+    expect(reasons).to_be_visible()
+    expect(reasons.locator("[data-defer-reason=not_due]")).to_have_count(1)
+    with live.ops.context():
+        codes = [reason.code for reason in live.ops.defer.explain(waiting)]
+    shown = reasons.locator("[data-defer-reason]").evaluate_all(
+        "items => items.map(item => item.dataset.deferReason)"
+    )
+    assert shown == codes  # the page says what defer.explain() says, in its order
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"{overflow}px of horizontal scroll at {width}px"
+    assert axe_violations(page) == []
     suffix = ("-dark" if scheme == "dark" else "") + ("-375" if width == 375 else "")
-    page.screenshot(path=str(artifacts / f"activity{suffix}.png"), full_page=True)
+    shot = artifacts / f"why-waiting{suffix}.png"
+    reasons.screenshot(path=str(shot))
+    if width == 1280 and scheme == "light":
+        docs_screenshot(shot, "why-waiting.png")  # docs/dashboard.md shows it
