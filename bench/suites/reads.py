@@ -94,35 +94,17 @@ def _backend(ctx: Context, backend: str) -> list[Row]:
                 )
         client = app.test_client()
 
-        def page() -> None:
-            response = client.get("/defer/")
-            if response.status_code != 200:
-                raise RuntimeError(f"GET /defer/ answered {response.status_code}")
+        pages = (("/defer/", "reads-dashboard"), ("/defer/activity", "reads-activity-page"))
+        for path, tag in pages:
 
-        rows.append(
-            _row(
-                backend,
-                "flask_defer GET /defer/",
-                _calls(page, sizes.reads_calls),
-                "reads-dashboard",
-                "",
+            def page(path: str = path) -> None:
+                response = client.get(path)
+                if response.status_code != 200:
+                    raise RuntimeError(f"GET {path} answered {response.status_code}")
+
+            rows.append(
+                _row(backend, f"flask_defer GET {path}", _calls(page, sizes.reads_calls), tag, "")
             )
-        )
-
-        def activity_page() -> None:
-            response = client.get("/defer/activity")
-            if response.status_code != 200:
-                raise RuntimeError(f"GET /defer/activity answered {response.status_code}")
-
-        rows.append(
-            _row(
-                backend,
-                "flask_defer GET /defer/activity",
-                _calls(activity_page, sizes.reads_calls),
-                "reads-activity-page",
-                "",
-            )
-        )
     finally:
         fd.close()
     return rows

@@ -27,6 +27,14 @@ from ..dashboard_app import OpsApp, Seeded, create_app, seed
 pytestmark = pytest.mark.browser
 
 
+#: Each page test runs light and dark, at desktop and phone widths.
+IN_EVERY_LAYOUT = pytest.mark.parametrize(
+    ("scheme", "width"),
+    [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
+    ids=["light-1280", "dark-1280", "light-375", "dark-375"],
+)
+
+
 @dataclass
 class Live:
     """The running ops app, its seeded jobs and its base URL."""
@@ -250,11 +258,7 @@ def test_schedules_page_pauses_and_resumes_a_schedule_in_place(
 
 
 @pytest.mark.docs_screenshot
-@pytest.mark.parametrize(
-    ("scheme", "width"),
-    [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
-    ids=["light-1280", "dark-1280", "light-375", "dark-375"],
-)
+@IN_EVERY_LAYOUT
 def test_queues_page_pauses_and_resumes_a_queue_from_the_keyboard(
     live: Live,
     operator_page: Callable[..., Page],
@@ -330,11 +334,7 @@ def screenshot_of_a_refreshing(element: Locator, path: Path, attempts: int = 5) 
 
 
 @pytest.mark.docs_screenshot
-@pytest.mark.parametrize(
-    ("scheme", "width"),
-    [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
-    ids=["light-1280", "dark-1280", "light-375", "dark-375"],
-)
+@IN_EVERY_LAYOUT
 def test_the_job_history_timeline(
     live: Live,
     operator_page: Callable[..., Page],
@@ -410,11 +410,7 @@ def test_the_job_history_timeline(
 # -- workflows: a group's pages, and aborting a running job ----------------------------------
 
 
-@pytest.mark.parametrize(
-    ("scheme", "width"),
-    [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
-    ids=["light-1280", "dark-1280", "light-375", "dark-375"],
-)
+@IN_EVERY_LAYOUT
 def test_a_groups_pages_link_members_and_callback_and_abort_works_from_the_keyboard(
     live: Live,
     operator_page: Callable[..., Page],
@@ -468,11 +464,7 @@ def test_a_groups_pages_link_members_and_callback_and_abort_works_from_the_keybo
     page.screenshot(path=str(artifacts / f"abort-requested{suffix}.png"), full_page=True)
 
 
-@pytest.mark.parametrize(
-    ("scheme", "width"),
-    [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
-    ids=["light-1280", "dark-1280", "light-375", "dark-375"],
-)
+@IN_EVERY_LAYOUT
 @pytest.mark.docs_screenshot
 def test_the_workers_page_from_the_keyboard(
     live: Live,
@@ -517,11 +509,7 @@ def test_the_workers_page_from_the_keyboard(
         docs_screenshot(shot, "workers.png")  # docs/dashboard.md shows it
 
 
-@pytest.mark.parametrize(
-    ("scheme", "width"),
-    [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
-    ids=["light-1280", "dark-1280", "light-375", "dark-375"],
-)
+@IN_EVERY_LAYOUT
 @pytest.mark.docs_screenshot
 def test_the_activity_page_charts_and_their_table_from_the_keyboard(
     live: Live,
@@ -566,11 +554,7 @@ def test_the_activity_page_charts_and_their_table_from_the_keyboard(
 
 
 @pytest.mark.docs_screenshot
-@pytest.mark.parametrize(
-    ("scheme", "width"),
-    [("light", 1280), ("dark", 1280), ("light", 375), ("dark", 375)],
-    ids=["light-1280", "dark-1280", "light-375", "dark-375"],
-)
+@IN_EVERY_LAYOUT
 def test_the_job_page_says_why_a_pending_job_has_not_started(
     live: Live,
     operator_page: Callable[..., Page],
