@@ -584,6 +584,10 @@ def test_the_job_page_says_why_a_pending_job_has_not_started(
     assert axe_violations(page) == []
     suffix = ("-dark" if scheme == "dark" else "") + ("-375" if width == 375 else "")
     shot = artifacts / f"why-waiting{suffix}.png"
-    reasons.screenshot(path=str(shot))
+    # A clip of the page, not the element: the page's refresh may swap the panel for
+    # a fresh copy while an element screenshot waits for it (seen on a slow machine).
+    box = reasons.bounding_box()
+    assert box is not None
+    page.screenshot(path=str(shot), clip=box)
     if width == 1280 and scheme == "light":
         docs_screenshot(shot, "why-waiting.png")  # docs/dashboard.md shows it
