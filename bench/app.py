@@ -96,11 +96,11 @@ def raw_undoable() -> ResponseReturnValue:
     params: dict[str, Any] = {
         "name": NOOP,
         "payload": json.dumps({"message": request.args.get("n", "0")}),
-        "run_at": _param_time(run_at),
+        "run_at": param_time(run_at),
         "owner": _owner(),
         "label": "Message sent",
-        "undo_until": _param_time(run_at - timedelta(seconds=1)),
-        "now": _param_time(now),
+        "undo_until": param_time(run_at - timedelta(seconds=1)),
+        "now": param_time(now),
     }
     job_id = db.session.execute(text(_RAW_INSERT[_dialect()]), params).scalar_one()
     db.session.commit()
@@ -109,7 +109,7 @@ def raw_undoable() -> ResponseReturnValue:
 
 @routes.post("/raw/undo/<int:job_id>")
 def raw_undo(job_id: int) -> ResponseReturnValue:
-    params = {"id": job_id, "owner": _owner(), "now": _param_time(datetime.now(UTC))}
+    params = {"id": job_id, "owner": _owner(), "now": param_time(datetime.now(UTC))}
     found = db.session.execute(text(_RAW_CANCEL), params).first()
     if found is None:
         exists = db.session.execute(
@@ -148,7 +148,8 @@ def _dialect() -> str:
     return str(db.engine.dialect.name)
 
 
-def _param_time(value: datetime) -> Any:
+def param_time(value: datetime) -> Any:
+    """*value* as a bound parameter of the jobs table's time columns."""
     # The table stores naive UTC text on SQLite (flask_defer's UTCDateTime format).
     if _dialect() == "sqlite":
         return sqlite_time(value)

@@ -8,14 +8,16 @@ start-up is not counted (as it would not be for a long-running worker).
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from flask import Flask
+from sqlalchemy import text
 
-from .app import NOOP, create_app, db, defer
+from .app import NOOP, create_app, db, defer, param_time
 from .env import Database
 from .results import Sample
 
@@ -35,6 +37,24 @@ class FlaskDeferApp:
                 db.session.commit()
         return count
 
+    def session_insert_each(self, count: int, delay_seconds: float) -> int:
+        """The floor of any library that joins ``db.session``: the raw INSERT of
+        :func:`bench.raw.sqlite_insert` (and its PostgreSQL twin) as SQL text through the
+        app's session, one commit each. No target names it; it shows what the session
+        costs before a library does anything."""
+        sql = text(_SESSION_INSERT[self.database.backend])
+        with self.app.app_context():
+            for n in range(count):
+                now = datetime.now(UTC)
+                at = param_time(now + timedelta(seconds=delay_seconds))
+                db.session.execute(
+                    sql,
+                    {"name": NOOP, "payload": json.dumps({"n": n}), "run_at": at,
+                     "now": param_time(now)},
+                )  # fmt: skip
+                db.session.commit()
+        return count
+
     def enqueue_bulk(self, count: int, delay_seconds: float) -> int:
         with self.app.app_context():
             written = defer.schedule_many(
@@ -51,6 +71,17 @@ class FlaskDeferApp:
         with self.app.app_context():
             db.session.remove()
             db.engine.dispose()
+
+
+_SESSION_INSERT = {
+    backend: (
+        "INSERT INTO defer_jobs (name, queue, payload, status, run_at, due_at, attempts,"
+        " max_attempts, created_at, updated_at) VALUES (:name, 'default', "
+        + ("CAST(:payload AS jsonb)" if backend == "postgresql" else ":payload")
+        + ", 'pending', :run_at, :run_at, 0, 3, :now, :now)"
+    )
+    for backend in ("postgresql", "sqlite")
+}
 
 
 def drain_in_processes(database: Database, processes: int) -> Sample:

@@ -14,6 +14,7 @@ from .lazy import Lazy
 DELAY = 3600.0
 RAW_BULK = "raw executemany, one transaction"
 RAW_EACH = "raw INSERT + commit per job"
+SESSION_EACH = "raw INSERT through db.session + commit"
 
 
 def run(ctx: Context) -> Section:
@@ -100,6 +101,14 @@ def _contenders(ctx: Context, backend: str) -> tuple[list[Contender], list[Conte
                 setup=lambda: raw.clear(database),
                 run=lambda: timed(lambda: app.enqueue_each(sizes.enqueue_each, DELAY)),
                 tag="fd-each",
+            )
+        )
+        each.append(
+            Contender(
+                SESSION_EACH,
+                setup=lambda: raw.clear(database),
+                run=lambda: timed(lambda: app.session_insert_each(sizes.enqueue_each, DELAY)),
+                note="the raw INSERT as SQL text through the app's db.session: its floor",
             )
         )
 
