@@ -38,7 +38,14 @@ def _version() -> str:
 class Presence:
     """One worker's row: written by :meth:`arrive`, refreshed by :meth:`beat`, deleted
     by :meth:`leave`. A database error is logged, never raised: a worker whose row
-    cannot be written still runs its jobs (a schema not upgraded yet, a blip)."""
+    cannot be written still runs its jobs (a schema not upgraded yet, a blip).
+
+    With ``at_first_beat`` (``run_due``), the row is first written by the first
+    heartbeat, not on arrival: a call that is over within one heartbeat writes and
+    deletes nothing. Those two extra write transactions (each a commit, an fsync on
+    SQLite) were most of what a short ``run_due()`` cost beyond its jobs, and a row
+    that lives less than a heartbeat is gone before a page could show it.
+    """
 
     def __init__(
         self,
@@ -50,8 +57,10 @@ class Presence:
         heartbeat_seconds: float,
         listening: Callable[[], bool | None] = lambda: None,
         names: Collection[str] = (),
+        at_first_beat: bool = False,
     ) -> None:
         self.store = store
+        self.at_first_beat = at_first_beat
         self.listening = listening
         host = socket.gethostname()
         self.id = f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -69,6 +78,8 @@ class Presence:
             "names": sorted(names),
         }
         self._here = False
+        # Whether the row may be in the table (written, and not deleted since).
+        self._written = False
         # A beat and the leave never interleave: a beat that found the row gone would
         # write it again after the stop deleted it.
         self._lock = threading.Lock()
@@ -77,7 +88,9 @@ class Presence:
         """Write this worker's row."""
         row = {**self._row, "started_at": now, "last_seen": now, "listening": self.listening()}
         self._row = row
-        self._try("write", lambda: self.store.register_worker(row))
+        if not self.at_first_beat:
+            self._written = True
+            self._try("write", lambda: self.store.register_worker(row))
         self._here = True
 
     def beat(self, now: datetime, running: Sequence[int]) -> None:
@@ -85,6 +98,8 @@ class Presence:
         with self._lock:
             if not self._here:
                 return
+            # The refresh writes the row if it is missing (at_first_beat, or deleted).
+            self._written = True
             self._try(
                 "refresh",
                 lambda: self.store.refresh_worker(
@@ -98,7 +113,8 @@ class Presence:
         with self._lock:
             if self._here:
                 self._here = False
-                self._try("delete", lambda: self.store.deregister_worker(self.id))
+                if self._written:
+                    self._try("delete", lambda: self.store.deregister_worker(self.id))
 
     def _try(self, what: str, action: Callable[[], None]) -> None:
         try:

@@ -149,7 +149,7 @@ class Runner:
         presence = Presence(
             self.store, kind="run_due", queues=None, concurrency=1,
             heartbeat_seconds=self.lease.total_seconds() / 3,
-            names=self.executor.registry.names(),
+            names=self.executor.registry.names(), at_first_beat=True,
         )  # fmt: skip
         heartbeat = LeaseHeartbeat(
             self.store, self.lease, lambda: max(clock(), utcnow()), in_flight, presence=presence

@@ -55,5 +55,6 @@ class VisibilityMethods(FacadeBase):
         heartbeats (a heartbeat is a third of ``DEFER_LEASE``), so a worker killed with
         ``kill -9`` shows stale within two heartbeats; its row goes after a day. Rows
         are written by the workers themselves: one that stopped gracefully is gone.
+        A ``run_due`` appears from its first heartbeat on: a shorter call never does.
         """
         return visibility.workers(self._state())
