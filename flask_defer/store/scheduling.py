@@ -78,21 +78,14 @@ class SchedulingStatements(DependencyStatements):
             parents = [int(old_id) for old_id, _, has_children in replaced if has_children]
             if parents:
                 self.release_children(conn, parents, now=now, actor=actor)
-        stmt = (
-            self.driver.insert_ignoring(t)
-            .values(values)
-            .on_conflict_do_nothing(
-                index_elements=[t.c.key],
-                # Literal values, not bound parameters: once psycopg prepares the
-                # statement (from its 6th run on a connection), PostgreSQL cannot
-                # match "status IN ($1, $2)" to the partial index and refuses it.
-                index_where=t.c.status.in_(
-                    [literal_column(f"'{status}'") for status in LIVE_STATUSES]
-                ),
-            )
-            .returning(t.c.id)
-        )
-        found = conn.execute(stmt).scalar()
+        # Built and compiled once, as the keyless insert: SQLAlchemy's ON CONFLICT
+        # construct has no cache key, and compiling it at every call was three fifths
+        # of a keyed schedule() (profiled: 2.0 ms against 0.34 ms keyless on SQLite).
+        sql, order, processors = self.job_insert(conn.dialect, keyed=True)
+        row = [values[name] for name in order]
+        for i, process in processors:
+            row[i] = process(row[i])
+        found = conn.exec_driver_sql(sql, tuple(row)).scalar()
         if found is None:
             holder = conn.execute(
                 select(t.c.id).where(t.c.key == new.key, t.c.status.in_(LIVE_STATUSES))
@@ -132,20 +125,36 @@ class SchedulingStatements(DependencyStatements):
                 self.notify(conn, queue)
         return len(jobs)
 
-    def job_insert(self, dialect: Dialect) -> tuple[str, list[str], list[tuple[int, Any]]]:
-        """The keyless INSERT of one job for the drivers' fast paths, built once.
+    def job_insert(
+        self, dialect: Dialect, *, keyed: bool = False
+    ) -> tuple[str, list[str], list[tuple[int, Any]]]:
+        """The INSERT of one job for the drivers' fast paths, built once.
 
         ``(sql, order, processors)``: the compiled ``INSERT ... RETURNING id`` with
         positional placeholders, the column names in the order it binds them (those of
         :meth:`row_values`), and ``(position, conversion)`` for the columns whose type
-        converts a value (most do not), so a driver sends a plain tuple.
+        converts a value (most do not), so a driver sends a plain tuple. With *keyed*,
+        the insert of a job with a key: ``ON CONFLICT DO NOTHING`` against the live-key
+        index, so a taken key returns no row.
         """
-        cached = self._job_insert.get(dialect.name)
+        cache_key = f"{dialect.name}:keyed" if keyed else dialect.name
+        cached = self._job_insert.get(cache_key)
         if cached is not None:
             return cached
         table = self.table
         names = list(self.row_values(_PROBE, _PROBE.run_at))
-        compiled = insert(table).returning(table.c.id).compile(dialect=dialect, column_keys=names)
+        stmt: Any = insert(table)
+        if keyed:
+            stmt = self.driver.insert_ignoring(table).on_conflict_do_nothing(
+                index_elements=[table.c.key],
+                # Literal values, not bound parameters: once psycopg prepares the
+                # statement (from its 6th run on a connection), PostgreSQL cannot
+                # match "status IN ($1, $2)" to the partial index and refuses it.
+                index_where=table.c.status.in_(
+                    [literal_column(f"'{status}'") for status in LIVE_STATUSES]
+                ),
+            )
+        compiled = stmt.returning(table.c.id).compile(dialect=dialect, column_keys=names)
         sql = compiled.string
         order = list(compiled.positiontup or ()) if compiled.positional else names
         if not compiled.positional:
@@ -160,7 +169,7 @@ class SchedulingStatements(DependencyStatements):
             if (process := table.c[name].type.dialect_impl(dialect).bind_processor(dialect))
             is not None
         ]
-        built = self._job_insert[dialect.name] = (sql, order, processors)
+        built = self._job_insert[cache_key] = (sql, order, processors)
         return built
 
     @staticmethod
