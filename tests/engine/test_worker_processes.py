@@ -514,8 +514,9 @@ def test_worker_processes_write_every_tick_of_a_one_second_schedule_exactly_once
 ) -> None:
     # Three processes on PostgreSQL for 30 s; SQLite, one writer at a time, two
     # processes for 15 s. Every process syncs the same declaration and races for
-    # every tick: the compare-and-set on the schedule's next tick lets one win. (A
-    # minute on PostgreSQL found nothing 30 s did not, and cost the suite 30 s more.)
+    # every tick: the compare-and-set on the schedule's next tick lets one win. (It
+    # ran a minute on PostgreSQL, the suite's longest test; 30 s still races three
+    # processes for about thirty ticks.)
     app = worker_app.create_app(database_url, RECURRING_EVERY=1)
     seconds = 30 if backend == "postgresql" else 15
     try:
