@@ -323,14 +323,27 @@ class SqliteDriver:
                 if len(jobs) < limit:
                     rest = {**params, "limit": limit - len(jobs)}
                     jobs += self._run_claim(conn, "due", queues, rest)
-                at = params["now"]
-                started = [HistoryEvent(job.id, "started", at, actor, job.attempts) for job in jobs]
-                self.record_events(conn, started)
+                self._record_started(conn, jobs, params["now"], actor)
             except BaseException:
                 conn.rollback()
                 raise
             conn.commit()
         return jobs
+
+    def _record_started(self, conn: Connection, jobs: list[Job], at: datetime, actor: str) -> None:
+        """The claimed jobs' ``started`` events, made by SQLite from their rows (each
+        event's attempt is its row's, counted by the claim): one statement with one
+        parameter for the ids, and no Python per event (building and binding them was
+        an eighth of a drain, profiled)."""
+        if self.store.history_table is None or not jobs:
+            return
+        history = conn.dialect.identifier_preparer.format_table(self.store.history_table)
+        conn.exec_driver_sql(
+            f"INSERT INTO {history} (job_id, event, at, actor, attempt)"
+            f" SELECT id, 'started', ?, ?, attempts FROM {self.store.quoted_table}"
+            " WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id",
+            (self.stored_time(at), actor, json.dumps([job.id for job in jobs])),
+        )
 
     def _run_claim(
         self, conn: Connection, kind: str, queues: bool, params: dict[str, Any]
