@@ -10,6 +10,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import event
 
 from flask_defer import Job, WorkerInfo
 from flask_defer.engine.presence import Presence
@@ -86,6 +87,55 @@ def test_run_due_keeps_a_row_while_it_holds_jobs(kit: AppKit) -> None:
     kit.db.session.commit()
     kit.defer.run_due()
     assert [w.kind for w in seen[0]] == ["run_due"]
+    assert kit.defer.workers() == []
+
+
+def test_a_run_due_over_within_a_heartbeat_writes_no_worker_row(kit: AppKit) -> None:
+    """A heartbeat is 0.5 s here: a call that is over sooner writes and deletes no row
+    (its first heartbeat would write it, as the test above shows)."""
+    seen: list[list[WorkerInfo]] = []
+    statements: list[str] = []
+    table = kit.defer.store.workers_table.name
+
+    def listen(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if table in statement:
+            statements.append(statement.split()[0].upper())
+
+    @kit.defer.job("quick")
+    def quick(job: Job) -> None:
+        import time
+
+        time.sleep(0.2)  # the heartbeat thread is running by now
+        seen.append(kit.defer.workers())
+
+    kit.defer.schedule("quick")
+    kit.db.session.commit()
+    event.listen(kit.defer.store.engine, "before_cursor_execute", listen)
+    try:
+        assert kit.defer.run_due().done == 1
+    finally:
+        event.remove(kit.defer.store.engine, "before_cursor_execute", listen)
+    assert seen == [[]]
+    assert [s for s in statements if s in ("INSERT", "UPDATE", "DELETE")] == []
+
+
+def test_a_presence_written_at_its_first_beat_deletes_only_what_it_wrote(kit: AppKit) -> None:
+    store = kit.defer.store
+    never = Presence(store, kind="run_due", queues=None, concurrency=1,
+                     heartbeat_seconds=0.5, at_first_beat=True)  # fmt: skip
+    never.arrive(utcnow())
+    assert kit.defer.workers() == []
+    never.leave()
+    beaten = Presence(store, kind="run_due", queues=None, concurrency=1,
+                      heartbeat_seconds=0.5, at_first_beat=True)  # fmt: skip
+    started = utcnow()
+    beaten.arrive(started)
+    beaten.beat(utcnow(), [42])
+    (info,) = kit.defer.workers()
+    assert (info.id, info.kind, info.running, info.started_at) == (
+        beaten.id, "run_due", (42,), started,
+    )  # fmt: skip
+    beaten.leave()
     assert kit.defer.workers() == []
 
 

@@ -58,3 +58,33 @@ def test_utc_datetime_binding_is_unchanged_by_remembering(backend: str) -> None:
 def test_naive_datetimes_never_reach_the_database(backend: str) -> None:
     with pytest.raises(ValueError, match="aware"):
         UTCDateTime().process_bind_param(datetime(2030, 1, 1), _dialect(backend))
+
+
+def test_sqlite_text_reads_as_sqlalchemys_own_parse_does() -> None:
+    """SQLite's timestamps are read by ``fromisoformat`` with a per-column memory: the
+    same aware UTC values as SQLAlchemy's own parse then the zone, for the text the
+    store writes (its edges included), repeated values, other apps' ISO text and NULL."""
+    dialect = sqlite.dialect()
+    typed = UTCDateTime().dialect_impl(dialect)
+    fast = typed.result_processor(dialect, None)
+    usual = typed.impl_instance.result_processor(dialect, None)
+    assert fast is not None and usual is not None
+
+    def expected(text: str | None) -> datetime | None:
+        return UTCDateTime().process_result_value(usual(text), dialect)
+
+    written = typed.bind_processor(dialect)
+    assert written is not None
+    stored = [
+        written(v)
+        for v in (
+            NOW, NOW, NOW + timedelta(microseconds=1), datetime(999, 1, 1, tzinfo=UTC),
+            datetime(1, 1, 1, 0, 0, 0, 5, tzinfo=UTC),
+            datetime(2030, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        )
+    ]  # fmt: skip
+    texts = [*stored, None, stored[0], "2030-01-01 12:00:00", "2030-01-01 12:00:00.5"]
+    assert [fast(t) for t in texts] == [expected(t) for t in texts]
+    assert all(v is None or v.tzinfo is UTC for v in map(fast, texts))
+    # ISO text with a zone (another writer's) is converted to UTC, not relabelled.
+    assert fast("2030-01-01T14:00:00+02:00") == NOW

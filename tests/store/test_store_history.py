@@ -18,6 +18,7 @@ from sqlalchemy import Engine, MetaData, event, func, inspect, select
 
 from flask_defer import Defer, InvalidArgument, Job, JobEvent, JobSpec, JobStatus, NotYet
 from flask_defer.store import Ack, JobFilter, JobStore, NewJob
+from flask_defer.store.records import HistoryEvent
 from flask_defer.store.schema import define_history_table, define_jobs_table
 from flask_defer.timeutil import utcnow
 
@@ -356,6 +357,35 @@ def test_a_claim_batch_writes_its_started_events_in_one_insert(
             ("scheduled", "app", 0),
             ("started", "worker:h:1", 1),
         ]
+
+
+def test_events_written_together_keep_every_value_as_given(
+    history_store: JobStore,
+    history_inserts: list[str],
+    new_job: Callable[..., NewJob],
+    now: datetime,
+) -> None:
+    """Many events at once are one statement (on SQLite a JSON array unpacked by the
+    database): text with quotes, newlines and non-ASCII, a missing run_at and a set one
+    come back exactly as written, in order."""
+    with history_store.begin() as conn:
+        job = history_store.insert(conn, new_job(run_at=now), now=now, replace=False)
+    later = now + timedelta(minutes=5, microseconds=7)
+    error = 'KeyError: "ünïcode" \'quoted\'\nline two \u2028 and [1, {"a": null}]'
+    written = [
+        HistoryEvent(job.id, "retried", now, "wörker:1", 1, error, later),
+        HistoryEvent(job.id, "snoozed", now + timedelta(seconds=1), "app", 2),
+        HistoryEvent(job.id, "done", now + timedelta(seconds=2), "app", 2, None, None),
+    ]
+    history_inserts.clear()
+    with history_store.begin() as conn:
+        history_store.record_events(conn, written)
+
+    assert len(history_inserts) == 1
+    read = history_of(history_store, job.id)[1:]  # after its scheduled event
+    assert [(e.event, e.at, e.actor, e.attempt, e.error, e.run_at) for e in read] == [
+        (w.event, w.at, w.actor, w.attempt, w.error, w.run_at) for w in written
+    ]
 
 
 def test_a_flush_of_outcomes_writes_their_events_in_one_statement(
