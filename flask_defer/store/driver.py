@@ -122,8 +122,10 @@ class Driver(Protocol):
         notify: bool,
         actor: str,
         payload_json: str | None,
-    ) -> int:
-        """The keyless insert of one job and its ``scheduled`` event; its id."""
+        keyed: bool = False,
+    ) -> int | None:
+        """The insert of one job and its ``scheduled`` event; its id. With *keyed*, the
+        job has a key: a live job holding it means no row, no event and None."""
 
     def insert_many(
         self,

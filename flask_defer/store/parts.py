@@ -63,5 +63,8 @@ class StoreParts(Protocol):
     def row_values(self, new: Any, now: Any) -> dict[str, Any]:
         """The column values of a new job's row (in the table's column order)."""
 
-    def job_insert(self, dialect: Dialect) -> tuple[str, list[str], list[tuple[int, Any]]]:
-        """The compiled keyless INSERT of one job, its bind order and conversions."""
+    def job_insert(
+        self, dialect: Dialect, *, keyed: bool = False
+    ) -> tuple[str, list[str], list[tuple[int, Any]]]:
+        """The compiled INSERT of one job (*keyed*: ``ON CONFLICT DO NOTHING`` on the
+        live key), its bind order and conversions."""

@@ -237,12 +237,16 @@ class PostgresDriver:
         notify: bool,
         actor: str,
         payload_json: str | None,
-    ) -> int:
+        keyed: bool = False,
+    ) -> int | None:
         """One prebuilt statement, values as parameters, through the driver: the
         ``scheduled`` event and the ``NOTIFY`` ride in its CTEs, so a job costs one
-        round trip, not two or three."""
+        round trip, not two or three. A *keyed* insert whose key is taken inserts no
+        row, so its CTEs write and notify nothing: None."""
         history = self.store.history_table is not None
-        sql, order, processors = self._prebuilt_insert(conn, notify=notify, history=history)
+        sql, order, processors = self._prebuilt_insert(
+            conn, notify=notify, history=history, keyed=keyed
+        )
         row = [values[name] for name in order]
         for i, process in processors:
             row[i] = process(row[i])
@@ -251,16 +255,17 @@ class PostgresDriver:
             params += (values["created_at"], actor, values["run_at"])
         if notify:
             params += (values["queue"],)
-        return int(conn.exec_driver_sql(sql, params).scalar_one())
+        found = conn.exec_driver_sql(sql, params).scalar()
+        return None if found is None else int(found)
 
     def _prebuilt_insert(
-        self, conn: Connection, *, notify: bool, history: bool
+        self, conn: Connection, *, notify: bool, history: bool, keyed: bool = False
     ) -> tuple[str, list[str], list[tuple[int, Any]]]:
-        key = ("insert", notify, history)
+        key = ("insert", notify, history, keyed)
         cached = self._sql.get(key)
         if cached is not None:
             return cached  # type: ignore[no-any-return]
-        sql, order, processors = self.store.job_insert(conn.dialect)
+        sql, order, processors = self.store.job_insert(conn.dialect, keyed=keyed)
         if notify or history:
             ctes = [f"inserted AS ({sql})"]
             if history:

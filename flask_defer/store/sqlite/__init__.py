@@ -239,8 +239,10 @@ class SqliteDriver:
         notify: bool,
         actor: str,
         payload_json: str | None,
-    ) -> int:
-        """The keyless insert on the driver's cursor, then the ``scheduled`` event.
+        keyed: bool = False,
+    ) -> int | None:
+        """The insert on the driver's cursor, then the ``scheduled`` event (none when a
+        *keyed* insert found its key taken: None).
 
         SQLite runs the INSERT in this process in microseconds; SQLAlchemy's execute
         around it cost more (profiled). The cursor, inside the caller's transaction,
@@ -250,7 +252,7 @@ class SqliteDriver:
         events, where the app's writes take the write lock in turn, so the
         transaction is opened that way here.
         """
-        sql, order, processors = self.store.job_insert(conn.dialect)
+        sql, order, processors = self.store.job_insert(conn.dialect, keyed=keyed)
         row = [values[name] for name in order]
         as_is = order.index("payload") if payload_json is not None else -1
         for i, process in processors:
@@ -260,7 +262,10 @@ class SqliteDriver:
         assert dbapi is not None
         cursor = dbapi.cursor()
         try:
-            job_id = int(cursor.execute(sql, tuple(row)).fetchone()[0])
+            found = cursor.execute(sql, tuple(row)).fetchone()
+            if found is None:  # keyed, and a live job holds the key
+                return None
+            job_id = int(found[0])
             if self.store.history_table is not None:
                 # Its times are the job's created_at and run_at, converted above.
                 at, run_at = row[order.index("created_at")], row[order.index("run_at")]
