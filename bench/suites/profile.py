@@ -23,6 +23,9 @@ from . import Context, Section
 
 #: Filled by :func:`run` for the targets' explanations: scenario → one-line summary.
 SUMMARY: dict[str, str] = {}
+#: Filled by :func:`_worker_cost`: backend → (cores busy in all, the worker's, the
+#: database server's) while one worker process drains, for the two-process target.
+CORES: dict[str, tuple[float, float, float]] = {}
 
 # Self time in these SQLAlchemy functions is time inside the DB-API driver's C code
 # (sqlite3's execute and commit, including fsync), so it counts as "database".
@@ -40,6 +43,7 @@ _GROUPS = ("database", "SQLAlchemy", "flask_defer", "Flask", "blinker", "logging
 
 def run(ctx: Context) -> Section:
     SUMMARY.clear()
+    CORES.clear()
     section = Section(
         "profile",
         "Profile: where flask_defer spends its time",
@@ -220,9 +224,11 @@ def _worker_cost(ctx: Context) -> list[str]:
         f"The worker process, `flask defer worker --burst` with its defaults, {n:,} no-op "
         "jobs: its CPU time (user + system, less an empty run's start-up) per job.",
         "",
-        "| backend | jobs/s | worker CPU per job | context switches per job |",
-        "| --- | ---: | ---: | ---: |",
+        "| backend | jobs/s | worker CPU per job | context switches per job "
+        "| database server CPU per job | cores busy (worker + server) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
+    cores = os.cpu_count() or 1
     for backend in ctx.backends:
         database = ctx.env.database(backend, f"profile worker {backend}")
         raw.create_jobs_table(database)
@@ -235,20 +241,66 @@ def _worker_cost(ctx: Context) -> list[str]:
         cpu = (busy[0] - idle[0]) / done * 1e6
         switches = busy[1] / done
         rate = (done - 1) / max(last - first, 1e-9)
-        lines.append(f"| {backend} | {rate:,.0f} | {cpu:,.0f} µs | {switches:.1f} |")
-        log(f"  [profile] worker on {backend}: {rate:,.0f} jobs/s, {cpu:,.0f} µs CPU per job")
+        # The server's processes are PostgreSQL's; SQLite runs inside the worker.
+        server = (busy[2] - idle[2]) / done * 1e6 if backend == "postgresql" else 0.0
+        busy_cores = (cpu + server) * rate / 1e6
+        if cpu > 0:  # a tiny --quick run can measure less than its idle start-up
+            CORES[backend] = (busy_cores, cpu * rate / 1e6, server * rate / 1e6)
+        lines.append(
+            f"| {backend} | {rate:,.0f} | {cpu:,.0f} µs | {switches:.1f} "
+            f"| {server:,.0f} µs | {busy_cores:.2f} of {cores} |"
+        )
+        log(f"  [profile] worker on {backend}: {rate:,.0f} jobs/s, {cpu:,.0f} µs CPU per job,"
+            f" server {server:,.0f} µs, {busy_cores:.2f} cores busy")  # fmt: skip
     return lines
 
 
-def _worker_run(ctx: Context, database: Any) -> tuple[float, int]:
-    """One burst worker process to its end: its CPU seconds and context switches."""
+def _worker_run(ctx: Context, database: Any) -> tuple[float, int, float]:
+    """One burst worker process to its end: its CPU seconds and context switches, and
+    the CPU seconds the PostgreSQL server's processes spent meanwhile (0 on SQLite)."""
+    server_before = _server_cpu(database)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     workers = WorkerProcesses(database, ctx.env.tmp, concurrency=None, processes=1, burst=True)
     workers.wait(lambda: False, timeout=900)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     switches = (after.ru_nvcsw - before.ru_nvcsw) + (after.ru_nivcsw - before.ru_nivcsw)
-    return cpu, switches
+    return cpu, switches, _server_cpu(database) - server_before
+
+
+def _server_cpu(database: Any) -> float:
+    """CPU seconds used so far by the PostgreSQL cluster holding *database*: its live
+    processes' own time plus the postmaster's reaped children (backends that ended).
+    Linux ``/proc`` only; 0 on SQLite or elsewhere."""
+    if database.backend != "postgresql" or not os.path.exists("/proc/self/stat"):
+        return 0.0
+    import psycopg
+
+    with psycopg.connect(database.dsn) as conn:
+        backend_pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        postmaster = _stat(backend_pid)[1]
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            times, parent = _stat(int(entry))
+        except OSError:
+            continue  # gone meanwhile
+        if int(entry) == postmaster:
+            total += sum(times)  # its own and its reaped children's
+        elif parent == postmaster:
+            total += times[0] + times[1]
+    return total / tick
+
+
+def _stat(pid: int) -> tuple[list[int], int]:
+    """(utime, stime, cutime, cstime) in clock ticks, and the parent pid, of *pid*."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # After the command's ")": state, ppid, ... utime is field 14 of the whole line.
+    return [int(x) for x in fields[11:15]], int(fields[1])
 
 
 def _summarise(root: Any) -> tuple[dict[str, float], dict[str, float], float]:
