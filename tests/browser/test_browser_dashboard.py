@@ -584,10 +584,17 @@ def test_the_job_page_says_why_a_pending_job_has_not_started(
     assert axe_violations(page) == []
     suffix = ("-dark" if scheme == "dark" else "") + ("-375" if width == 375 else "")
     shot = artifacts / f"why-waiting{suffix}.png"
-    # A clip of the page, not the element: the page's refresh may swap the panel for
-    # a fresh copy while an element screenshot waits for it (seen on a slow machine).
-    box = reasons.bounding_box()
-    assert box is not None
+    # A clip of the page at the panel's box, measured in one script run: the page's
+    # timed refresh swaps the panel for a fresh copy (same place, same text), and an
+    # element screenshot or bounding_box() that caught the swap found no element (seen
+    # twice on a slow machine). Inside one script run the swap cannot happen halfway.
+    box = page.evaluate(
+        """() => {
+            const r = document.querySelector('.defer-job__reasons').getBoundingClientRect();
+            return {x: r.x, y: r.y, width: r.width, height: r.height};
+        }"""
+    )
+    assert box["width"] > 0 and box["height"] > 0
     page.screenshot(path=str(shot), clip=box)
     if width == 1280 and scheme == "light":
         docs_screenshot(shot, "why-waiting.png")  # docs/dashboard.md shows it
