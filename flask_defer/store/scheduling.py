@@ -47,8 +47,6 @@ class SchedulingStatements(DependencyStatements):
         pending holder of the key (a running one cannot be replaced), recording it as
         ``replaced``; the new job's ``scheduled`` event is written with it.
         """
-        # Long because: one insert's three cases (keyless, keyed, replacing) share
-        # their values, their history event and their NOTIFY.
         t = self.table
         values = self.row_values(new, now)
         if new.concurrency_key is not None:

@@ -219,7 +219,7 @@ class SqliteDriver:
         )
         sql = self._sql.get("events")
         if sql is None:
-            table = conn.dialect.identifier_preparer.format_table(history)
+            table = self._quoted_history()
             columns = ("job_id", "event", "at", "actor", "attempt", "error", "run_at")
             picked = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(len(columns)))
             sql = self._sql["events"] = (
@@ -227,6 +227,12 @@ class SqliteDriver:
                 f" SELECT {picked} FROM json_each(?) ORDER BY key"
             )
         conn.exec_driver_sql(sql, (values,))
+
+    def _quoted_history(self) -> str:
+        """The history table's name as SQL (schema and quotes included)."""
+        history = self.store.history_table
+        assert history is not None
+        return str(self.store.engine.dialect.identifier_preparer.format_table(history))
 
     def notify(self, conn: Connection, queue: str) -> None:
         return None  # workers poll
@@ -326,9 +332,8 @@ class SqliteDriver:
         first = last - len(jobs) + 1
         # Their scheduled events are made by SQLite from the rows just written (each
         # event's run_at is its row's): one statement, and no Python per event.
-        history = conn.dialect.identifier_preparer.format_table(self.store.history_table)
         conn.exec_driver_sql(
-            f"INSERT INTO {history} (job_id, event, at, actor, attempt, run_at)"
+            f"INSERT INTO {self._quoted_history()} (job_id, event, at, actor, attempt, run_at)"
             f" SELECT id, 'scheduled', ?, ?, 0, run_at FROM {self.store.quoted_table}"
             " WHERE id BETWEEN ? AND ? ORDER BY id",
             (self.stored_time(now), actor, first, last),
@@ -364,12 +369,15 @@ class SqliteDriver:
         an eighth of a drain, profiled)."""
         if self.store.history_table is None or not jobs:
             return
-        history = conn.dialect.identifier_preparer.format_table(self.store.history_table)
+        sql = self._sql.get("started")
+        if sql is None:
+            sql = self._sql["started"] = (
+                f"INSERT INTO {self._quoted_history()} (job_id, event, at, actor, attempt)"
+                f" SELECT id, 'started', ?, ?, attempts FROM {self.store.quoted_table}"
+                " WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id"
+            )
         conn.exec_driver_sql(
-            f"INSERT INTO {history} (job_id, event, at, actor, attempt)"
-            f" SELECT id, 'started', ?, ?, attempts FROM {self.store.quoted_table}"
-            " WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id",
-            (self.stored_time(at), actor, json.dumps([job.id for job in jobs])),
+            sql, (self.stored_time(at), actor, json.dumps([job.id for job in jobs]))
         )
 
     def _run_claim(
