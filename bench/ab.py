@@ -4,8 +4,8 @@
 
 Checks BASE_REV out into a temporary worktree and measures it and this checkout side
 by side (``bench.ab_case``: enqueue one by one, a burst drain, the µs of one
-``schedule()``), alternating which goes first each round, each measurement a fresh
-process with the tree first on ``PYTHONPATH`` (and the case script of this
+``schedule()``, a bulk ``schedule_many()``), alternating which goes first each round,
+each measurement a fresh process with the tree first on ``PYTHONPATH`` (and the case script of this
 checkout, so any revision can be the base), on SQLite and on a throwaway
 PostgreSQL with fsync on (as users run it). Prints the medians and new/base per
 figure: how a hot-path change is checked against its parent commit.
@@ -25,7 +25,7 @@ from pathlib import Path
 from tests.pg_cluster import PostgresCluster
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = (("enqueue", 2000), ("drain", 5000), ("schedule", 300))
+CASES = (("enqueue", 2000), ("drain", 5000), ("schedule", 300), ("bulk", 10000))
 
 
 def measure(tree: Path, backend: str, case: str, n: int) -> float:

@@ -1,10 +1,11 @@
 """One measurement of whichever flask_defer is first on ``PYTHONPATH`` (see :mod:`bench.ab`).
 
-``python -m bench.ab_case URL enqueue|drain|schedule N`` prints one figure:
+``python -m bench.ab_case URL enqueue|drain|schedule|bulk N`` prints one figure:
 
 * ``enqueue``: jobs/s of ``schedule()`` + ``db.session.commit()``, one by one;
 * ``drain``: jobs/s of a burst worker (4 threads) over N due no-op jobs;
-* ``schedule``: µs of one ``schedule()`` before its commit (the Python cost).
+* ``schedule``: µs of one ``schedule()`` before its commit (the Python cost);
+* ``bulk``: jobs/s of ``schedule_many()`` of N payloads + commit, median of 5.
 
 URL is ``sqlite`` (a fresh file) or a PostgreSQL URL (a fresh table in it).
 """
@@ -70,6 +71,15 @@ def _measure(defer: Defer, db: SQLAlchemy, what: str, n: int) -> float:
             defer.schedule("noop", {"i": i}, delay=3600)
             db.session.commit()
         return n / (time.perf_counter() - began)
+    if what == "bulk":
+        rates = []
+        for _ in range(6):
+            payloads = [{"i": i} for i in range(n)]
+            began = time.perf_counter()
+            defer.schedule_many("noop", payloads, delay=3600)
+            db.session.commit()
+            rates.append(n / (time.perf_counter() - began))
+        return statistics.median(rates[1:])  # the first warms the caches
     defer.schedule_many("noop", [{"i": i} for i in range(n)])
     db.session.commit()
     worker = defer.worker(burst=True, concurrency=4)

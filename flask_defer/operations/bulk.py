@@ -66,8 +66,8 @@ def build_new_jobs(
     default_owner = checked_text(owner, "owner")
     default_label = checked_text(label, "label")
     jobs: list[NewJob] = []
+    expires_at = default_run_at + ttl if ttl is not None else None
     for index, item in enumerate(items):
-        where = f"payloads[{index}]"
         try:
             if isinstance(item, JobSpec):
                 timed = item.run_at is not None or item.delay is not None
@@ -104,10 +104,11 @@ def build_new_jobs(
                         owner=default_owner,
                         label=default_label,
                         priority=priority,
-                        expires_at=default_run_at + ttl if ttl is not None else None,
+                        expires_at=expires_at,
                     )
                 )
         except InvalidArgument as error:
+            where = f"payloads[{index}]"
             argument = f"{where}.{error.argument}" if isinstance(item, JobSpec) else where
             raise InvalidArgument(argument, _problem(error)) from None
     return jobs

@@ -128,13 +128,7 @@ class Driver(Protocol):
         job has a key: a live job holding it means no row, no event and None."""
 
     def insert_many(
-        self,
-        conn: Connection,
-        rows: list[dict[str, Any]],
-        jobs: Sequence[NewJob],
-        *,
-        now: datetime,
-        actor: str,
+        self, conn: Connection, jobs: Sequence[NewJob], *, now: datetime, actor: str
     ) -> None:
         """Many keyless jobs and their ``scheduled`` events in the caller's transaction."""
 

@@ -107,8 +107,7 @@ class SchedulingStatements(DependencyStatements):
         """
         if not jobs:
             return 0
-        rows = [self.row_values(job, now) for job in jobs]
-        self.driver.insert_many(conn, rows, jobs, now=now, actor=actor)
+        self.driver.insert_many(conn, jobs, now=now, actor=actor)
         if self.driver.notifies:
             for queue in {job.queue for job in jobs if self.wants_notify(job.run_at, now)}:
                 self.notify(conn, queue)

@@ -434,7 +434,8 @@ def test_sqlite_bulk_insert_stores_exactly_what_sqlalchemy_executemany_stores(
             undo_until=now + timedelta(seconds=5) if n % 5 == 0 else None,
         )
         for n, payload in enumerate(
-            [{}, {"n": 1}, [1, 2.5, "x"], {"nested": {"é": None}}, "text", 7, {"b": True}]
+            [{}, {"n": 1}, [1, 2.5, "x"], {"nested": {"é": None}}, "text", 7, {"b": True},
+             {"q": 'a "quoted" \\ back\nslash', "emoji": "😀", "big": 2**62, "neg": -1.5e-7}]
         )
     ]
     # Half arrive with the JSON text the bulk path made while validating them.
@@ -480,8 +481,8 @@ def test_sqlite_bulk_insert_stores_exactly_what_sqlalchemy_executemany_stores(
 def test_bulk_insert_stores_what_sqlalchemy_stores_and_one_event_per_row(
     engine: Engine, new_job: MakeJob, now: datetime
 ) -> None:
-    """Both backends: the prebuilt bulk insert (unnest arrays on PostgreSQL, an
-    executemany and last_insert_rowid() on SQLite) writes the same rows as
+    """Both backends: the prebuilt bulk insert (unnest arrays on PostgreSQL, one INSERT
+    ... SELECT over a JSON array and last_insert_rowid() on SQLite) writes the same rows as
     SQLAlchemy's own insert of the same values, and each row's ``scheduled`` event
     names that row."""
     from sqlalchemy import MetaData, select

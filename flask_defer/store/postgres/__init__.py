@@ -281,13 +281,7 @@ class PostgresDriver:
         return built
 
     def insert_many(
-        self,
-        conn: Connection,
-        rows: list[dict[str, Any]],
-        jobs: Sequence[NewJob],
-        *,
-        now: datetime,
-        actor: str,
+        self, conn: Connection, jobs: Sequence[NewJob], *, now: datetime, actor: str
     ) -> None:
         """``INSERT ... SELECT FROM unnest(...)``, each column one array, the
         ``scheduled`` events inserted from its RETURNING in the same statement.
@@ -305,19 +299,19 @@ class PostgresDriver:
         params: dict[str, Any] = {
             "now": now,
             "actor": actor,
-            "names": [r["name"] for r in rows],
-            "queues": [r["queue"] for r in rows],
-            "keys": [r["key"] for r in rows],
+            "names": [job.name for job in jobs],
+            "queues": [job.queue for job in jobs],
+            "keys": [job.key for job in jobs],
             # JSON text cast to jsonb by the server: the same jsonb as the column's own
             # conversion writes (a test compares them).
             "payloads": [_payload_json(job) for job in jobs],
-            "run_ats": [r["run_at"] for r in rows],
-            "max_attempts": [r["max_attempts"] for r in rows],
-            "owners": [r["owner"] for r in rows],
-            "labels": [r["label"] for r in rows],
-            "undo_untils": [r["undo_until"] for r in rows],
-            "priorities": [r["priority"] for r in rows],
-            "expires_ats": [r["expires_at"] for r in rows],
+            "run_ats": [job.run_at for job in jobs],
+            "max_attempts": [job.max_attempts for job in jobs],
+            "owners": [job.owner for job in jobs],
+            "labels": [job.label for job in jobs],
+            "undo_untils": [job.undo_until for job in jobs],
+            "priorities": [job.priority for job in jobs],
+            "expires_ats": [job.expires_at for job in jobs],
         }
         conn.exec_driver_sql(sql, params)
 
