@@ -478,6 +478,51 @@ def test_sqlite_bulk_insert_stores_exactly_what_sqlalchemy_executemany_stores(
     assert stored(paths["store"]) == stored(paths["sqlalchemy"])
 
 
+def test_sqlite_bulk_insert_of_a_large_batch_goes_in_several_statements_with_one_event_each(
+    tmp_path: Path, now: datetime, new_job: MakeJob, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch whose JSON passes the chunk budget is written in several INSERTs; its ids
+    stay consecutive, in the batch's order, and each row gets its scheduled event."""
+    from sqlalchemy import MetaData, create_engine
+
+    import flask_defer.store.sqlite as sqlite_driver
+    from flask_defer.store.schema import define_history_table, define_jobs_table
+
+    monkeypatch.setattr(sqlite_driver, "BULK_CHUNK_BYTES", 2_000)
+    engine = create_engine(f"sqlite:///{tmp_path / 'chunks.sqlite3'}")
+    metadata = MetaData()
+    store = JobStore(engine, define_jobs_table(metadata), define_history_table(metadata))
+    store.create_table()
+    insert(store, new_job(name="before"), now)  # the batch's ids do not start at 1
+    jobs = [
+        replace(job, payload_json=payload_text(job.payload, "payload"))
+        for job in (new_job(name="bulk", payload={"n": n, "pad": "x" * 100}) for n in range(60))
+    ]
+    inserts: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.startswith(f"INSERT INTO {store.quoted_table} ("):
+            inserts.append(statement)
+
+    with store.begin() as conn:
+        assert store.insert_many(conn, jobs, now=now, actor="importer") == len(jobs)
+    assert len(inserts) >= 5  # 60 rows of ~230 bytes in 2,000-byte statements
+    with store.begin() as conn:
+        rows = conn.execute(
+            text("SELECT id, payload FROM defer_jobs WHERE name = 'bulk' ORDER BY id")
+        ).all()
+        events = conn.execute(
+            text("SELECT job_id, event, actor FROM defer_jobs_history ORDER BY id")
+        ).all()
+    ids = [row[0] for row in rows]
+    assert ids == list(range(ids[0], ids[0] + len(jobs)))
+    assert [row[1] for row in rows] == [job.payload_json for job in jobs]
+    scheduled = [(job_id, actor) for job_id, kind, actor in events if kind == "scheduled"]
+    assert scheduled[-len(jobs):] == [(job_id, "importer") for job_id in ids]
+    engine.dispose()
+
+
 def test_bulk_insert_stores_what_sqlalchemy_stores_and_one_event_per_row(
     engine: Engine, new_job: MakeJob, now: datetime
 ) -> None:

@@ -313,7 +313,10 @@ class SqliteDriver:
         SQLAlchemy's RETURNING for many rows on SQLite would be one INSERT per row, so
         the ids come from ``last_insert_rowid()``: a table without AUTOINCREMENT gives
         each new row ``max(rowid) + 1``, and this transaction holds the write lock
-        from its first row on, so the batch's ids are consecutive and end there.
+        from its first row on, so the batch's ids are consecutive and end there. A
+        batch whose JSON would be large goes in several statements of at most about
+        :data:`BULK_CHUNK_BYTES` (SQLite refuses a parameter over 1 GB), its ids
+        consecutive all the same.
         """
         encode = self.store.table.c.payload.type.dialect_impl(conn.dialect).bind_processor(
             conn.dialect
@@ -329,31 +332,33 @@ class SqliteDriver:
                 text = stamped[value] = stamp(value)
             return text
 
-        values = json.dumps(
+        def payload_of(job: NewJob) -> str:
+            if job.payload_json is not None:  # encoded while validating: stored as is
+                return job.payload_json
+            return str(encode(job.payload)) if encode is not None else json.dumps(job.payload)
+
+        rows = [
             [
-                [
-                    job.name,
-                    job.queue,
-                    job.key,
-                    job.payload_json
-                    if job.payload_json is not None or encode is None
-                    else encode(job.payload),
-                    at(job.run_at),
-                    job.max_attempts,
-                    job.owner,
-                    job.label,
-                    at(job.undo_until),
-                    job.priority,
-                    at(job.expires_at),
-                ]
-                for job in jobs
+                job.name,
+                job.queue,
+                job.key,
+                payload_of(job),
+                at(job.run_at),
+                job.max_attempts,
+                job.owner,
+                job.label,
+                at(job.undo_until),
+                job.priority,
+                at(job.expires_at),
             ]
-        )
+            for job in jobs
+        ]
         sql = self._sql.get("insert-many")
         if sql is None:
             sql = self._sql["insert-many"] = self._insert_many_sql()
         created = stamp(now)
-        conn.exec_driver_sql(sql, (created, created, values))
+        for chunk in _by_size(rows, BULK_CHUNK_BYTES):
+            conn.exec_driver_sql(sql, (created, created, json.dumps(chunk)))
         if self.store.history_table is None:
             return
         last = int(conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one())
@@ -543,6 +548,25 @@ class SqliteDriver:
 
     def probe_listener(self, token: str) -> None:
         raise RuntimeError("LISTEN needs PostgreSQL through psycopg 3")
+
+
+#: About how much JSON one statement of a bulk insert carries (payloads counted; a
+#: job's other values add a hundred bytes or so): far below SQLite's 1 GB limit on a
+#: parameter, and large enough that a 10,000-job batch of small payloads is one.
+BULK_CHUNK_BYTES = 16_000_000
+
+
+def _by_size(rows: list[list[Any]], budget: int) -> Iterator[list[list[Any]]]:
+    """*rows* (bulk insert values, the payload text at index 3) in runs whose payloads
+    and per-row overhead add up to about *budget* bytes, each run at least one row."""
+    start, size = 0, 0
+    for i, row in enumerate(rows):
+        cost = len(row[3]) + 128
+        if size and size + cost > budget:
+            yield rows[start:i]
+            start, size = i, 0
+        size += cost
+    yield rows[start:]
 
 
 #: Ids per look-up of settled parents (well under SQLite's bound-parameter limit).
