@@ -39,7 +39,6 @@ from datetime import datetime
 
 from sqlalchemy import (
     Connection,
-    case,
     delete,
     false,
     insert,
@@ -186,40 +185,20 @@ class DependencyStatements(HistoryStatements):
     def _lower(self, conn: Connection, closed: dict[int, int], now: datetime, actor: str) -> None:
         """Lower each child's ``waiting_for`` by its closed edges; release it at zero.
 
-        One UPDATE per distinct count (usually one): ``waiting_for - n`` is computed by
-        the database on the row it holds locked, never read here first. A released
-        child is due from its ``run_at`` or now, whichever is later; it gets a
-        ``released`` event, and the workers of its queue are woken.
+        One UPDATE per distinct count (usually one), the driver's
+        (:meth:`~.driver.Driver.lower_waiting`): ``waiting_for - n`` is computed by the
+        database on the row it holds locked, never read here first. A released child is
+        due from its ``run_at`` or now, whichever is later; it gets a ``released``
+        event, and the workers of its queue are woken.
         """
-        t = self.table
         by_count: dict[int, list[int]] = defaultdict(list)
         for child, n in closed.items():
             by_count[n].append(child)
         for n, children in sorted(by_count.items()):
-            last = t.c.waiting_for <= n
-            rows = conn.execute(
-                update(t)
-                .where(
-                    self.driver.ids_in(t.c.id, children),
-                    t.c.status == literal_column("'pending'"),
-                    t.c.waiting_for.is_not(None),
-                )
-                .values(
-                    waiting_for=case((last, None), else_=t.c.waiting_for - n),
-                    due_at=case((last & (t.c.run_at < now), now), else_=t.c.due_at),
-                    updated_at=now,
-                )
-                .returning(t.c.id, t.c.waiting_for, t.c.queue, t.c.run_at)
-            ).all()
-            released = [row for row in rows if row[1] is None]
-            # A waiting child never ran: its attempt count is 0.
-            self.record_events(
-                conn,
-                [HistoryEvent(int(row[0]), "released", now, actor, 0, None, row[3])
-                 for row in released],
-            )  # fmt: skip
+            released = self.driver.lower_waiting(conn, children, n, now=now, actor=actor)
             if self.driver.notifies:
-                for queue in sorted({row[2] for row in released if self.wants_notify(row[3], now)}):
+                due = {queue for _, queue, run_at in released if self.wants_notify(run_at, now)}
+                for queue in sorted(due):
                     self.notify(conn, queue)
 
     def release_stranded(self, *, now: datetime, actor: str = "app", limit: int = 500) -> int:

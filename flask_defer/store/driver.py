@@ -114,6 +114,14 @@ class Driver(Protocol):
     def notify(self, conn: Connection, queue: str) -> None:
         """Wake listening workers when *conn*'s transaction commits (or nothing)."""
 
+    def lower_waiting(
+        self, conn: Connection, children: Sequence[int], closed: int, *, now: datetime, actor: str
+    ) -> list[tuple[int, str, datetime]]:
+        """Lower the ``waiting_for`` of each pending child in *children* by *closed*
+        edges, releasing those it brings to zero (due from their ``run_at`` or *now*,
+        whichever is later) with their ``released`` events; the released children's
+        ``(id, queue, run_at)``."""
+
     def insert_one(
         self,
         conn: Connection,

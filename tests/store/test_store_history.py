@@ -556,3 +556,67 @@ def test_a_done_event_carries_a_bounded_excerpt_of_the_result(kit: AppKit) -> No
     assert cut.result_excerpt is not None and len(cut.result_excerpt) == 201
     assert cut.result_excerpt.endswith("…")
     assert all(e.result_excerpt is None for e in kit.defer.history(long.id) if e.event != "done")
+
+
+def test_a_parents_acknowledgement_lowers_its_children_and_releases_those_at_zero(
+    history_store: JobStore, new_job: Callable[..., NewJob], now: datetime
+) -> None:
+    """The release statement of each driver: a child waiting for two parents is lowered
+    by the first and released by the second; a released child is due from its run_at,
+    or from the release when its run_at has passed; each release writes one
+    ``released`` event carrying the row's run_at, attempt 0 and the acknowledging actor."""
+    store = history_store
+    first, second = one_job(store, new_job, now), one_job(store, new_job, now)
+    early, late = now - timedelta(minutes=10), now + timedelta(hours=1)
+    with store.begin() as conn:
+        both = store.insert(conn, new_job(run_at=early), now=now, replace=False)
+        store.attach(conn, both, [first.id, second.id], "done", now=now)
+        later = store.insert(conn, new_job(run_at=late), now=now, replace=False)
+        store.attach(conn, later, [first.id], "done", now=now)
+    lease = now + timedelta(seconds=30)
+    claimed = store.claim(now=now, limit=10, token="t", lease_until=lease)
+    assert sorted(job.id for job in claimed) == sorted([first.id, second.id])
+    t = store.table
+
+    def row(job_id: int) -> tuple[Any, ...]:
+        with store.begin() as conn:
+            found = conn.execute(
+                select(t.c.waiting_for, t.c.due_at, t.c.run_at).where(t.c.id == job_id)
+            ).one()
+        return tuple(found)
+
+    def released(job_id: int) -> list[tuple[Any, ...]]:
+        return [
+            (e.actor, e.attempt, e.run_at, e.at)
+            for e in history_of(store, job_id)
+            if e.event == "released"
+        ]
+
+    at = now + timedelta(seconds=5)
+    store.acknowledge_many([Ack(first.id, "t", "done", attempt=1)], now=at, actor="w1")
+    assert row(both.id) == (1, early, early)  # lowered, still waiting
+    assert released(both.id) == []
+    assert row(later.id) == (None, late, late)  # released, due from its own run_at
+    assert released(later.id) == [("w1", 0, late, at)]
+
+    store.acknowledge_many([Ack(second.id, "t", "done", attempt=1)], now=at, actor="w2")
+    assert row(both.id) == (None, at, early)  # its run_at passed: due from the release
+    assert released(both.id) == [("w2", 0, early, at)]
+    assert released(later.id) == [("w1", 0, late, at)]  # released once
+
+
+def test_a_store_without_history_releases_children_all_the_same(
+    store: JobStore, new_job: Callable[..., NewJob], now: datetime
+) -> None:
+    parent = one_job(store, new_job, now)
+    with store.begin() as conn:
+        child = store.insert(conn, new_job(run_at=now), now=now, replace=False)
+        store.attach(conn, child, [parent.id], "done", now=now)
+    store.claim(now=now, limit=10, token="t", lease_until=now + timedelta(seconds=30))
+    store.acknowledge_many([Ack(parent.id, "t", "done", attempt=1)], now=now)
+    with store.begin() as conn:
+        assert conn.execute(
+            select(store.table.c.waiting_for, store.table.c.status).where(
+                store.table.c.id == child.id
+            )
+        ).one() == (None, "pending")

@@ -210,11 +210,14 @@ class PostgresDriver:
     def _record_many_events(self, conn: Connection, events: Sequence[HistoryEvent]) -> None:
         assert self.store.history_table is not None
         history = self._quoted(self.store.history_table)
+        # The arrays in psycopg's binary format (%b), as the bulk insert sends them: as
+        # text each element was matched against quoting patterns in Python, a third of
+        # the release of 1,000 children (profiled).
         conn.exec_driver_sql(
             f"INSERT INTO {history} (job_id, event, at, actor, attempt, error, run_at)"
-            " SELECT * FROM unnest(%(ids)s::bigint[], %(events)s::text[],"
-            " %(ats)s::timestamptz[], %(actors)s::text[], %(attempts)s::int[],"
-            " %(errors)s::text[], %(run_ats)s::timestamptz[])",
+            " SELECT * FROM unnest(%(ids)b::bigint[], %(events)b::text[],"
+            " %(ats)b::timestamptz[], %(actors)b::text[], %(attempts)b::int[],"
+            " %(errors)b::text[], %(run_ats)b::timestamptz[])",
             {
                 "ids": [e.job_id for e in events],
                 "events": [e.event for e in events],
@@ -224,6 +227,47 @@ class PostgresDriver:
                 "errors": [e.error for e in events],
                 "run_ats": [e.run_at for e in events],
             },
+        )
+
+    def lower_waiting(
+        self, conn: Connection, children: Sequence[int], closed: int, *, now: datetime, actor: str
+    ) -> list[tuple[int, str, datetime]]:
+        """One statement: the UPDATE, and the released children's events inserted from
+        its RETURNING in a CTE. As two statements, the 1,000 events' arrays were built
+        in Python and sent back to the server that had just returned their values."""
+        sql = self._sql.get("lower-waiting")
+        if sql is None:
+            sql = self._sql["lower-waiting"] = self._lower_waiting_sql()
+        rows = conn.exec_driver_sql(
+            sql, {"ids": list(children), "n": closed, "now": now, "actor": actor}
+        ).all()
+        return [(int(row[0]), str(row[1]), row[2]) for row in rows]
+
+    def _lower_waiting_sql(self) -> str:
+        t = self.store.quoted_table
+        lowered = (
+            f"lowered AS (UPDATE {t} SET"
+            " waiting_for = CASE WHEN waiting_for <= %(n)s::int THEN NULL"
+            " ELSE waiting_for - %(n)s::int END,"
+            " due_at = CASE WHEN waiting_for <= %(n)s::int AND run_at < %(now)s::timestamptz"
+            " THEN %(now)s::timestamptz ELSE due_at END,"
+            " updated_at = %(now)s::timestamptz"
+            " WHERE id = ANY(%(ids)b::bigint[]) AND status = 'pending'"
+            " AND waiting_for IS NOT NULL"
+            " RETURNING id, waiting_for, queue, run_at)"
+        )
+        recorded = ""
+        if self.store.history_table is not None:
+            # A waiting child never ran: its attempt count is 0.
+            recorded = (
+                f", recorded AS (INSERT INTO {self._quoted(self.store.history_table)}"
+                " (job_id, event, at, actor, attempt, run_at)"
+                " SELECT id, 'released', %(now)s::timestamptz, %(actor)s::text, 0, run_at"
+                " FROM lowered WHERE waiting_for IS NULL ORDER BY id)"
+            )
+        return (
+            f"WITH {lowered}{recorded}"
+            " SELECT id, queue, run_at FROM lowered WHERE waiting_for IS NULL ORDER BY id"
         )
 
     def notify(self, conn: Connection, queue: str) -> None:

@@ -40,12 +40,14 @@ from sqlalchemy import (
     Table,
     Text,
     bindparam,
+    case,
     event,
     func,
     insert,
     literal,
     literal_column,
     text,
+    update,
 )
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import OperationalError
@@ -236,6 +238,35 @@ class SqliteDriver:
 
     def notify(self, conn: Connection, queue: str) -> None:
         return None  # workers poll
+
+    def lower_waiting(
+        self, conn: Connection, children: Sequence[int], closed: int, *, now: datetime, actor: str
+    ) -> list[tuple[int, str, datetime]]:
+        """One UPDATE ... RETURNING, then the released children's events in one INSERT."""
+        t = self.store.table
+        last = t.c.waiting_for <= closed
+        rows = conn.execute(
+            update(t)
+            .where(
+                self.ids_in(t.c.id, children),
+                t.c.status == literal_column("'pending'"),
+                t.c.waiting_for.is_not(None),
+            )
+            .values(
+                waiting_for=case((last, None), else_=t.c.waiting_for - closed),
+                due_at=case((last & (t.c.run_at < now), now), else_=t.c.due_at),
+                updated_at=now,
+            )
+            .returning(t.c.id, t.c.waiting_for, t.c.queue, t.c.run_at)
+        ).all()
+        released = [(int(row[0]), str(row[2]), row[3]) for row in rows if row[1] is None]
+        # A waiting child never ran: its attempt count is 0.
+        self.record_events(
+            conn,
+            [HistoryEvent(job_id, "released", now, actor, 0, None, run_at)
+             for job_id, _, run_at in released],
+        )  # fmt: skip
+        return released
 
     def insert_one(
         self,
