@@ -7,6 +7,7 @@ driver error that aborts the caller's transaction, or as a 500.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from sqlalchemy import func, select
 
 from flask_defer import InvalidArgument, Job, JobNotFound, JobSpec
+from flask_defer.validation import payload_text
 
 from ..conftest import AppKit
 
@@ -199,3 +201,45 @@ def test_the_largest_id_is_an_ordinary_unknown_id(handlers: AppKit) -> None:
     with pytest.raises(JobNotFound):
         handlers.defer.cancel(2**63 - 1)
     assert handlers.defer.get(2**63 - 1) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {}, [], "text", 7, -2.5, 1e300, True, None, 2**70,
+        {"n": 1, "nested": {"list": [1, 2.5, "x", None, False]}},
+        {"é": "ünïcödé", "emoji": "😀", "quote": 'a "b" \\ c\n\t'},
+        {"b": 1, "a": 2},  # key order kept, not sorted
+        [[[[["deep"]]]]],
+    ],
+)  # fmt: skip
+def test_payload_text_is_exactly_what_the_json_module_writes(value: object) -> None:
+    """The stored text is json's own (the one SQLAlchemy's JSON column writes), though
+    payload_text calls the C encoder directly: any difference would change stored bytes."""
+    assert payload_text(value, "payload") == json.dumps(value, allow_nan=False)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (float("nan"), "Out of range float"),
+        ({"x": float("inf")}, "Out of range float"),
+        ({1, 2}, "not JSON serializable"),
+        (object(), "not JSON serializable"),
+    ],
+)
+def test_payload_text_refuses_what_json_cannot_carry(value: object, says: str) -> None:
+    with pytest.raises(InvalidArgument, match=says):
+        payload_text(value, "payload")
+
+
+def test_payload_text_refuses_a_circular_payload_every_time() -> None:
+    """The encoder's circular-reference check, with fresh bookkeeping each call: a
+    refused payload leaves nothing behind that would refuse the next one."""
+    loop: list[object] = []
+    loop.append(loop)
+    for _ in range(2):
+        with pytest.raises(InvalidArgument, match="[Cc]ircular"):
+            payload_text(loop, "payload")
+        shared = [1]
+        assert payload_text([shared, shared], "payload") == "[[1], [1]]"
