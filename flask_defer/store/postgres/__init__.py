@@ -577,7 +577,7 @@ class PostgresDriver:
     def _ack_many_sql(self, history: bool) -> str:
         """The batched acknowledgement; with *history*, its events' INSERT rides along."""
         t = self.store.quoted_table
-        extra_arrays = ", %(events)s::text[], %(attempts)s::int[]" if history else ""
+        extra_arrays = ", %(events)b::text[], %(attempts)b::int[]" if history else ""
         extra_names = ", event, attempt" if history else ""
         returning = ", v.event, v.attempt, v.last_error, v.run_at" if history else ""
         recorded = ""
@@ -589,9 +589,11 @@ class PostgresDriver:
                 " %(actor)s, attempt, last_error, run_at FROM written)"
             )
         return (
-            "WITH v AS (SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[],"
-            " %(statuses)s::text[], %(run_ats)s::timestamptz[], %(due_ats)s::timestamptz[],"
-            f" %(deltas)s::int[], %(errors)s::text[], %(results)s::text[]{extra_arrays})"
+            # The arrays in psycopg's binary format (%b): as text, each element was
+            # matched against quoting patterns in Python (6% of a drain, profiled).
+            "WITH v AS (SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[],"
+            " %(statuses)b::text[], %(run_ats)b::timestamptz[], %(due_ats)b::timestamptz[],"
+            f" %(deltas)b::int[], %(errors)b::text[], %(results)b::text[]{extra_arrays})"
             " AS v(id, token, status, run_at, due_at, attempts_delta, last_error, result"
             f"{extra_names})),"
             f" mine AS MATERIALIZED (SELECT t.id FROM {t} AS t JOIN v ON t.id = v.id"
