@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             sizes,
             rounds=rounds,
             enqueue_rounds=rounds,
+            undo_rounds=rounds,
             future_rounds=max(rounds, sizes.future_rounds),
         )
     for option in ("drain", "enqueue_each", "reads_settled", "reads_pending"):

@@ -85,7 +85,8 @@ def run(ctx: Context) -> Section:
             f"connection, doing schedule → undo pairs ({sizes.undo_pairs_per_client} per "
             "round closed loop, with no pause: the server is saturated and latency is "
             f"mostly queueing; half as many paced, pausing {PACED_THINK_MS} ms before each "
-            "request, as people clicking would). waitress with 8 threads in its own "
+            f"request, as people clicking would), in {sizes.undo_rounds} interleaved rounds; "
+            "the p99 is over every request of every round. waitress with 8 threads in its own "
             "process; latency per request as the client sees it. "
             f"flask_defer: {note}; also served by a second process with `{NO_HISTORY}` "
             "(the raw route writes no history event). “vs raw” divides the raw route's p99 "
@@ -169,7 +170,7 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
         # server, never did.
         for r, port in ((routes, server.port), (routes, bare.port), (RAW, server.port)):
             asyncio.run(_load(port, r, sizes.undo_clients, 5, Tally(), 0.0))
-        outcomes = interleave(f"undo/{backend}", contenders, sizes.rounds)
+        outcomes = interleave(f"undo/{backend}", contenders, sizes.undo_rounds)
     finally:
         server.stop()
         bare.stop()
