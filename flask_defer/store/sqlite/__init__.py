@@ -349,6 +349,29 @@ class SqliteDriver:
         :data:`BULK_CHUNK_BYTES` (SQLite refuses a parameter over 1 GB), its ids
         consecutive all the same.
         """
+        rows = self._bulk_rows(conn, jobs)
+        sql = self._sql.get("insert-many")
+        if sql is None:
+            sql = self._sql["insert-many"] = self._insert_many_sql()
+        created = self.stored_time(now)
+        for chunk in _by_size(rows, BULK_CHUNK_BYTES):
+            conn.exec_driver_sql(sql, (created, created, json.dumps(chunk)))
+        if self.store.history_table is None:
+            return
+        last = int(conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one())
+        first = last - len(jobs) + 1
+        # Their scheduled events are made by SQLite from the rows just written (each
+        # event's run_at is its row's): one statement, and no Python per event.
+        conn.exec_driver_sql(
+            f"INSERT INTO {self._quoted_history()} (job_id, event, at, actor, attempt, run_at)"
+            f" SELECT id, 'scheduled', ?, ?, 0, run_at FROM {self.store.quoted_table}"
+            " WHERE id BETWEEN ? AND ? ORDER BY id",
+            (created, actor, first, last),
+        )
+
+    def _bulk_rows(self, conn: Connection, jobs: Sequence[NewJob]) -> list[list[Any]]:
+        """Each job's values for :meth:`_insert_many_sql`, in stored form: the payload's
+        JSON text (made while validating, or by the column's type), times as text."""
         encode = self.store.table.c.payload.type.dialect_impl(conn.dialect).bind_processor(
             conn.dialect
         )
@@ -368,7 +391,7 @@ class SqliteDriver:
                 return job.payload_json
             return str(encode(job.payload)) if encode is not None else json.dumps(job.payload)
 
-        rows = [
+        return [
             [
                 job.name,
                 job.queue,
@@ -384,24 +407,6 @@ class SqliteDriver:
             ]
             for job in jobs
         ]
-        sql = self._sql.get("insert-many")
-        if sql is None:
-            sql = self._sql["insert-many"] = self._insert_many_sql()
-        created = stamp(now)
-        for chunk in _by_size(rows, BULK_CHUNK_BYTES):
-            conn.exec_driver_sql(sql, (created, created, json.dumps(chunk)))
-        if self.store.history_table is None:
-            return
-        last = int(conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one())
-        first = last - len(jobs) + 1
-        # Their scheduled events are made by SQLite from the rows just written (each
-        # event's run_at is its row's): one statement, and no Python per event.
-        conn.exec_driver_sql(
-            f"INSERT INTO {self._quoted_history()} (job_id, event, at, actor, attempt, run_at)"
-            f" SELECT id, 'scheduled', ?, ?, 0, run_at FROM {self.store.quoted_table}"
-            " WHERE id BETWEEN ? AND ? ORDER BY id",
-            (created, actor, first, last),
-        )
 
     def _insert_many_sql(self) -> str:
         """The bulk INSERT: each job's values from its array in the JSON parameter."""
