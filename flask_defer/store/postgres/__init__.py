@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any, ClassVar, cast
 
 from sqlalchemy import (
@@ -218,16 +219,11 @@ class PostgresDriver:
             " SELECT * FROM unnest(%(ids)b::bigint[], %(events)b::text[],"
             " %(ats)b::timestamptz[], %(actors)b::text[], %(attempts)b::int[],"
             " %(errors)b::text[], %(run_ats)b::timestamptz[])",
-            {
-                "ids": [e.job_id for e in events],
-                "events": [e.event for e in events],
-                "ats": [e.at for e in events],
-                "actors": [e.actor for e in events],
-                "attempts": [e.attempt for e in events],
-                "errors": [e.error for e in events],
-                "run_ats": [e.run_at for e in events],
-            },
-        )
+            _arrays(
+                events, ids="job_id", events="event", ats="at", actors="actor",
+                attempts="attempt", errors="error", run_ats="run_at",
+            ),
+        )  # fmt: skip
 
     def lower_waiting(
         self, conn: Connection, children: Sequence[int], closed: int, *, now: datetime, actor: str
@@ -343,20 +339,15 @@ class PostgresDriver:
         params: dict[str, Any] = {
             "now": now,
             "actor": actor,
-            "names": [job.name for job in jobs],
-            "queues": [job.queue for job in jobs],
-            "keys": [job.key for job in jobs],
             # JSON text cast to jsonb by the server: the same jsonb as the column's own
             # conversion writes (a test compares them).
             "payloads": [_payload_json(job) for job in jobs],
-            "run_ats": [job.run_at for job in jobs],
-            "max_attempts": [job.max_attempts for job in jobs],
-            "owners": [job.owner for job in jobs],
-            "labels": [job.label for job in jobs],
-            "undo_untils": [job.undo_until for job in jobs],
-            "priorities": [job.priority for job in jobs],
-            "expires_ats": [job.expires_at for job in jobs],
-        }
+            **_arrays(
+                jobs, names="name", queues="queue", keys="key", run_ats="run_at",
+                max_attempts="max_attempts", owners="owner", labels="label",
+                undo_untils="undo_until", priorities="priority", expires_ats="expires_at",
+            ),
+        }  # fmt: skip
         conn.exec_driver_sql(sql, params)
 
     def _insert_many_sql(self) -> str:
@@ -671,6 +662,12 @@ def _result_json(ack: Ack) -> str | None:
     if ack.status != JobStatus.DONE.value:
         return None
     return json.dumps(ack.result, allow_nan=False)
+
+
+def _arrays(items: Sequence[Any], **attributes: str) -> dict[str, list[Any]]:
+    """One array parameter per name: the named attribute of every item, in order (the
+    columns of an ``unnest(...)``)."""
+    return {name: list(map(attrgetter(attr), items)) for name, attr in attributes.items()}
 
 
 def _payload_json(job: NewJob) -> str:

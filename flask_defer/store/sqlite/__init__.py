@@ -57,7 +57,7 @@ from ..claim_sql import due_ids_sql, keyed_ids_sql
 from ..parts import StoreParts
 from ..records import SETTLING, Ack, BatchItems, HistoryEvent, NewJob
 from ..utc_datetime import UTCDateTime
-from .tuples import Prepared, insert_tuples
+from .tuples import Prepared, insert_row
 from .write_lock import begin_write, take_turns_to_write
 
 logger = logging.getLogger("flask_defer")
@@ -79,7 +79,7 @@ class SqliteDriver:
         self.store = store
         # Index hints hold until a database is found without the index (not migrated).
         self.hints = True
-        # Compiled INSERTs for insert_tuples, by column set.
+        # Compiled one-row INSERTs for insert_row, by column set.
         self._tuples: Prepared = {}
         # Prebuilt statements, by name.
         self._sql: dict[Any, Any] = {}
@@ -210,7 +210,7 @@ class SqliteDriver:
         if history is None or not events:
             return
         if len(events) == 1:
-            insert_tuples(conn, history, [events[0].row()], self._tuples)
+            insert_row(conn, history, events[0].row(), self._tuples)
             return
         stamp = self.stored_time
         values = json.dumps(
