@@ -49,9 +49,10 @@ def _strict_json(value: Any) -> str:
     """
     if _MAKE_ENCODER is None:
         return _STRICT_JSON.encode(value)
+    e = _STRICT_JSON  # its settings, as JSONEncoder.iterencode passes them
     encode = _MAKE_ENCODER(
-        {}, _STRICT_JSON.default, json.encoder.encode_basestring_ascii, None, ": ", ", ",
-        False, False, False,
+        {}, e.default, json.encoder.encode_basestring_ascii, e.indent, e.key_separator,
+        e.item_separator, e.sort_keys, e.skipkeys, e.allow_nan,
     )  # fmt: skip
     return "".join(encode(value, 0))
 

@@ -223,10 +223,9 @@ class SqliteDriver:
         if sql is None:
             table = self._quoted_history()
             columns = ("job_id", "event", "at", "actor", "attempt", "error", "run_at")
-            picked = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(len(columns)))
             sql = self._sql["events"] = (
                 f"INSERT INTO {table} ({', '.join(columns)})"
-                f" SELECT {picked} FROM json_each(?) ORDER BY key"
+                f" SELECT {_json_values(len(columns))} FROM json_each(?) ORDER BY key"
             )
         conn.exec_driver_sql(sql, (values,))
 
@@ -370,8 +369,9 @@ class SqliteDriver:
         )
 
     def _bulk_rows(self, conn: Connection, jobs: Sequence[NewJob]) -> list[list[Any]]:
-        """Each job's values for :meth:`_insert_many_sql`, in stored form: the payload's
-        JSON text (made while validating, or by the column's type), times as text."""
+        """Each job's values for :meth:`_insert_many_sql`, in the order of
+        :data:`BULK_COLUMNS` and stored form: the payload's JSON text (made while
+        validating, or by the column's type), times as text."""
         encode = self.store.table.c.payload.type.dialect_impl(conn.dialect).bind_processor(
             conn.dialect
         )
@@ -410,12 +410,11 @@ class SqliteDriver:
 
     def _insert_many_sql(self) -> str:
         """The bulk INSERT: each job's values from its array in the JSON parameter."""
-        picked = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(11))
+        run_at = f"json_extract(value, '$[{BULK_COLUMNS.index('run_at')}]')"
         return (
-            f"INSERT INTO {self.store.quoted_table} (name, queue, key, payload, run_at,"
-            " max_attempts, owner, label, undo_until, priority, expires_at, status, due_at,"
-            " attempts, created_at, updated_at)"
-            f" SELECT {picked}, 'pending', json_extract(value, '$[4]'), 0, ?, ?"
+            f"INSERT INTO {self.store.quoted_table} ({', '.join(BULK_COLUMNS)}, status,"
+            " due_at, attempts, created_at, updated_at)"
+            f" SELECT {_json_values(len(BULK_COLUMNS))}, 'pending', {run_at}, 0, ?, ?"
             " FROM json_each(?) ORDER BY key"
         )
 
@@ -586,6 +585,20 @@ class SqliteDriver:
         raise RuntimeError("LISTEN needs PostgreSQL through psycopg 3")
 
 
+#: The columns a bulk insert sets from each job (those of the PostgreSQL driver's
+#: arrays), in the order of its values; the rest keep their defaults.
+BULK_COLUMNS = (
+    "name", "queue", "key", "payload", "run_at", "max_attempts", "owner", "label",
+    "undo_until", "priority", "expires_at",
+)  # fmt: skip
+
+
+def _json_values(count: int) -> str:
+    """The select list taking *count* values, in order, from each array of a
+    ``json_each`` over a JSON array of arrays."""
+    return ", ".join(f"json_extract(value, '$[{i}]')" for i in range(count))
+
+
 #: About how much JSON one statement of a bulk insert carries (payloads counted; a
 #: job's other values add a hundred bytes or so): far below SQLite's 1 GB limit on a
 #: parameter, and large enough that a 10,000-job batch of small payloads is one.
@@ -593,11 +606,13 @@ BULK_CHUNK_BYTES = 16_000_000
 
 
 def _by_size(rows: list[list[Any]], budget: int) -> Iterator[list[list[Any]]]:
-    """*rows* (bulk insert values, the payload text at index 3) in runs whose payloads
-    and per-row overhead add up to about *budget* bytes, each run at least one row."""
+    """*rows* (bulk insert values, in the order of :data:`BULK_COLUMNS`) in runs whose
+    payloads and per-row overhead add up to about *budget* bytes, each run at least
+    one row."""
+    payload = BULK_COLUMNS.index("payload")
     start, size = 0, 0
     for i, row in enumerate(rows):
-        cost = len(row[3]) + 128
+        cost = len(row[payload]) + 128
         if size and size + cost > budget:
             yield rows[start:i]
             start, size = i, 0
