@@ -36,6 +36,12 @@ _MAYBE_UNSTORABLE = re.compile(r"\\u(?:0000|d[89a-f])", re.IGNORECASE)
 #: One encoder for every payload check, without building one per call.
 _STRICT_JSON = json.JSONEncoder(allow_nan=False)
 _MAKE_ENCODER = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+#: _STRICT_JSON's settings, as ``JSONEncoder.iterencode`` passes them to the C encoder.
+_ENCODER_SETTINGS = (
+    _STRICT_JSON.default, json.encoder.encode_basestring_ascii, _STRICT_JSON.indent,
+    _STRICT_JSON.key_separator, _STRICT_JSON.item_separator, _STRICT_JSON.sort_keys,
+    _STRICT_JSON.skipkeys, _STRICT_JSON.allow_nan,
+)  # fmt: skip
 
 
 def _strict_json(value: Any) -> str:
@@ -49,11 +55,7 @@ def _strict_json(value: Any) -> str:
     """
     if _MAKE_ENCODER is None:
         return _STRICT_JSON.encode(value)
-    e = _STRICT_JSON  # its settings, as JSONEncoder.iterencode passes them
-    encode = _MAKE_ENCODER(
-        {}, e.default, json.encoder.encode_basestring_ascii, e.indent, e.key_separator,
-        e.item_separator, e.sort_keys, e.skipkeys, e.allow_nan,
-    )  # fmt: skip
+    encode = _MAKE_ENCODER({}, *_ENCODER_SETTINGS)
     return "".join(encode(value, 0))
 
 
