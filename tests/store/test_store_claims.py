@@ -7,10 +7,13 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
-from sqlalchemy import MetaData, create_engine, select
+from sqlalchemy import MetaData, create_engine, event, select
+from sqlalchemy.exc import DataError, OperationalError
 
+from flask_defer.errors import NotConfigured
 from flask_defer.jobs import Job, JobStatus
 from flask_defer.store import JobFilter, JobStore, NewJob
 from flask_defer.store.schema import define_history_table, define_jobs_table
@@ -204,3 +207,85 @@ def test_claims_racing_from_many_processes_never_exceed_a_keys_limit(
     with store.engine.connect() as conn:
         running = conn.execute(select(t.c.id).where(t.c.status == "running")).all()
     assert len(running) == 1
+
+
+# -- PostgreSQL: the claim runs on psycopg's cursor, errors stay SQLAlchemy's -----------
+
+
+def _claim_params(now: datetime, **overrides: object) -> dict[str, object]:
+    lease = now + timedelta(minutes=1)
+    params = {"now": now, "limit": 5, "token": "t", "lease_until": lease, "actor": "w"}
+    return {**params, **overrides}
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_claim_on_a_killed_connection_invalidates_it_and_the_next_claim_reconnects(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    job_id = insert(store, new_job(run_at=now), now)
+    with store.autocommit() as conn:
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        killer = create_engine(store.engine.url)
+        with killer.connect() as other:
+            other.exec_driver_sql("SELECT pg_terminate_backend(%s)", (pid,))
+        killer.dispose()
+        with pytest.raises(OperationalError) as raised:
+            store.driver._run_claim(conn, "due", False, _claim_params(now))  # type: ignore[attr-defined]
+        assert raised.value.connection_invalidated and conn.invalidated
+    # The pool never hands the dead connection out again: the next claim takes the job.
+    assert [job.id for job in claim(store, now)] == [job_id]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_failing_claim_raises_sqlalchemys_error_and_keeps_its_connection(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    job_id = insert(store, new_job(run_at=now), now)
+    with store.autocommit() as conn:
+        with pytest.raises(DataError):  # claim_token is VARCHAR(64)
+            store.driver._run_claim(conn, "due", False, _claim_params(now, token="x" * 65))  # type: ignore[attr-defined]
+        assert not conn.invalidated
+        assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+    assert [job.id for job in claim(store, now)] == [job_id]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_claim_whose_prepared_statement_is_lost_names_the_pooler_and_the_fix(
+    store: JobStore, now: datetime
+) -> None:
+    with store.autocommit() as conn:
+        for _ in range(8):  # psycopg prepares a statement from its sixth run
+            store.driver._run_claim(conn, "due", False, _claim_params(now))  # type: ignore[attr-defined]
+        # What a transaction-mode pooler does: the next run lands where the statement
+        # was never prepared. Below psycopg, so it still believes it prepared.
+        driver: Any = conn.connection.driver_connection
+        driver.pgconn.exec_(b"DEALLOCATE ALL")
+        with pytest.raises(NotConfigured) as raised:
+            store.driver._run_claim(conn, "due", False, _claim_params(now))  # type: ignore[attr-defined]
+    message = str(raised.value)
+    assert "transaction-mode pooler" in message and "prepare_threshold" in message
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_claim_on_a_watched_engine_is_seen_by_its_cursor_listeners(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """SQL logging and tracing instrumentation listen to cursor executions: a claim past
+    SQLAlchemy's execution would be invisible to them, so a watched engine's is not."""
+    seen: list[str] = []
+
+    def watch(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    job_id = insert(store, new_job(run_at=now), now)
+    with store.autocommit() as conn:
+        store.driver._run_claim(conn, "due", False, _claim_params(now - timedelta(hours=1)))  # type: ignore[attr-defined]
+    assert seen == []
+    event.listen(store.engine, "after_cursor_execute", watch)
+    try:
+        with store.autocommit() as conn:
+            claimed = store.driver._run_claim(conn, "due", False, _claim_params(now))  # type: ignore[attr-defined]
+    finally:
+        event.remove(store.engine, "after_cursor_execute", watch)
+    assert [job.id for job in claimed] == [job_id]
+    assert len(seen) == 1 and "UPDATE" in seen[0] and "RETURNING" in seen[0]
