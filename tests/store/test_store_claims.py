@@ -142,6 +142,30 @@ def test_at_most_the_limit_of_one_key_run_at_once(
     assert [job.id for job in claim(store, now)] == [ids[2]]
 
 
+def test_a_job_of_a_key_waiting_for_a_slot_keeps_its_place_before_higher_limits(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """docs/queues.md: a key's due jobs ahead of a job count against its own limit, so
+    a limit-2 job waits behind a limit-1 job that waits behind a running one (1 + 1 + 1
+    > 2), and a limit-5 job does not (1 + 3 <= 5)."""
+
+    def keyed(seconds_ago: int, limit: int) -> int:
+        when = now - timedelta(seconds=seconds_ago)
+        job = new_job(run_at=when, concurrency_key="k", concurrency_limit=limit)
+        return insert(store, job, now)
+
+    first, waiting, later = keyed(30, 1), keyed(20, 1), keyed(10, 2)
+    (running,) = claim(store, now, limit=1)
+    assert running.id == first
+    assert claim(store, now) == []  # neither may start beside the running one
+    roomy = keyed(5, 5)
+    (started,) = claim(store, now)
+    assert started.id == roomy
+    done(store, running, now)
+    done(store, started, now)
+    assert {job.id for job in claim(store, now)} == {waiting, later}
+
+
 def test_a_key_at_its_limit_does_not_count_as_due_for_the_next_look(
     store: JobStore, new_job: MakeJob, now: datetime
 ) -> None:

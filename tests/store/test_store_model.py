@@ -71,8 +71,11 @@ class Model:
         )
 
     def claimable(self, now: datetime) -> list[ModelJob]:
-        """Due pending jobs of unpaused queues; keyed ones only while their key has room
-        (a key's jobs fit in claim order, as the store numbers them)."""
+        """Due pending jobs of unpaused queues; a keyed one only while its key's running
+        jobs, plus the key's due jobs ahead of it in claim order, plus itself, are within
+        its own limit (docs/queues.md: a job never counts on an earlier job of its key
+        that waits, so with mixed limits a later job can start only where that waiting
+        job's slot would still leave room)."""
         due = sorted(
             (
                 j
@@ -81,16 +84,16 @@ class Model:
             ),
             key=lambda j: (j.priority, j.run_at, j.id),
         )
-        taken: dict[str, int] = {}
+        ahead: dict[str, int] = {}
         found = []
         for job in due:
             if job.concurrency_key is None:
                 found.append(job)
                 continue
             key = job.concurrency_key
-            taken.setdefault(key, self.running_of(key))
-            if taken[key] < job.limit:
-                taken[key] += 1
+            ahead.setdefault(key, self.running_of(key))
+            ahead[key] += 1  # every due job of the key counts, started or not
+            if ahead[key] <= job.limit:
                 found.append(job)
         return found
 
