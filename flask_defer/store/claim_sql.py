@@ -27,6 +27,15 @@ from dataclasses import dataclass
 #: process scheduled one), before they look again whether any are pending.
 KEYED_MEMORY = 2.0
 
+#: How a statement tests a row's queue against the worker's ``:queues``. An expanding
+#: ``IN`` is SQLAlchemy's (one bind per queue, so only its compiler can run it); the
+#: other two bind the queues as one value, one PostgreSQL array or one JSON array read by
+#: SQLite's ``json_each``, so the statement's text is the same for any number of queues
+#: and a driver can run it without SQLAlchemy's compiler.
+QUEUES_EXPANDING = "IN :queues"
+QUEUES_ARRAY = "= ANY(:queues)"
+QUEUES_JSON = "IN (SELECT value FROM json_each(:queues))"
+
 #: Pending rows without a key and not waiting for parents: the rows of
 #: ``ix_<table>_pending_priority``.
 UNKEYED = "status = 'pending' AND waiting_for IS NULL AND concurrency_key IS NULL"
@@ -53,17 +62,17 @@ class ClaimTables:
     starts: str | None = None
 
 
-def claimable(tables: ClaimTables, *, queues: bool, alias: str = "", array: bool = False) -> str:
+def claimable(
+    tables: ClaimTables, *, queues: bool, alias: str = "", member: str = QUEUES_EXPANDING
+) -> str:
     """``AND ...`` terms every claimable pending row meets besides being due.
 
     Not expired (``expires_at`` after ``:now``); in the worker's ``:queues`` when it has
-    some (an expanding ``IN``, or with *array* one PostgreSQL array: one text for any
-    number of queues); neither queue nor name paused. *alias* qualifies the columns
-    (``"j."``).
+    some, tested by *member* (one of the ``QUEUES_*`` forms above); neither queue nor
+    name paused. *alias* qualifies the columns (``"j."``).
     """
     terms = [f" AND ({alias}expires_at IS NULL OR {alias}expires_at > :now)"]
     if queues:
-        member = "= ANY(:queues)" if array else "IN :queues"
         terms.append(f" AND {alias}queue {member}")
     if tables.pauses is not None:
         terms.append(
@@ -97,16 +106,21 @@ def limit_sql(limit: int | None) -> str:
 
 
 def due_ids_sql(
-    tables: ClaimTables, *, queues: bool, lock: bool, limit: int | None = None, array: bool = False
+    tables: ClaimTables,
+    *,
+    queues: bool,
+    lock: bool,
+    limit: int | None = None,
+    member: str = QUEUES_EXPANDING,
 ) -> tuple[str, str]:
     """``(ctes, select)``: the unkeyed ids to claim, most urgent due priority first.
 
     ``ctes`` go after ``WITH RECURSIVE``; ``select`` picks up to ``:limit`` (or *limit*)
     ids of the chosen priority in ``(run_at, id)`` order, ``FOR UPDATE SKIP LOCKED``
-    with *lock*; *array* binds the queues as one array (see :func:`claimable`).
+    with *lock*; *member* tests the queues (see :func:`claimable`).
     """
     t, hint = tables.jobs, tables.unkeyed_hint
-    where = f"{UNKEYED} AND run_at <= :now{claimable(tables, queues=queues, array=array)}"
+    where = f"{UNKEYED} AND run_at <= :now{claimable(tables, queues=queues, member=member)}"
     # A scalar subquery with LIMIT 1, not EXISTS: PostgreSQL turns an EXISTS into a
     # semi-join that reads every due row (measured: 5,960 rows hashed per claim). Its
     # ORDER BY walks the priority index from the level's earliest row; without it
@@ -126,7 +140,7 @@ def due_ids_sql(
 
 
 def keyed_ids_sql(
-    tables: ClaimTables, *, queues: bool, limit: int | None = None, array: bool = False
+    tables: ClaimTables, *, queues: bool, limit: int | None = None, member: str = QUEUES_EXPANDING
 ) -> tuple[str, str]:
     """``(ctes, select)``: due keyed jobs that fit under their key's limit, up to
     ``:limit`` (or *limit*), none less urgent than the most urgent due unkeyed job.
@@ -141,7 +155,7 @@ def keyed_ids_sql(
     ``ctes`` go after ``WITH RECURSIVE``.
     """
     t, hint = tables.jobs, tables.keyed_hint
-    unkeyed_where = f"{UNKEYED} AND run_at <= :now{claimable(tables, queues=queues, array=array)}"
+    unkeyed_where = f"{UNKEYED} AND run_at <= :now{claimable(tables, queues=queues, member=member)}"
     level = (
         f"level AS (SELECT p FROM levels WHERE p IS NOT NULL AND (SELECT 1 FROM"
         f" {t}{tables.unkeyed_hint} WHERE {unkeyed_where} AND priority = levels.p"
@@ -152,7 +166,7 @@ def keyed_ids_sql(
         " priority, run_at,"
         " row_number() OVER (PARTITION BY concurrency_key ORDER BY priority, run_at, id)"
         f" AS n FROM {t}{hint} WHERE {KEYED} AND run_at <= :now"
-        f"{claimable(tables, queues=queues, array=array)}) AS c"
+        f"{claimable(tables, queues=queues, member=member)}) AS c"
         f" LEFT JOIN (SELECT concurrency_key, count(*) AS n FROM {t} WHERE {KEYED_RUNNING}"
         " GROUP BY concurrency_key) AS busy ON busy.concurrency_key = c.concurrency_key"
         f"{_recent_join(tables)}"

@@ -3,6 +3,7 @@ idle claim, the maintenance lock, unknown-handler counting and NOTIFY on resched
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -36,20 +37,32 @@ def plan(store: JobStore, stmt: Any, **params: Any) -> str:
     return " / ".join(row[3] for row in rows)
 
 
+def driver_plan(store: JobStore, sql: str, **params: Any) -> str:
+    """SQLite's plan of a claim text the driver runs itself (values bound as stored)."""
+    stored = {
+        name: json.dumps(value) if name == "queues" else store.driver.stored_time(value)
+        if isinstance(value, datetime) else value
+        for name, value in params.items()
+    }  # fmt: skip
+    with store.engine.connect() as conn:
+        rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, stored).all()
+    return " / ".join(row[3] for row in rows)
+
+
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_sqlite_poll_and_claim_step_into_the_priority_index_never_scanning_the_table(
     store: JobStore, now: datetime
 ) -> None:
     claim_params = {"now": now, "limit": 10, "token": "t", "lease_until": now}
-    statement = store.driver._claim_statement("due", True)
-    claim = plan(store, statement, queues=["default"], **claim_params)
+    sql, _build = store.driver._claim_statement("due", True)
+    claim = driver_plan(store, sql, queues=["default"], **claim_params)
     poll = plan(store, store._next_statement("next", True), now=now, queues=["default"])
     for found in (claim, poll):
         assert "ix_defer_jobs_pending_priority (priority=?" in found, found
         assert "SCAN defer_jobs /" not in found + " /", found
     # The claim takes the chosen priority's due rows in index order: no sort.
     assert "TEMP B-TREE" not in claim
-    keyed = plan(store, store.driver._claim_statement("keyed", False), **claim_params)
+    keyed = driver_plan(store, store.driver._claim_statement("keyed", False)[0], **claim_params)
     assert "ix_defer_jobs_keyed_pending" in keyed
 
 
@@ -191,6 +204,22 @@ def test_missing_pending_index_falls_back_to_a_plain_query(
         assert len(store.claim(now=now, limit=5, token="t", lease_until=now)) == 1
     if store.driver.name == "sqlite":
         assert "falling back to unhinted queries" in caplog.text
+
+
+def test_a_claim_meeting_the_missing_pending_index_first_falls_back_too(
+    engine: Engine, new_job: MakeJob, now: datetime
+) -> None:
+    """The claim runs past SQLAlchemy's execution; its error must still be SQLAlchemy's
+    for the store to recognise the lost index and fall back."""
+    from sqlalchemy import MetaData
+
+    store = JobStore(engine, define_jobs_table(MetaData()))
+    store.create_table()
+    with store.begin() as conn:
+        conn.execute(text("DROP INDEX ix_defer_jobs_pending_priority"))
+    job_id = insert(store, new_job(run_at=now), now)
+    claimed = store.claim(now=now, limit=5, token="t", lease_until=now, look_first=False)
+    assert [job.id for job in claimed] == [job_id]
 
 
 def test_maintenance_lock_admits_one_worker_at_a_time(store: JobStore, backend: str) -> None:

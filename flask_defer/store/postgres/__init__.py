@@ -56,7 +56,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ...errors import NotConfigured
 from ...jobs import Job, JobStatus
-from ..claim_sql import KEYED, due_ids_sql, keyed_ids_sql
+from ..claim_sql import KEYED, QUEUES_ARRAY, due_ids_sql, keyed_ids_sql
 from ..parts import StoreParts
 from ..records import (
     NOTIFY_CHANNEL,
@@ -435,13 +435,15 @@ class PostgresDriver:
             " lease_expires_at = %(lease_until)s, updated_at = %(now)s"
         )
         if kind == "keyed":
-            ctes, ids = keyed_ids_sql(tables, queues=queues, limit=limit, array=True)
+            ctes, ids = keyed_ids_sql(tables, queues=queues, limit=limit, member=QUEUES_ARRAY)
             ids = (
                 f"SELECT id FROM {tables.jobs} WHERE id IN ({ids}) AND {KEYED}"
                 " FOR UPDATE SKIP LOCKED"
             )
         else:
-            ctes, ids = due_ids_sql(tables, queues=queues, lock=True, limit=limit, array=True)
+            ctes, ids = due_ids_sql(
+                tables, queues=queues, lock=True, limit=limit, member=QUEUES_ARRAY
+            )
         # A materialised CTE runs the locking SELECT exactly once. As an IN (...) subquery
         # PostgreSQL may re-run it per row, claiming more than the limit.
         parts = [ctes] if ctes else []

@@ -337,6 +337,26 @@ def take_turns_to_write(engine: Engine, busy_timeout_ms: int) -> None:
             raise DBAPIError.instance(statement, parameters, error, sqlite3.Error) from error
 
     event.listen(engine, "before_cursor_execute", before_execute)
+    _own_listeners[engine] = before_execute
+
+
+#: The write lock's cursor listener on each engine it was installed on (see watched).
+_own_listeners: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
+
+
+def watched(conn: Connection) -> bool:
+    """Whether anyone besides the write lock watches *conn*'s statements: ``echo``, or a
+    cursor listener (SQL logging, tracing instrumentation, Flask-SQLAlchemy's recorded
+    queries). Statements the store runs on sqlite3's own connection go through
+    SQLAlchemy instead while anyone does, so every statement is still seen."""
+    dispatch = conn.dispatch
+    own = _own_listeners.get(conn.engine)
+    ours = 1 if own is not None and event.contains(conn.engine, "before_cursor_execute", own) else 0
+    return bool(
+        conn.engine.echo
+        or dispatch.after_cursor_execute
+        or len(dispatch.before_cursor_execute) > ours
+    )
 
 
 def _is_dml(statement: str) -> bool:
