@@ -68,6 +68,7 @@ from ..records import (
     NewJob,
 )
 from ..utc_datetime import UTCDateTime
+from ..watching import watched
 
 #: What a lost prepared statement means, and what to do (see ``prepare_engine``).
 POOLER_PREPARED_STATEMENTS = (
@@ -697,12 +698,11 @@ def _fetch_all(conn: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
     (the worker's loop catches ``SQLAlchemyError``). psycopg prepares the statement as
     it does for SQLAlchemy: by the connection's own ``prepare_threshold``.
 
-    An engine someone watches (``echo``, or a ``before_cursor_execute`` or
-    ``after_cursor_execute`` listener: SQL logging, tracing instrumentation) runs the
-    claim through SQLAlchemy instead, so the watcher still sees every claim.
+    An engine someone watches (:mod:`..watching`: SQL logging, tracing
+    instrumentation) runs the claim through SQLAlchemy instead, so the watcher still
+    sees every claim.
     """
-    dispatch = conn.dispatch
-    if conn.engine.echo or dispatch.before_cursor_execute or dispatch.after_cursor_execute:
+    if watched(conn):
         return list(conn.exec_driver_sql(sql, params))
     pooled = conn.connection
     driver: Any = pooled.driver_connection

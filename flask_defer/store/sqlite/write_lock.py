@@ -344,19 +344,10 @@ def take_turns_to_write(engine: Engine, busy_timeout_ms: int) -> None:
 _own_listeners: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
 
 
-def watched(conn: Connection) -> bool:
-    """Whether anyone besides the write lock watches *conn*'s statements: ``echo``, or a
-    cursor listener (SQL logging, tracing instrumentation, Flask-SQLAlchemy's recorded
-    queries). Statements the store runs on sqlite3's own connection go through
-    SQLAlchemy instead while anyone does, so every statement is still seen."""
-    dispatch = conn.dispatch
-    own = _own_listeners.get(conn.engine)
-    ours = 1 if own is not None and event.contains(conn.engine, "before_cursor_execute", own) else 0
-    return bool(
-        conn.engine.echo
-        or dispatch.after_cursor_execute
-        or len(dispatch.before_cursor_execute) > ours
-    )
+def own_listeners(conn: Connection) -> int:
+    """How many of *conn*'s ``before_cursor_execute`` listeners are the write lock's
+    (0 or 1, never removed): they watch no statement for anyone (``store.watching``)."""
+    return 1 if conn.engine in _own_listeners else 0
 
 
 def _is_dml(statement: str) -> bool:
