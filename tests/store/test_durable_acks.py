@@ -116,3 +116,24 @@ def test_outside_wal_mode_an_acknowledgement_commits_synced_under_the_lock(
     finally:
         engine.dispose()
     assert synced == []  # SQLite's own commit waited for the disk, inside the lock
+
+
+@SQLITE
+def test_a_failing_acknowledgement_raises_sqlalchemys_error_and_writes_nothing(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """The worker's flusher retries a batch on SQLAlchemy's errors; sqlite3's own would
+    have been taken for a bad batch and dropped."""
+    from sqlalchemy.exc import IntegrityError
+
+    job = claimed_job(store, new_job, now)
+    with store.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE TRIGGER refuse BEFORE UPDATE ON defer_jobs"
+                " BEGIN SELECT RAISE(ABORT, 'the disk says no'); END"
+            )
+        )
+    with pytest.raises(IntegrityError, match="the disk says no"):
+        store.acknowledge_many([done(job)], now=now)
+    assert status_of(store, job) == "running"
