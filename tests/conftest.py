@@ -28,7 +28,7 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 
 from flask_defer import Defer
 from flask_defer.store import JobStore, NewJob
-from flask_defer.store.schema import define_jobs_table
+from flask_defer.store.schema import define_history_table, define_jobs_table
 
 from .pg_cluster import PostgresCluster
 from .pg_databases import EmptyDatabases
@@ -99,6 +99,16 @@ def engine(database_url: str) -> Iterator[Engine]:
 def store(engine: Engine) -> JobStore:
     """A store over a bare engine with its table created: no Flask involved."""
     store = JobStore(engine, define_jobs_table(MetaData()))
+    store.create_table()
+    return store
+
+
+@pytest.fixture
+def history_store(engine: Engine) -> JobStore:
+    """A bare store with its history table, as ``init_app`` builds it by default."""
+    metadata = MetaData()
+    jobs = define_jobs_table(metadata)
+    store = JobStore(engine, jobs, define_history_table(metadata, jobs.name))
     store.create_table()
     return store
 

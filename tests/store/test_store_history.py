@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import Engine, MetaData, event, func, inspect, select
+from sqlalchemy import event, func, inspect, select
 
 from flask_defer import Defer, InvalidArgument, Job, JobEvent, JobSpec, JobStatus, NotYet
 from flask_defer.store import Ack, JobFilter, JobStore, NewJob
 from flask_defer.store.records import HistoryEvent
-from flask_defer.store.schema import define_history_table, define_jobs_table
 from flask_defer.timeutil import utcnow
 
 from ..conftest import AppKit
@@ -27,16 +26,6 @@ from ..conftest import AppKit
 
 def events(kit: AppKit, job_id: int) -> list[str]:
     return [e.event for e in kit.defer.history(job_id)]
-
-
-@pytest.fixture
-def history_store(engine: Engine) -> JobStore:
-    """A bare store with its history table, as ``init_app`` builds it by default."""
-    metadata = MetaData()
-    jobs = define_jobs_table(metadata)
-    store = JobStore(engine, jobs, define_history_table(metadata, jobs.name))
-    store.create_table()
-    return store
 
 
 @pytest.fixture

@@ -13,20 +13,8 @@ import pytest
 from sqlalchemy import event
 
 from flask_defer.store import Ack, JobStore, NewJob
-from flask_defer.store.schema import define_history_table, define_jobs_table
 
 MakeJob = Callable[..., NewJob]
-
-
-@pytest.fixture
-def history_store(engine: Any) -> JobStore:
-    from sqlalchemy import MetaData
-
-    metadata = MetaData()
-    jobs = define_jobs_table(metadata)
-    store = JobStore(engine, jobs, define_history_table(metadata, jobs.name))
-    store.create_table()
-    return store
 
 
 @pytest.fixture

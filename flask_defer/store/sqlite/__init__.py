@@ -131,14 +131,8 @@ class SqliteDriver:
         "database is locked" without waiting; this one waits for the lock (busy
         timeout) instead.
         """
-        with self.store.engine.connect() as conn:
-            begin_write(conn)
-            try:
-                yield conn
-            except BaseException:
-                conn.rollback()
-                raise
-            conn.commit()
+        with self.store.engine.connect() as conn, _written(conn):
+            yield conn
 
     @contextmanager
     def durable_write(self) -> Iterator[Connection]:
@@ -150,21 +144,16 @@ class SqliteDriver:
         handed on), then the log is synced outside the lock, before the block returns.
         The commit is as durable when the caller goes on: its log frames are on disk
         (and a checkpoint in between syncs the log before it copies it, and the
-        database after). Meanwhile the next writer already works. In a worker the
-        acknowledgement batch's fsync, under the lock, was what the next claim waited
-        for (profiled: 780 of a claim's 1,640 µs). Other journal modes and lower levels
-        commit as :meth:`write_transaction` does.
+        database after). Meanwhile the next writer already works: in a worker, the next
+        claim need not wait for the acknowledgement batch's disk write (a 4-thread
+        worker drained 1.2x faster, 1.5x with a 1 ms fsync). Other journal modes and
+        lower levels commit as :meth:`write_transaction` does.
         """
         with self.store.engine.connect() as conn:
             wal = wal_file(conn)
             with without_flush_wait(conn) if wal else nullcontext(False) as lowered:
-                begin_write(conn)
-                try:
+                with _written(conn):
                     yield conn
-                except BaseException:
-                    conn.rollback()
-                    raise
-                conn.commit()
             if wal and lowered:
                 sync_file(wal)
 
@@ -469,20 +458,14 @@ class SqliteDriver:
         if queues:
             bound["queues"] = json.dumps(list(params["queues"]))
         jobs: list[Job] = []
-        with self.store.engine.connect() as conn, without_flush_wait(conn):
-            begin_write(conn)
-            try:
-                if self.store.keyed_in_play(conn):
-                    jobs = self._run_claim(conn, "keyed", queues, bound)
-                    self.store.record_starts(conn, jobs, params["now"])
-                if len(jobs) < limit:
-                    rest = {**bound, "limit": limit - len(jobs)}
-                    jobs += self._run_claim(conn, "due", queues, rest)
-                self._record_started(conn, jobs, bound["now"], actor)
-            except BaseException:
-                conn.rollback()
-                raise
-            conn.commit()
+        with self.store.engine.connect() as conn, without_flush_wait(conn), _written(conn):
+            if self.store.keyed_in_play(conn):
+                jobs = self._run_claim(conn, "keyed", queues, bound)
+                self.store.record_starts(conn, jobs, params["now"])
+            if len(jobs) < limit:
+                rest = {**bound, "limit": limit - len(jobs)}
+                jobs += self._run_claim(conn, "due", queues, rest)
+            self._record_started(conn, jobs, bound["now"], actor)
         return jobs
 
     def _record_started(self, conn: Connection, jobs: list[Job], at: Any, actor: str) -> None:
@@ -674,6 +657,19 @@ def result_json(ack: Ack) -> str | None:
     if ack.status != JobStatus.DONE.value:
         return None
     return json.dumps(ack.result, allow_nan=False)
+
+
+@contextmanager
+def _written(conn: Connection) -> Iterator[None]:
+    """*conn*'s write transaction for the block: ``BEGIN IMMEDIATE`` in turn with this
+    process's other writers, committed at its end, rolled back on any error."""
+    begin_write(conn)
+    try:
+        yield
+    except BaseException:
+        conn.rollback()
+        raise
+    conn.commit()
 
 
 def _run(conn: Connection, sql: str, params: Any, *, watch: bool | None = None) -> Any:
