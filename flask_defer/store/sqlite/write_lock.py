@@ -337,17 +337,17 @@ def take_turns_to_write(engine: Engine, busy_timeout_ms: int) -> None:
             raise DBAPIError.instance(statement, parameters, error, sqlite3.Error) from error
 
     event.listen(engine, "before_cursor_execute", before_execute)
-    _own_listeners[engine] = before_execute
+    _listened.add(engine)
 
 
-#: The write lock's cursor listener on each engine it was installed on (see watched).
-_own_listeners: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
+#: The engines the write lock's cursor listener is installed on (see own_listeners).
+_listened: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 def own_listeners(conn: Connection) -> int:
     """How many of *conn*'s ``before_cursor_execute`` listeners are the write lock's
     (0 or 1, never removed): they watch no statement for anyone (``store.watching``)."""
-    return 1 if conn.engine in _own_listeners else 0
+    return 1 if conn.engine in _listened else 0
 
 
 def _is_dml(statement: str) -> bool:
