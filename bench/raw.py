@@ -128,6 +128,25 @@ def clear(db: Database) -> None:
         conn.close()
 
 
+def live_workers(db: Database, since: datetime) -> int:
+    """How many ``flask defer worker`` processes started at or after *since* have their
+    row in the workers table (a worker writes it on start and deletes it on a graceful
+    stop; one killed earlier leaves a row that *since* leaves out)."""
+    sql = "SELECT count(*) FROM defer_jobs_workers WHERE kind = 'worker' AND started_at >= "
+    if db.backend == "postgresql":
+        assert db.dsn is not None
+        with psycopg.connect(db.dsn) as conn:
+            row = conn.execute(sql + "%s", (since,)).fetchone()
+    else:
+        conn = sqlite_connect(db)
+        try:
+            row = conn.execute(sql + "?", (sqlite_time(since),)).fetchone()
+        finally:
+            conn.close()
+    assert row is not None
+    return int(row[0])
+
+
 def count_by_status(db: Database) -> dict[str, int]:
     if db.backend == "postgresql":
         assert db.dsn is not None
