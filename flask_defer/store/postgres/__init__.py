@@ -11,8 +11,8 @@ and rows lock one by one, so many writers work side by side. Hence:
   the same statement; bulk inserts and batched acknowledgements bind each column as
   one array (``unnest``), in psycopg's binary format for the bulk insert;
 * statements run through the driver (``exec_driver_sql``) where SQLAlchemy's result
-  processing cost more than the round trip, and the claim on psycopg's own cursor
-  (profiled);
+  processing cost more than the round trip, and the claim and the one-job insert on
+  psycopg's own cursor (profiled);
 * workers ``LISTEN`` for new jobs on a dedicated connection (psycopg 3 only).
 
 Over 400 lines because it is one database's whole side of the store: its hot
@@ -279,24 +279,33 @@ class PostgresDriver:
         payload_json: str | None,
         keyed: bool = False,
     ) -> int | None:
-        """One prebuilt statement, values as parameters, through the driver: the
+        """One prebuilt statement, values as parameters, on psycopg's cursor: the
         ``scheduled`` event and the ``NOTIFY`` ride in its CTEs, so a job costs one
         round trip, not two or three. A *keyed* insert whose key is taken inserts no
-        row, so its CTEs write and notify nothing: None."""
+        row, so its CTEs write and notify nothing: None.
+
+        Run as the claim is (:func:`_fetch_all`: SQLAlchemy's errors, a lost connection
+        invalidated, through SQLAlchemy while anyone watches the engine), and with
+        *payload_json* (the text validation made of the payload) sent as it is for the
+        server's ``::JSONB`` cast instead of being encoded again. Against
+        ``exec_driver_sql``, profiled, the CPU of a ``schedule()`` in an open
+        transaction went from 111 to 92 µs; bench.ab, 8 rounds: one-by-one enqueue
+        1.129, one ``schedule()`` 0.839."""
         history = self.store.history_table is not None
         sql, order, processors = self._prebuilt_insert(
             conn, notify=notify, history=history, keyed=keyed
         )
         row = [values[name] for name in order]
+        as_is = order.index("payload") if payload_json is not None else -1
         for i, process in processors:
-            row[i] = process(row[i])
+            row[i] = payload_json if i == as_is else process(row[i])
         params = tuple(row)
         if history:
             params += (values["created_at"], actor, values["run_at"])
         if notify:
             params += (values["queue"],)
-        found = conn.exec_driver_sql(sql, params).scalar()
-        return None if found is None else int(found)
+        rows = _fetch_all(conn, sql, params)
+        return int(rows[0][0]) if rows else None
 
     def _prebuilt_insert(
         self, conn: Connection, *, notify: bool, history: bool, keyed: bool = False
@@ -685,9 +694,11 @@ def _explain_pooler(error: BaseException) -> None:
         raise NotConfigured(POOLER_PREPARED_STATEMENTS) from error
 
 
-def _fetch_all(conn: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
+def _fetch_all(
+    conn: Connection, sql: str, params: dict[str, Any] | tuple[Any, ...]
+) -> list[Any]:
     """*sql*'s rows, run on *conn*'s psycopg cursor in *conn*'s transaction (or
-    autocommit), for the claim.
+    autocommit), for the claim and the one-job insert.
 
     Past SQLAlchemy's execution, which described and matched the claim's 35 result
     columns anew on every call (``exec_driver_sql`` caches no metadata): that and its

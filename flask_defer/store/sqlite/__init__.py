@@ -307,7 +307,8 @@ class SqliteDriver:
         transaction is opened that way here; nor do SQL logging and tracing see this
         insert (unlike the claim and the acknowledgements, see :func:`_run`): asking
         whether anyone watches, and a cursor per statement, cost a tenth of a 65 µs
-        ``schedule()`` (bench.ab, 10 rounds: 63.1 against 70.7 µs).
+        ``schedule()`` (bench.ab, 10 rounds: 63.1 against 70.7 µs). Its errors are
+        SQLAlchemy's, as any statement's.
         """
         sql, order, processors = self.store.job_insert(conn.dialect, keyed=keyed)
         row = [values[name] for name in order]
@@ -327,6 +328,8 @@ class SqliteDriver:
                 # Its times are the job's created_at and run_at, converted above.
                 at, run_at = row[order.index("created_at")], row[order.index("run_at")]
                 cursor.execute(self._scheduled_event_sql(conn), (job_id, at, actor, run_at))
+        except sqlite3.Error as error:  # SQLAlchemy's error, as any statement raises
+            raise DBAPIError.instance(sql, row, error, sqlite3.Error) from error
         finally:
             cursor.close()
         return job_id
