@@ -128,19 +128,24 @@ def clear(db: Database) -> None:
         conn.close()
 
 
-def live_workers(db: Database, since: datetime) -> int:
-    """How many ``flask defer worker`` processes started at or after *since* have their
-    row in the workers table (a worker writes it on start and deletes it on a graceful
-    stop; one killed earlier leaves a row that *since* leaves out)."""
-    sql = "SELECT count(*) FROM defer_jobs_workers WHERE kind = 'worker' AND started_at >= "
+def live_workers(db: Database, since: datetime, before: datetime) -> int:
+    """How many ``flask defer worker`` processes started in [*since*, *before*) have
+    their row in the workers table (a worker writes it on start and deletes it on a
+    graceful stop; one killed earlier leaves a row that *since* leaves out)."""
+    sql = (
+        "SELECT count(*) FROM defer_jobs_workers"
+        " WHERE kind = 'worker' AND started_at >= {p} AND started_at < {p}"
+    )
     if db.backend == "postgresql":
         assert db.dsn is not None
         with psycopg.connect(db.dsn) as conn:
-            row = conn.execute(sql + "%s", (since,)).fetchone()
+            row = conn.execute(sql.format(p="%s"), (since, before)).fetchone()
     else:
         conn = sqlite_connect(db)
         try:
-            row = conn.execute(sql + "?", (sqlite_time(since),)).fetchone()
+            row = conn.execute(
+                sql.format(p="?"), (sqlite_time(since), sqlite_time(before))
+            ).fetchone()
         finally:
             conn.close()
     assert row is not None

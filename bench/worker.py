@@ -101,15 +101,19 @@ class WorkerProcesses:
         ]
 
     def wait(self, settled: Callable[[], bool], timeout: float) -> None:
-        """Until the workers exit (burst) or *settled* says all is done, then stop them."""
+        """Until the workers exit (burst) or *settled* says all is done, then stop them.
+
+        Workers that all exited end the wait either way (without ``--burst`` they
+        failed, which is reported at once). *settled* is asked every 0.2 s: each
+        look is a connection of its own, and a drain runs meanwhile."""
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
-                if self.burst and all(p.poll() is not None for p in self.procs):
+                if all(p.poll() is not None for p in self.procs):
                     break
                 if not self.burst and settled():
                     break
-                time.sleep(0.05)
+                time.sleep(0.05 if self.burst else 0.2)
             else:
                 raise TimeoutError(f"worker did not finish in {timeout:.0f}s; see {self.log_path}")
         finally:

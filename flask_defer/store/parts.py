@@ -68,3 +68,19 @@ class StoreParts(Protocol):
     ) -> tuple[str, list[str], list[tuple[int, Any]]]:
         """The compiled INSERT of one job (*keyed*: ``ON CONFLICT DO NOTHING`` on the
         live key), its bind order and conversions."""
+
+
+def insert_values(
+    order: Sequence[str],
+    processors: Sequence[tuple[int, Any]],
+    values: dict[str, Any],
+    payload_json: str | None,
+) -> list[Any]:
+    """The one-job insert's parameters (:meth:`StoreParts.job_insert`'s *order* and
+    conversions over *values*), the payload sent as *payload_json* when given: the text
+    validation made of it, which the JSON column would have encoded the same."""
+    row = [values[name] for name in order]
+    as_is = order.index("payload") if payload_json is not None else -1
+    for i, process in processors:
+        row[i] = payload_json if i == as_is else process(row[i])
+    return row

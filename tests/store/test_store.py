@@ -523,12 +523,15 @@ def test_sqlite_bulk_insert_of_a_large_batch_goes_in_several_statements_with_one
     engine.dispose()
 
 
-def test_bulk_insert_stores_what_sqlalchemy_stores_and_one_event_per_row(
-    engine: Engine, new_job: MakeJob, now: datetime
+@pytest.mark.parametrize("way", ["bulk", "one by one"])
+def test_the_store_inserts_store_what_sqlalchemy_stores_and_one_event_per_row(
+    engine: Engine, new_job: MakeJob, now: datetime, way: str
 ) -> None:
-    """Both backends: the prebuilt bulk insert (unnest arrays on PostgreSQL, one INSERT
-    ... SELECT over a JSON array and last_insert_rowid() on SQLite) writes the same rows as
-    SQLAlchemy's own insert of the same values, and each row's ``scheduled`` event
+    """Both backends, both ways past SQLAlchemy's execution: the prebuilt bulk insert
+    (unnest arrays on PostgreSQL, one INSERT ... SELECT over a JSON array and
+    last_insert_rowid() on SQLite) and the one-job insert on the driver's cursor write
+    the same rows as SQLAlchemy's own insert of the same values, each payload with and
+    without the JSON text validation made of it, and each row's ``scheduled`` event
     names that row."""
     from sqlalchemy import MetaData, select
     from sqlalchemy import insert as sa_insert
@@ -538,6 +541,10 @@ def test_bulk_insert_stores_what_sqlalchemy_stores_and_one_event_per_row(
     metadata = MetaData()
     store = JobStore(engine, define_jobs_table(metadata), define_history_table(metadata))
     store.create_table()
+    payloads: list[object] = [
+        {}, {"n": 1}, [1, 2.5, "x"], {"é": None}, "text", 7,
+        {"q": 'a "quoted" \\ back\nslash', "emoji": "😀", "big": 2**62, "neg": -1.5e-7},
+    ]  # fmt: skip
     jobs = [
         new_job(
             name=f"job{n}",
@@ -547,21 +554,23 @@ def test_bulk_insert_stores_what_sqlalchemy_stores_and_one_event_per_row(
             label="Sent" if n % 3 == 0 else None,
             undo_until=now + timedelta(seconds=5) if n % 2 == 0 else None,
         )
-        for n, payload in enumerate([{}, {"n": 1}, [1, 2.5, "x"], {"é": None}, "text", 7])
+        for n, payload in enumerate(payloads)
     ]
-    jobs = [  # half with the JSON text the bulk path made while validating them
-        replace(job, payload_json=payload_text(job.payload, "payload")) if n % 2 else job
-        for n, job in enumerate(jobs)
-    ]
+    # Each payload twice: as it is, and with the JSON text validation made of it.
+    jobs += [replace(job, payload_json=payload_text(job.payload, "payload")) for job in jobs]
     t = store.table
     columns = [c for c in t.c if c.name not in ("id",)]
     insert(store, new_job(name="before"), now)  # the batch's ids do not start at 1
     with store.begin() as conn:
-        assert store.insert_many(conn, jobs, now=now, actor="importer") == len(jobs)
+        if way == "bulk":
+            assert store.insert_many(conn, jobs, now=now, actor="importer") == len(jobs)
+        else:
+            for job in jobs:
+                store.insert(conn, job, now=now, replace=False, actor="importer")
         conn.execute(sa_insert(t), [store.row_values(j, now) for j in jobs])
         rows = conn.execute(select(t.c.id, *columns).where(t.c.name != "before").order_by(t.c.id))
         by_way = [tuple(row[1:]) for row in rows]
-        bulk_ids = [
+        store_ids = [
             row.id
             for row in conn.execute(
                 select(t.c.id).where(t.c.name != "before").order_by(t.c.id).limit(len(jobs))
@@ -569,7 +578,7 @@ def test_bulk_insert_stores_what_sqlalchemy_stores_and_one_event_per_row(
         ]
     assert by_way[: len(jobs)] == by_way[len(jobs) :]
     with store.begin() as conn:
-        for job_id, job in zip(bulk_ids, jobs, strict=True):
+        for job_id, job in zip(store_ids, jobs, strict=True):
             [event] = store.history(conn, job_id)
             assert (event.event, event.actor, event.run_at) == ("scheduled", "importer", job.run_at)
             assert store.get(conn, job_id=job_id).name == job.name

@@ -251,7 +251,7 @@ def test_a_claim_on_a_killed_connection_invalidates_it_and_the_next_claim_reconn
         pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
         killer = create_engine(store.engine.url)
         with killer.connect() as other:
-            other.exec_driver_sql("SELECT pg_terminate_backend(%s)", (pid,))
+            other.exec_driver_sql("SELECT pg_terminate_backend(%s, 5000)", (pid,))
         killer.dispose()
         with pytest.raises(OperationalError) as raised:
             store.driver._run_claim(conn, "due", False, _claim_params(now))  # type: ignore[attr-defined]

@@ -1,74 +1,34 @@
 """The one-job insert (``store.insert``, what every ``schedule()`` runs), both
 backends: it runs on the database driver's own cursor, past SQLAlchemy's execution,
-so these pin what SQLAlchemy's execution would have given: the same stored row, its
-``scheduled`` event, SQLAlchemy's errors, a lost connection invalidated, and (on
-PostgreSQL) a watched engine that sees it."""
+so these pin what SQLAlchemy's execution would have given: SQLAlchemy's errors
+naming the statement that failed (parameters hidden when the engine hides them), a
+lost connection invalidated, its own transaction begun, and (on PostgreSQL) a
+watched engine that sees it. That it stores what SQLAlchemy's insert stores is
+``test_store``'s ``test_the_store_inserts_store_what_sqlalchemy_stores...``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, MetaData, create_engine, event, select
-from sqlalchemy import insert as sa_insert
+from sqlalchemy import Engine, MetaData, create_engine, event, func, select
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from flask_defer.store import JobStore, NewJob
 from flask_defer.store.schema import define_history_table, define_jobs_table
-from flask_defer.validation import payload_text
 
 MakeJob = Callable[..., NewJob]
 
-PAYLOADS: list[Any] = [{}, {"n": 1}, [1, 2.5, "x"], {"é": None, "deep": {"a": [True]}}, "text", 7]
 
-
-def test_the_one_job_insert_stores_what_sqlalchemy_stores_with_its_scheduled_event(
-    engine: Engine, new_job: MakeJob, now: datetime
-) -> None:
-    metadata = MetaData()
-    store = JobStore(engine, define_jobs_table(metadata), define_history_table(metadata))
-    store.create_table()
-    jobs = [
-        new_job(
-            name=f"job{n}",
-            payload=payload,
-            run_at=now + timedelta(minutes=n),
-            owner="alice" if n % 2 else None,
-            label="Sent" if n % 3 == 0 else None,
-            undo_until=now + timedelta(seconds=5) if n % 2 == 0 else None,
-        )
-        for n, payload in enumerate(PAYLOADS)
-    ]
-    jobs = [  # half with the JSON text schedule() made while validating the payload
-        replace(job, payload_json=payload_text(job.payload, "payload")) if n % 2 else job
-        for n, job in enumerate(jobs)
-    ]
-    t = store.table
-    columns = [c for c in t.c if c.name != "id"]
-    with store.begin() as conn:
-        ids = [store.insert(conn, job, now=now, replace=False, actor="alice").id for job in jobs]
-        conn.execute(sa_insert(t), [store.row_values(job, now) for job in jobs])
-        rows = [tuple(row) for row in conn.execute(select(*columns).order_by(t.c.id))]
-    assert rows[: len(jobs)] == rows[len(jobs) :]
-    with store.begin() as conn:
-        for job_id, job in zip(ids, jobs, strict=True):
-            [scheduled] = store.history(conn, job_id)
-            assert (scheduled.event, scheduled.actor, scheduled.run_at) == (
-                "scheduled", "alice", job.run_at,
-            )  # fmt: skip
-            assert store.get(conn, job_id=job_id).payload == job.payload
-
-
-def _refuse_inserts_named(engine: Engine, name: str) -> None:
-    """A trigger that refuses the insert of a job called *name*, as a database may."""
+def _refuse(engine: Engine, table: str, when: str) -> None:
+    """A trigger that refuses inserts into *table* when *when* (over ``NEW``) holds,
+    as a database may (a constraint, a full disk)."""
     with engine.begin() as conn:
         if engine.dialect.name == "sqlite":
             conn.exec_driver_sql(
-                "CREATE TRIGGER refuse BEFORE INSERT ON defer_jobs"
-                f" WHEN NEW.name = '{name}'"
+                f"CREATE TRIGGER refuse BEFORE INSERT ON {table} WHEN {when}"
                 " BEGIN SELECT RAISE(ABORT, 'refused by the database'); END"
             )
         else:
@@ -77,28 +37,81 @@ def _refuse_inserts_named(engine: Engine, name: str) -> None:
                 " BEGIN RAISE EXCEPTION 'refused by the database'; END $$"
             )
             conn.exec_driver_sql(
-                "CREATE TRIGGER refuse BEFORE INSERT ON defer_jobs FOR EACH ROW"
-                f" WHEN (NEW.name = '{name}') EXECUTE FUNCTION refuse()"
+                f"CREATE TRIGGER refuse BEFORE INSERT ON {table} FOR EACH ROW"
+                f" WHEN ({when}) EXECUTE FUNCTION refuse()"
             )
 
 
-def test_a_refused_insert_raises_sqlalchemys_error_and_writes_nothing(
-    history_store: JobStore, new_job: MakeJob, now: datetime
-) -> None:
-    _refuse_inserts_named(history_store.engine, "refused")
+def _counts(store: JobStore) -> tuple[int, int]:
+    assert store.history_table is not None
+    with store.begin() as conn:
+        jobs = conn.execute(select(func.count()).select_from(store.table)).scalar_one()
+        events = conn.execute(select(func.count()).select_from(store.history_table)).scalar_one()
+    return jobs, events
+
+
+@pytest.mark.parametrize(
+    ("table", "when", "statement"),
+    [
+        ("defer_jobs", "NEW.name = 'refused'", "INSERT INTO defer_jobs "),
+        # On SQLite the event is a second statement on the cursor; on PostgreSQL a CTE.
+        ("defer_jobs_history", "NEW.actor = 'refused'", "defer_jobs_history"),
+    ],
+    ids=["the job row", "its scheduled event"],
+)
+def test_a_refused_insert_raises_sqlalchemys_error_naming_it_and_writes_nothing(
+    history_store: JobStore, new_job: MakeJob, now: datetime, table: str, when: str,
+    statement: str,
+) -> None:  # fmt: skip
+    _refuse(history_store.engine, table, when)
     with history_store.begin() as conn:
         kept = history_store.insert(conn, new_job(name="kept"), now=now, replace=False).id
     with pytest.raises(DBAPIError) as raised:
         with history_store.begin() as conn:
-            history_store.insert(conn, new_job(name="refused"), now=now, replace=False)
+            try:
+                history_store.insert(
+                    conn, new_job(name="refused"), now=now, replace=False, actor="refused"
+                )
+            finally:
+                invalidated = conn.invalidated  # before the block closes it
     assert "refused by the database" in str(raised.value)
+    assert statement in str(raised.value.statement)
+    assert not raised.value.connection_invalidated and not invalidated
+    assert _counts(history_store) == (1, 1)
     with history_store.begin() as conn:
-        names = list(conn.execute(select(history_store.table.c.name)).scalars())
-        assert names == ["kept"]
-        assert [e.event for e in history_store.history(conn, kept)] == ["scheduled"]
-        # The connection the error came back on still works.
         later = history_store.insert(conn, new_job(name="later"), now=now, replace=False)
-    assert later.id > kept
+    assert later.id > kept and _counts(history_store) == (2, 2)
+
+
+def test_a_refused_insert_hides_the_payload_when_the_engine_hides_parameters(
+    database_url: str, new_job: MakeJob, now: datetime
+) -> None:
+    engine = create_engine(database_url, hide_parameters=True)
+    try:
+        metadata = MetaData()
+        jobs = define_jobs_table(metadata)
+        store = JobStore(engine, jobs, define_history_table(metadata, jobs.name))
+        store.create_table()
+        _refuse(engine, "defer_jobs", "NEW.name = 'refused'")
+        with pytest.raises(DBAPIError) as raised:
+            with store.begin() as conn:
+                job = new_job(name="refused", payload={"card": "4111-secret"})
+                store.insert(conn, job, now=now, replace=False)
+        message = str(raised.value)
+        assert "refused by the database" in message
+        assert "4111-secret" not in message and "hidden due to hide_parameters" in message
+    finally:
+        engine.dispose()
+
+
+def test_an_insert_outside_a_transaction_begins_one_that_its_commit_commits(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    with store.engine.connect() as conn:
+        job_id = store.insert(conn, new_job(), now=now, replace=False).id
+        conn.commit()
+    with store.begin() as conn:
+        assert store.get(conn, job_id=job_id) is not None
 
 
 @pytest.mark.parametrize("backend", ["postgresql"])
@@ -109,13 +122,13 @@ def test_an_insert_on_a_killed_connection_invalidates_it_and_the_next_one_reconn
         with store.begin() as conn:
             pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
             killer = create_engine(store.engine.url)
-            with killer.connect() as other:
-                other.exec_driver_sql("SELECT pg_terminate_backend(%s)", (pid,))
+            with killer.connect() as other:  # waits until the backend is gone
+                other.exec_driver_sql("SELECT pg_terminate_backend(%s, 5000)", (pid,))
             killer.dispose()
             try:
                 store.insert(conn, new_job(), now=now, replace=False)
             finally:
-                invalidated = conn.invalidated
+                invalidated = conn.invalidated  # before the block closes it
     assert raised.value.connection_invalidated and invalidated
     with store.begin() as conn:
         job_id = store.insert(conn, new_job(), now=now, replace=False).id

@@ -49,14 +49,14 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import sqlite
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import OperationalError
 
 from ...jobs import Job, JobStatus
 from ..claim_sql import QUEUES_JSON, due_ids_sql, keyed_ids_sql
-from ..parts import StoreParts
+from ..parts import StoreParts, insert_values
 from ..records import SETTLING, Ack, BatchItems, HistoryEvent, NewJob
 from ..utc_datetime import UTCDateTime
-from ..watching import watched
+from ..watching import sqlalchemy_error, watched
 from .durability import sync_file, wal_file, without_flush_wait
 from .tuples import Prepared, insert_row
 from .write_lock import begin_write, own_listeners, take_turns_to_write
@@ -308,28 +308,28 @@ class SqliteDriver:
         insert (unlike the claim and the acknowledgements, see :func:`_run`): asking
         whether anyone watches, and a cursor per statement, cost a tenth of a 65 µs
         ``schedule()`` (bench.ab, 10 rounds: 63.1 against 70.7 µs). Its errors are
-        SQLAlchemy's, as any statement's.
+        SQLAlchemy's, naming the statement that failed.
         """
         sql, order, processors = self.store.job_insert(conn.dialect, keyed=keyed)
-        row = [values[name] for name in order]
-        as_is = order.index("payload") if payload_json is not None else -1
-        for i, process in processors:
-            row[i] = payload_json if i == as_is else process(row[i])
+        row = insert_values(order, processors, values, payload_json)
         begin_write(conn)
         dbapi = conn.connection.driver_connection
         assert dbapi is not None
         cursor = dbapi.cursor()
+        statement, params = sql, tuple(row)
         try:
-            found = cursor.execute(sql, tuple(row)).fetchone()
+            found = cursor.execute(statement, params).fetchone()
             if found is None:  # keyed, and a live job holds the key
                 return None
             job_id = int(found[0])
             if self.store.history_table is not None:
                 # Its times are the job's created_at and run_at, converted above.
                 at, run_at = row[order.index("created_at")], row[order.index("run_at")]
-                cursor.execute(self._scheduled_event_sql(conn), (job_id, at, actor, run_at))
-        except sqlite3.Error as error:  # SQLAlchemy's error, as any statement raises
-            raise DBAPIError.instance(sql, row, error, sqlite3.Error) from error
+                statement = self._scheduled_event_sql(conn)
+                params = (job_id, at, actor, run_at)
+                cursor.execute(statement, params)
+        except sqlite3.Error as error:
+            raise sqlalchemy_error(conn, statement, params, error) from error
         finally:
             cursor.close()
         return job_id
@@ -694,7 +694,7 @@ def _run(conn: Connection, sql: str, params: Any, *, watch: bool | None = None) 
     try:
         return dbapi.execute(sql, params)
     except sqlite3.Error as error:
-        raise DBAPIError.instance(sql, params, error, sqlite3.Error) from error
+        raise sqlalchemy_error(conn, sql, params, error) from error
 
 
 def _watched(conn: Connection) -> bool:

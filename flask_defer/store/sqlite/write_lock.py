@@ -44,7 +44,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Connection, Engine, event
-from sqlalchemy.exc import DBAPIError
+
+from ..watching import sqlalchemy_error
 
 #: Seconds between two looks for SQLite's write lock by the writer at the head.
 POLL_INTERVAL = 0.001
@@ -304,7 +305,7 @@ def begin_write(conn: Connection) -> None:
     try:
         write_lock_of(conn.engine).begin(dbapi, busy_ms)
     except sqlite3.Error as error:
-        raise DBAPIError.instance(_BEGIN, None, error, sqlite3.Error) from error
+        raise sqlalchemy_error(conn, _BEGIN, None, error) from error
 
 
 def take_turns_to_write(engine: Engine, busy_timeout_ms: int) -> None:
@@ -334,7 +335,7 @@ def take_turns_to_write(engine: Engine, busy_timeout_ms: int) -> None:
         try:
             lock.begin(dbapi, busy_timeout_ms)
         except sqlite3.Error as error:
-            raise DBAPIError.instance(statement, parameters, error, sqlite3.Error) from error
+            raise sqlalchemy_error(conn, statement, parameters, error) from error
 
     event.listen(engine, "before_cursor_execute", before_execute)
     _listened.add(engine)
