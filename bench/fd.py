@@ -41,7 +41,8 @@ class FlaskDeferApp:
         """The floor of any library that joins ``db.session``: the raw INSERT of
         :func:`bench.raw.sqlite_insert` (and its PostgreSQL twin) as SQL text through the
         app's session, one commit each. No target names it; it shows what the session
-        costs before a library does anything."""
+        costs before ``schedule()`` does anything (on SQLite the app's engine also takes
+        flask_defer's write lock in turn, as every write transaction of the app does)."""
         sql = text(_SESSION_INSERT[self.database.backend])
         with self.app.app_context():
             for n in range(count):
