@@ -1,12 +1,13 @@
 """What the hot paths that skip SQLAlchemy's execution keep of it: who watches, its errors.
 
-The claim (both drivers), PostgreSQL's one-job insert and SQLite's acknowledgement
-batch run on the database driver's own cursor, past SQLAlchemy's execution, whose
-per-call work cost more than the statements (profiled). SQL logging (``echo``),
-tracing instrumentation and Flask-SQLAlchemy's recorded queries see statements
-through SQLAlchemy's cursor events, so while any of them listens, those paths go
-through SQLAlchemy instead. (SQLite's one-job insert does not ask: the question cost
-a tenth of a ``schedule()``.) Their errors are the ones SQLAlchemy would raise
+The claim (both drivers), PostgreSQL's one-job insert, SQLite's acknowledgement
+batch and SQLite's single history event (an Undo's) run on the database driver's
+own cursor, past SQLAlchemy's execution, whose per-call work cost more than the
+statements (profiled). SQL logging (``echo``), tracing instrumentation and
+Flask-SQLAlchemy's recorded queries see statements through SQLAlchemy's cursor
+events, so while any of them listens, those paths go through SQLAlchemy instead.
+(SQLite's one-job insert does not ask: the question cost a tenth of a
+``schedule()``.) Their errors are the ones SQLAlchemy would raise
 (:func:`sqlalchemy_error`).
 """
 

@@ -3,8 +3,9 @@ backends: it runs on the database driver's own cursor, past SQLAlchemy's executi
 so these pin what SQLAlchemy's execution would have given: SQLAlchemy's errors
 naming the statement that failed (parameters hidden when the engine hides them), a
 lost connection invalidated, its own transaction begun, and (on PostgreSQL) a
-watched engine that sees it. That it stores what SQLAlchemy's insert stores is
-``test_store``'s ``test_the_store_inserts_store_what_sqlalchemy_stores...``."""
+watched engine that sees it; the same for a cancel's event, SQLite's other write
+on the cursor. That it stores what SQLAlchemy's insert stores is ``test_store``'s
+``test_the_store_inserts_store_what_sqlalchemy_stores...``."""
 
 from __future__ import annotations
 
@@ -157,3 +158,48 @@ def test_an_insert_on_a_watched_engine_is_seen_by_its_cursor_listeners(
     assert len(inserts) == 1 and "scheduled" in inserts[0]
     with history_store.begin() as conn:
         assert [e.actor for e in history_store.history(conn, job.id)] == ["bob"]
+
+
+# -- a cancel's event, the other single-event write on the driver's cursor ------------
+
+
+def test_a_refused_cancel_event_rolls_the_cancel_back_with_sqlalchemys_error(
+    history_store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """An Undo's ``undone`` event is written on the driver's cursor on SQLite (in the
+    UPDATE's statement on PostgreSQL): refused, it raises SQLAlchemy's error and the
+    job stays pending, as if nobody had pressed Undo."""
+    with history_store.begin() as conn:
+        job_id = history_store.insert(conn, new_job(owner="ann"), now=now, replace=False).id
+    _refuse(history_store.engine, "defer_jobs_history", "NEW.event = 'undone'")
+    with pytest.raises(DBAPIError) as raised:
+        with history_store.begin() as conn:
+            history_store.cancel(conn, now=now, job_id=job_id, owner="ann", event="undone")
+    assert "refused by the database" in str(raised.value)
+    with history_store.begin() as conn:
+        assert history_store.get(conn, job_id=job_id).status.value == "pending"
+        assert [e.event for e in history_store.history(conn, job_id)] == ["scheduled"]
+    with history_store.begin() as conn:  # the same cancel, named otherwise, goes through
+        cancelled = history_store.cancel(conn, now=now, job_id=job_id, owner="ann")
+    assert cancelled is not None and cancelled.status.value == "cancelled"
+    assert (cancelled.id, cancelled.owner) == (job_id, "ann")
+
+
+@pytest.mark.parametrize("when", ["before_cursor_execute", "after_cursor_execute"])
+def test_a_cancel_and_its_event_on_a_watched_engine_are_seen(
+    history_store: JobStore, new_job: MakeJob, now: datetime, when: str
+) -> None:
+    seen: list[str] = []
+
+    def watch(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(" ".join(statement.split()))
+
+    with history_store.begin() as conn:
+        job_id = history_store.insert(conn, new_job(), now=now, replace=False).id
+    event.listen(history_store.engine, when, watch)
+    try:
+        with history_store.begin() as conn:
+            assert history_store.cancel(conn, now=now, job_id=job_id, event="undone")
+    finally:
+        event.remove(history_store.engine, when, watch)
+    assert any("INSERT INTO defer_jobs_history" in sql for sql in seen), seen

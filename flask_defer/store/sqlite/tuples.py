@@ -18,8 +18,11 @@ from sqlalchemy import Connection, Table, insert
 Prepared = dict[tuple[str, tuple[str, ...]], Any]
 
 
-def insert_row(conn: Connection, table: Table, row: dict[str, Any], cache: Prepared) -> None:
-    """Insert *row* (a dict of column values) into *table* on *conn*.
+def insert_statement(
+    conn: Connection, table: Table, row: dict[str, Any], cache: Prepared
+) -> tuple[str, tuple[Any, ...]]:
+    """The INSERT of *row* (a dict of column values) into *table*: its SQL and its
+    parameters as a tuple, for the driver's cursor.
 
     Each column goes through its type's bind processor, as SQLAlchemy's own insert
     would. *cache* keeps the compiled statements between calls.
@@ -37,10 +40,7 @@ def insert_row(conn: Connection, table: Table, row: dict[str, Any], cache: Prepa
     sql, order, processors = prepared
     # One C call for the whole tuple (itemgetter of one name gives no tuple).
     values = itemgetter(*order)(row) if len(order) > 1 else (row[order[0]],)
-    conn.exec_driver_sql(
-        sql,
-        tuple(
-            value if process is None else process(value)
-            for process, value in zip(processors, values, strict=True)
-        ),
+    return sql, tuple(
+        value if process is None else process(value)
+        for process, value in zip(processors, values, strict=True)
     )
