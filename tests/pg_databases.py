@@ -11,10 +11,10 @@ from __future__ import annotations
 import itertools
 import os
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import Connection, create_engine, text
 from sqlalchemy.pool import NullPool
 
-__all__ = ["EmptyDatabases"]
+__all__ = ["EmptyDatabases", "kill_server_side"]
 
 _numbers = itertools.count()
 
@@ -104,3 +104,15 @@ class EmptyDatabases:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         if name in self._made:
             self._made.remove(name)
+
+
+def kill_server_side(conn: Connection) -> None:
+    """End *conn*'s PostgreSQL backend from another connection, as a server restart or
+    an idle timeout would, and wait until it is gone; *conn* learns it at its next use."""
+    pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+    killer = create_engine(conn.engine.url, poolclass=NullPool)
+    try:
+        with killer.connect() as other:
+            other.exec_driver_sql("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+    finally:
+        killer.dispose()

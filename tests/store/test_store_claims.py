@@ -18,6 +18,8 @@ from flask_defer.jobs import Job, JobStatus
 from flask_defer.store import JobFilter, JobStore, NewJob
 from flask_defer.store.schema import define_history_table, define_jobs_table
 
+from ..pg_databases import kill_server_side
+
 MakeJob = Callable[..., NewJob]
 
 
@@ -248,11 +250,7 @@ def test_a_claim_on_a_killed_connection_invalidates_it_and_the_next_claim_reconn
 ) -> None:
     job_id = insert(store, new_job(run_at=now), now)
     with store.autocommit() as conn:
-        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
-        killer = create_engine(store.engine.url)
-        with killer.connect() as other:
-            other.exec_driver_sql("SELECT pg_terminate_backend(%s, 5000)", (pid,))
-        killer.dispose()
+        kill_server_side(conn)
         with pytest.raises(OperationalError) as raised:
             store.driver._run_claim(conn, "due", False, _claim_params(now))  # type: ignore[attr-defined]
         assert raised.value.connection_invalidated and conn.invalidated

@@ -20,6 +20,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from flask_defer.store import JobStore, NewJob
 from flask_defer.store.schema import define_history_table, define_jobs_table
 
+from ..pg_databases import kill_server_side
+
 MakeJob = Callable[..., NewJob]
 
 
@@ -121,11 +123,7 @@ def test_an_insert_on_a_killed_connection_invalidates_it_and_the_next_one_reconn
 ) -> None:
     with pytest.raises(OperationalError) as raised:
         with store.begin() as conn:
-            pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
-            killer = create_engine(store.engine.url)
-            with killer.connect() as other:  # waits until the backend is gone
-                other.exec_driver_sql("SELECT pg_terminate_backend(%s, 5000)", (pid,))
-            killer.dispose()
+            kill_server_side(conn)
             try:
                 store.insert(conn, new_job(), now=now, replace=False)
             finally:

@@ -2,8 +2,9 @@
 
 On SQLite the insert itself is cheap, and SQLAlchemy's execute spent most of an
 enqueue building and converting parameter dicts (a one-row history INSERT cost 0.2 ms,
-profiled). This sends the same compiled statement with the same per-column
-conversions as a positional tuple; a test checks the stored bytes match. (Many rows
+profiled). This builds the same compiled statement with the same per-column
+conversions as a positional tuple, which the driver sends on its own cursor; a test
+checks the stored bytes match. (Many rows
 go in one ``INSERT ... SELECT`` over a JSON array instead: see the driver.)
 """
 
