@@ -594,6 +594,44 @@ def test_a_parents_acknowledgement_lowers_its_children_and_releases_those_at_zer
     assert released(later.id) == [("w1", 0, late, at)]  # released once
 
 
+def test_one_acknowledgement_batch_releases_only_the_children_of_parents_it_settles(
+    history_store: JobStore, new_job: Callable[..., NewJob], now: datetime
+) -> None:
+    """In one batch: a parent that settles releases its child; a parent sent back to
+    pending (a retry) and a parent whose claim was lost release nothing, and the lost
+    one's acknowledgement is not counted nor recorded."""
+    store = history_store
+    settled, retried, lost = (one_job(store, new_job, now) for _ in range(3))
+    with store.begin() as conn:
+        children = {}
+        for parent in (settled, retried, lost):
+            child = store.insert(conn, new_job(run_at=now), now=now, replace=False)
+            store.attach(conn, child, [parent.id], "settled", now=now)
+            children[parent.id] = child.id
+    lease = now + timedelta(seconds=30)
+    claimed = store.claim(now=now, limit=10, token="t", lease_until=lease)
+    assert sorted(job.id for job in claimed) == sorted([settled.id, retried.id, lost.id])
+    at = now + timedelta(seconds=5)
+    acks = [
+        Ack(settled.id, "t", "failed", last_error="gave up", attempt=1),
+        Ack(retried.id, "t", "pending", run_at=at + timedelta(minutes=1), attempt=1),
+        Ack(lost.id, "another claim", "done", attempt=1),
+    ]
+    assert store.acknowledge_many(acks, now=at, actor="w") == {settled.id, retried.id}
+
+    def waiting_for(job_id: int) -> Any:
+        with store.begin() as conn:
+            return conn.execute(
+                select(store.table.c.waiting_for).where(store.table.c.id == job_id)
+            ).scalar_one()
+
+    assert waiting_for(children[settled.id]) is None
+    assert waiting_for(children[retried.id]) == 1
+    assert waiting_for(children[lost.id]) == 1
+    assert [e.event for e in history_of(store, lost.id)] == ["scheduled", "started"]
+    assert [e.event for e in history_of(store, retried.id)][-1] == "retried"
+
+
 def test_a_store_without_history_releases_children_all_the_same(
     store: JobStore, new_job: Callable[..., NewJob], now: datetime
 ) -> None:

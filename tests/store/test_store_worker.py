@@ -347,6 +347,43 @@ def test_a_batched_ack_writes_each_outcome_as_a_single_ack_would(
     assert all(job.updated_at == later for job in (done, retried, failed, snoozed))
 
 
+def test_a_batched_ack_stores_results_and_errors_exactly_as_given(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """The batch's values reach the row unchanged, whatever they hold (on SQLite they
+    travel inside one JSON array)."""
+    ids = [insert(store, new_job(max_attempts=3), now) for _ in range(3)]
+    store.claim(now=now, limit=3, token="me", lease_until=now + timedelta(minutes=1))
+    result = {
+        "quote": 'a "b" \\ c', "emoji": "🎉", "big": 2**62, "small": -(2**62),
+        "float": 0.1, "nested": [None, True, {"": []}], "text": "line\nnext\ttab",
+    }  # fmt: skip
+    error = 'Traceback:\n  File "x.py"\nValueError: ünïcødé \\ "quoted" 🎉'
+    acks = [
+        Ack(ids[0], "me", "done", result=result),
+        Ack(ids[1], "me", "failed", last_error=error),
+        Ack(ids[2], "me", "done", result="just a string"),
+    ]
+    assert store.acknowledge_many(acks, now=now) == set(ids)
+    done, failed, plain = (_get(store, i) for i in ids)
+    assert done.result == result and done.last_error is None
+    assert failed.last_error == error and failed.result is None
+    assert plain.result == "just a string"
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_sqlite_batch_ack_looks_each_row_up_by_its_key_never_scanning_the_table(
+    store: JobStore,
+) -> None:
+    sql = store.driver._ack_sql()  # type: ignore[union-attr]
+    with store.engine.connect() as conn:
+        rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, ("t", "t", "[]")).all()
+    steps = [row[3] for row in rows]
+    assert any("json_each" in step for step in steps), steps
+    assert any("defer_jobs USING INTEGER PRIMARY KEY" in step for step in steps), steps
+    assert not any(step.startswith("SCAN defer_jobs") for step in steps), steps
+
+
 def test_a_lost_claim_inside_a_batch_is_reported_and_keeps_the_new_owner(
     store: JobStore, new_job: MakeJob, now: datetime, backend: str
 ) -> None:

@@ -549,39 +549,37 @@ class SqliteDriver:
         return built
 
     def acknowledge_many(self, acks: Sequence[Ack], now: datetime, actor: str) -> set[int]:
-        """One prebuilt UPDATE per row, all in one ``BEGIN IMMEDIATE`` transaction: one
-        commit (one fsync) for the batch, then the events in one INSERT."""
+        """One UPDATE for the whole batch, in one ``BEGIN IMMEDIATE`` transaction: one
+        commit (one fsync) for the batch, then the events in one INSERT.
+
+        Each acknowledgement stays a compare-and-set on its own row (its id, its claim
+        token, still running): the rows go as one JSON array, which SQLite unpacks in C
+        (``json_each``) and joins to the table by primary key (``UPDATE ... FROM``).
+        ``RETURNING`` names the rows it owned and whether they have children. One
+        statement per row, on the driver's cursor, released Python's lock around each
+        (60-odd a batch): in a worker those hand-offs to the handler threads cost more
+        than the statements (profiled; see the commit).
+        """
         sql = self._sql.get("ack")
         if sql is None:
-            sql = self._sql["ack"] = (
-                f"UPDATE {self.store.quoted_table} SET"
-                " status = ?, run_at = COALESCE(?, run_at), due_at = COALESCE(?, due_at),"
-                " attempts = attempts + ?, last_error = ?,"
-                " result = CASE WHEN ? = 'done' THEN ? ELSE result END,"
-                " finished_at = CASE WHEN ? IN ('done', 'failed') THEN ? ELSE finished_at END,"
-                " claim_token = NULL, lease_expires_at = NULL, updated_at = ?"
-                " WHERE id = ? AND claim_token = ? AND status = 'running'"
-            )
+            sql = self._sql["ack"] = self._ack_sql()
         stamp = self.stored_time
         at = stamp(now)
-        owned: set[int] = set()
+        rows = json.dumps(
+            [
+                [
+                    a.job_id, a.claim_token, a.status, stamp(a.run_at), stamp(a.due_at),
+                    a.attempts_delta, a.last_error, result_json(a),
+                ]  # fmt: skip
+                for a in acks
+            ]
+        )
         with self.durable_write() as conn:
-            # The driver's cursor, inside the same transaction (_run): one small UPDATE
-            # per row keeps its compare-and-set, and SQLAlchemy's per-call bookkeeping
-            # cost more than the UPDATE itself (profiled: ~60 of ~75 µs per row).
-            watch = _watched(conn)
-            settled: list[int] = []
-            for a in acks:
-                params = (
-                    a.status, stamp(a.run_at), stamp(a.due_at), a.attempts_delta,
-                    a.last_error, a.status, result_json(a), a.status, at, at,
-                    a.job_id, a.claim_token,
-                )  # fmt: skip
-                if _run(conn, sql, params, watch=watch).rowcount == 1:
-                    owned.add(a.job_id)
-                    if a.status in SETTLING:
-                        settled.append(a.job_id)
-            parents = self._parents_among(conn, settled, watch)
+            returned = _run(conn, sql, (at, at, rows)).fetchall()
+            owned = {int(row[0]) for row in returned}
+            # Settled parents: their children are released (or cancelled) in the same
+            # transaction (no child can attach in between: one writer at a time).
+            parents = [int(row[0]) for row in returned if row[2] and row[1] in SETTLING]
             self.record_events(
                 conn,
                 [
@@ -591,27 +589,34 @@ class SqliteDriver:
                 ],
             )
             if parents:
-                # Their children are released (or cancelled) in the same transaction.
                 self.store.release_children(conn, parents, now=now, actor=actor)
         return owned
 
-    def _parents_among(self, conn: Connection, settled: list[int], watch: bool) -> list[int]:
-        """Which of the jobs just *settled* have children: one look-up by primary key
-        per chunk, in the ack's transaction (no child can attach in between: one writer
-        at a time). A RETURNING on each ack's UPDATE cost 5 us a row; this, under one."""
-        parents: list[int] = []
-        for start in range(0, len(settled), _IDS_PER_LOOKUP):
-            chunk = settled[start : start + _IDS_PER_LOOKUP]
-            marks = ", ".join("?" * len(chunk))
-            rows = _run(
-                conn,
-                f"SELECT id FROM {self.store.quoted_table}"
-                f" WHERE dependents = 1 AND id IN ({marks})",
-                tuple(chunk),
-                watch=watch,
-            ).fetchall()
-            parents += [int(row[0]) for row in rows]
-        return parents
+    def _ack_sql(self) -> str:
+        """The batch acknowledgement: binds the time twice (``finished_at`` of a row it
+        settles, every row's ``updated_at``), then the JSON array of the rows, each
+        ``[id, claim_token, status, run_at, due_at, attempts_delta, last_error,
+        result]`` (``run_at`` and ``due_at`` None to keep the row's).
+
+        ``NOT INDEXED``: without statistics the planner may walk every running row
+        through the status index and look each up in the array; with it, the only way
+        in left is the one meant, each array row's id looked up as the rowid.
+        """
+        t = self.store.quoted_table
+        fields = ("id", "token", "status", "run_at", "due_at", "delta", "error", "result")
+        values = ", ".join(f"json_extract(value, '$[{i}]') AS {f}" for i, f in enumerate(fields))
+        return (
+            f"UPDATE {t} NOT INDEXED SET status = a.status,"
+            f" run_at = COALESCE(a.run_at, {t}.run_at), due_at = COALESCE(a.due_at, {t}.due_at),"
+            f" attempts = {t}.attempts + a.delta, last_error = a.error,"
+            f" result = CASE WHEN a.status = 'done' THEN a.result ELSE {t}.result END,"
+            f" finished_at = CASE WHEN a.status IN ('done', 'failed') THEN ?"
+            f" ELSE {t}.finished_at END,"
+            " claim_token = NULL, lease_expires_at = NULL, updated_at = ?"
+            f" FROM (SELECT {values} FROM json_each(?)) AS a"
+            f" WHERE {t}.id = a.id AND {t}.claim_token = a.token AND {t}.status = 'running'"
+            f" RETURNING {t}.id, {t}.status, {t}.dependents"
+        )
 
     @contextmanager
     def maintenance_lock(self) -> Iterator[bool]:
@@ -658,10 +663,6 @@ def _by_size(rows: list[list[Any]], budget: int) -> Iterator[list[list[Any]]]:
             start, size = i, 0
         size += cost
     yield rows[start:]
-
-
-#: Ids per look-up of settled parents (well under SQLite's bound-parameter limit).
-_IDS_PER_LOOKUP = 500
 
 
 def result_json(ack: Ack) -> str | None:
