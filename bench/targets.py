@@ -90,6 +90,22 @@ def _find(rows: Sequence[Row], backend: str, tag: str) -> list[Row]:
     return [row for row in rows if row.backend == backend and row.tag == tag]
 
 
+def _wide_pool_note(wide: Row | None, theirs: float) -> str:
+    """What the same worker drained with a pool as wide as the largest claim (the drain
+    section's ``--concurrency`` row): the part of the gap the claim's size makes."""
+    if wide is None or wide.value is None:
+        return ""
+    from .suites.drain import WIDE_POOL
+
+    return (
+        f" A claim takes at most one job per idle handler thread, so that every claimed"
+        f" job starts at once and a killed worker has spent only the attempts its"
+        f" handlers had; with --concurrency {WIDE_POOL} (claims of up to {WIDE_POOL}),"
+        f" the same process drained {wide.value:,.0f} jobs/s"
+        f" ({wide.value / theirs:.2f}× this bound's contender)."
+    )
+
+
 def _one(rows: Sequence[Row], backend: str, tag: str) -> Row | None:
     found = [row for row in _find(rows, backend, tag) if row.value is not None]
     return found[0] if found else None
@@ -137,6 +153,7 @@ def _drain(rows: Sequence[Row], profile: dict[str, str]) -> list[TargetResult]:
         peer = _row_named(rows, backend, peer_name, "drain")
         ceiling = _row_named(rows, backend, ceiling_name, "drain")
         where = profile.get(f"drain-{backend}", "")
+        wide = _one(rows, backend, "fd-drain-worker-wide")
         for target, theirs, bound in (
             (f"Drain, {backend}, 1 worker process (defaults) ≥ 1.5× {peer_name}", peer, 1.5),
             (
@@ -165,7 +182,8 @@ def _drain(rows: Sequence[Row], profile: dict[str, str]) -> list[TargetResult]:
                     " left is paid per job, in Python, in one process: the hand-off to a"
                     " handler thread and back, the handler's app context and two signals"
                     " (see the worker's CPU per job in the profile section)"
-                    + (f"; run_due() profile: {where}." if where else "."),
+                    + (f"; run_due() profile: {where}." if where else ".")
+                    + _wide_pool_note(wide, theirs.value),
                 )
             out.append(result)
     one = _one(rows, "postgresql", "fd-drain-worker-1")

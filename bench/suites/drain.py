@@ -48,7 +48,9 @@ def run(ctx: Context) -> Section:
             "includes an interpreter's start-up; the worker is timed from its first to its "
             "last acknowledgement "
             "(`finished_at`), with the job history on (the default) and off "
-            "(`DEFER_HISTORY = False`). Peers run in this process with their defaults. "
+            "(`DEFER_HISTORY = False`), and once with a pool as wide as the largest claim "
+            f"(`--concurrency {WIDE_POOL}`): a claim takes at most one job per idle thread. "
+            "Peers run in this process with their defaults. "
             "On PostgreSQL “vs raw” is against the raw 100-at-a-time loop, on SQLite "
             "against the raw sqlite3 loop."
         ),
@@ -149,6 +151,20 @@ def _contenders(ctx: Context, backend: str) -> list[Contender]:
                 )
             )
 
+    # The same worker with a wider pool. A claim takes no more jobs than the worker has
+    # idle threads (every claimed job starts at once, so a killed worker has spent only
+    # the attempts its handlers had), so the pool's size bounds the claim's: this row
+    # shows what that guarantee costs the default pool of 20 on no-op jobs.
+    database = table("worker wide")
+    out.append(
+        Contender(
+            f"flask_defer worker (--concurrency {WIDE_POOL}), 1 process",
+            setup=lambda d=database: raw.clear(d),
+            run=lambda d=database: _worker_drain(ctx, d, 1, n, concurrency=WIDE_POOL),
+            tag="fd-drain-worker-wide",
+        )
+    )
+
     for peer_class in peer_classes(backend):
         database = ctx.env.database(backend, f"drain {peer_class.__name__} {backend}")
         peer: Lazy[Any] = Lazy(lambda c=peer_class, d=database: c(d), peer_class.label)
@@ -170,9 +186,16 @@ def _contenders(ctx: Context, backend: str) -> list[Contender]:
 
 
 def _worker_drain(
-    ctx: Context, database: Any, processes: int, n: int, *, history: bool = True
+    ctx: Context,
+    database: Any,
+    processes: int,
+    n: int,
+    *,
+    history: bool = True,
+    concurrency: int | None = None,
 ) -> Sample:
-    """*processes* ``flask defer worker`` processes, up and idle, then *n* jobs due at once.
+    """*processes* ``flask defer worker`` processes, up and idle, then *n* jobs due at once
+    (each with ``--concurrency`` *concurrency*, else the worker's default).
 
     The jobs are written due :data:`WORKER_START_ALLOWANCE` to one second more ahead
     (a whole second); the workers sleep until then (a deadline, as for any job due
@@ -187,7 +210,12 @@ def _worker_drain(
     due = (started + timedelta(seconds=WORKER_START_ALLOWANCE + 1)).replace(microsecond=0)
     raw.fill(database, n, run_at=due)
     workers = WorkerProcesses(
-        database, ctx.env.tmp, concurrency=None, processes=processes, burst=False, history=history
+        database,
+        ctx.env.tmp,
+        concurrency=concurrency,
+        processes=processes,
+        burst=False,
+        history=history,
     )
     try:
         while raw.live_workers(database, started, due) < processes:
@@ -207,6 +235,10 @@ def _worker_drain(
     # n acknowledgements span n - 1 intervals after the first one.
     return Sample(done - 1, max(last - first, 1e-9))
 
+
+#: The handler threads of the wide-pool worker row: DEFER_CLAIM_BATCH's default, the
+#: most one claim takes.
+WIDE_POOL = 50
 
 _DRAIN_API = {
     "deferjob": "run_once()",
