@@ -332,8 +332,8 @@ class ClaimStatements(DependencyStatements):
         it is still ``running`` under the ack's claim token, so a worker whose lease
         lapsed changes nothing, and an id missing from the answer is a lost claim. The
         driver writes the batch with one commit (PostgreSQL: one statement over the
-        whole batch on an autocommit connection; SQLite: one small UPDATE per row in
-        one ``BEGIN IMMEDIATE`` transaction), and with it the history events of the
+        whole batch on an autocommit connection; SQLite: one UPDATE over the batch's
+        rows in one ``BEGIN IMMEDIATE`` transaction), and with it the history events of the
         rows still owned (``done``, ``failed``, ``retried``, ``snoozed``, by *actor*).
         """
         if not acks:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import threading
 import time
 import uuid
@@ -13,10 +14,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, MetaData, event, text
 
 from flask_defer.jobs import Job, JobStatus
 from flask_defer.store import UNKNOWN_HANDLER_NOTE, Ack, JobStore, NewJob
+from flask_defer.store import sqlite as sqlite_driver
 from flask_defer.store.schema import define_jobs_table
 
 MakeJob = Callable[..., NewJob]
@@ -382,6 +384,49 @@ def test_sqlite_batch_ack_looks_each_row_up_by_its_key_never_scanning_the_table(
     assert any("json_each" in step for step in steps), steps
     assert any("defer_jobs USING INTEGER PRIMARY KEY" in step for step in steps), steps
     assert not any(step.startswith("SCAN defer_jobs") for step in steps), steps
+
+
+@pytest.mark.parametrize("where", ["schema", "table a"])
+def test_a_batched_ack_works_on_a_schema_qualified_table_and_on_any_table_name(
+    engine: Engine, new_job: MakeJob, now: datetime, backend: str, where: str
+) -> None:
+    """The batch's statement names the table as the app does: with its schema (SQLite
+    refuses a schema-qualified column in RETURNING), or named like a short alias."""
+    if where == "schema":
+        metadata = MetaData(schema="main" if backend == "sqlite" else "public")
+        table = define_jobs_table(metadata)
+    else:
+        table = define_jobs_table(MetaData(), "a")
+    store = JobStore(engine, table)
+    store.create_table()
+    ids = [insert(store, new_job(), now) for _ in range(2)]
+    store.claim(now=now, limit=2, token="me", lease_until=now + timedelta(minutes=1))
+    acks = [Ack(ids[0], "me", "done", result=[1]), Ack(ids[1], "not mine", "done")]
+    assert store.acknowledge_many(acks, now=now) == {ids[0]}
+    assert _get(store, ids[0]).status is JobStatus.DONE
+    assert _get(store, ids[1]).status is JobStatus.RUNNING
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_sqlite_batch_ack_of_large_results_goes_in_statements_sqlite_accepts(
+    engine: Engine, new_job: MakeJob, now: datetime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Results have no size bound: a batch whose values together pass SQLite's longest
+    value (lowered here to 200 kB) is written in several statements, all of it."""
+
+    @event.listens_for(engine, "connect")
+    def _small_limit(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 200_000)
+
+    monkeypatch.setattr(sqlite_driver, "BULK_CHUNK_BYTES", 100_000)
+    store = JobStore(engine, define_jobs_table(MetaData()))
+    store.create_table()
+    ids = [insert(store, new_job(), now) for _ in range(10)]
+    store.claim(now=now, limit=10, token="me", lease_until=now + timedelta(minutes=1))
+    results = [{"n": n, "blob": '"quoted\\" ' * 3_000} for n in range(10)]
+    acks = [Ack(i, "me", "done", result=r) for i, r in zip(ids, results, strict=True)]
+    assert store.acknowledge_many(acks, now=now) == set(ids)
+    assert [_get(store, i).result for i in ids] == results
 
 
 def test_a_lost_claim_inside_a_batch_is_reported_and_keeps_the_new_owner(

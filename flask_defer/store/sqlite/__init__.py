@@ -386,7 +386,7 @@ class SqliteDriver:
         if sql is None:
             sql = self._sql["insert-many"] = self._insert_many_sql()
         created = self.stored_time(now)
-        for chunk in _by_size(rows, BULK_CHUNK_BYTES):
+        for chunk in _by_size(rows, BULK_CHUNK_BYTES, _payload_bytes):
             conn.exec_driver_sql(sql, (created, created, json.dumps(chunk)))
         if self.store.history_table is None:
             return
@@ -565,17 +565,25 @@ class SqliteDriver:
             sql = self._sql["ack"] = self._ack_sql()
         stamp = self.stored_time
         at = stamp(now)
-        rows = json.dumps(
+        rows = [
             [
-                [
-                    a.job_id, a.claim_token, a.status, stamp(a.run_at), stamp(a.due_at),
-                    a.attempts_delta, a.last_error, result_json(a),
-                ]  # fmt: skip
-                for a in acks
-            ]
-        )
+                a.job_id, a.claim_token, a.status, stamp(a.run_at), stamp(a.due_at),
+                a.attempts_delta, a.last_error, result_json(a),
+            ]  # fmt: skip
+            for a in acks
+        ]
+        # Results have no size bound: a batch of large ones goes in several statements
+        # (SQLite refuses a parameter over 1 GB). Not ASCII-escaped: SQLite reads
+        # escapes slower, and a lone surrogate is refused by the driver, as a value
+        # bound alone was, instead of being stored as text nothing could read back.
+        chunks = [
+            json.dumps(chunk, ensure_ascii=False)
+            for chunk in _by_size(rows, BULK_CHUNK_BYTES, _ack_bytes)
+        ]
         with self.durable_write() as conn:
-            returned = _run(conn, sql, (at, at, rows)).fetchall()
+            returned = [
+                row for chunk in chunks for row in _run(conn, sql, (at, at, chunk)).fetchall()
+            ]
             owned = {int(row[0]) for row in returned}
             # Settled parents: their children are released (or cancelled) in the same
             # transaction (no child can attach in between: one writer at a time).
@@ -603,19 +611,24 @@ class SqliteDriver:
         in left is the one meant, each array row's id looked up as the rowid.
         """
         t = self.store.quoted_table
+        a = "flask_defer_ack"  # the rows' alias: a name no table of the app has
         fields = ("id", "token", "status", "run_at", "due_at", "delta", "error", "result")
         values = ", ".join(f"json_extract(value, '$[{i}]') AS {f}" for i, f in enumerate(fields))
+        # RETURNING names the updated table's columns bare: it sees no other table, and
+        # SQLite refuses a schema-qualified column there.
         return (
-            f"UPDATE {t} NOT INDEXED SET status = a.status,"
-            f" run_at = COALESCE(a.run_at, {t}.run_at), due_at = COALESCE(a.due_at, {t}.due_at),"
-            f" attempts = {t}.attempts + a.delta, last_error = a.error,"
-            f" result = CASE WHEN a.status = 'done' THEN a.result ELSE {t}.result END,"
-            f" finished_at = CASE WHEN a.status IN ('done', 'failed') THEN ?"
+            f"UPDATE {t} NOT INDEXED SET status = {a}.status,"
+            f" run_at = COALESCE({a}.run_at, {t}.run_at),"
+            f" due_at = COALESCE({a}.due_at, {t}.due_at),"
+            f" attempts = {t}.attempts + {a}.delta, last_error = {a}.error,"
+            f" result = CASE WHEN {a}.status = 'done' THEN {a}.result ELSE {t}.result END,"
+            f" finished_at = CASE WHEN {a}.status IN ('done', 'failed') THEN ?"
             f" ELSE {t}.finished_at END,"
             " claim_token = NULL, lease_expires_at = NULL, updated_at = ?"
-            f" FROM (SELECT {values} FROM json_each(?)) AS a"
-            f" WHERE {t}.id = a.id AND {t}.claim_token = a.token AND {t}.status = 'running'"
-            f" RETURNING {t}.id, {t}.status, {t}.dependents"
+            f" FROM (SELECT {values} FROM json_each(?)) AS {a}"
+            f" WHERE {t}.id = {a}.id AND {t}.claim_token = {a}.token"
+            f" AND {t}.status = 'running'"
+            " RETURNING id, status, dependents"
         )
 
     @contextmanager
@@ -650,19 +663,33 @@ def _json_values(count: int) -> str:
 BULK_CHUNK_BYTES = 16_000_000
 
 
-def _by_size(rows: list[list[Any]], budget: int) -> Iterator[list[list[Any]]]:
-    """*rows* (bulk insert values, in the order of :data:`BULK_COLUMNS`) in runs whose
-    payloads and per-row overhead add up to about *budget* bytes, each run at least
-    one row."""
-    payload = BULK_COLUMNS.index("payload")
+def _by_size(
+    rows: list[list[Any]], budget: int, size_of: Callable[[list[Any]], int]
+) -> Iterator[list[list[Any]]]:
+    """*rows* in runs whose sizes (*size_of* each row's large values) and per-row
+    overhead add up to about *budget* bytes, each run at least one row."""
     start, size = 0, 0
     for i, row in enumerate(rows):
-        cost = len(row[payload]) + 128
+        cost = size_of(row) + 128
         if size and size + cost > budget:
             yield rows[start:i]
             start, size = i, 0
         size += cost
     yield rows[start:]
+
+
+_PAYLOAD_AT = BULK_COLUMNS.index("payload")
+
+
+def _payload_bytes(row: list[Any]) -> int:
+    """A bulk insert row's large value: its payload (see :data:`BULK_COLUMNS`)."""
+    return len(row[_PAYLOAD_AT])
+
+
+def _ack_bytes(row: list[Any]) -> int:
+    """An acknowledgement row's large values, escaped twice at worst: its error text and
+    its result (see :meth:`SqliteDriver._ack_sql`)."""
+    return 2 * (len(row[6] or "") + len(row[7] or ""))
 
 
 def result_json(ack: Ack) -> str | None:
