@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         sections = []
         profile_summary: dict[str, str] = {}
         for name in selected:
-            log(f"== {name}")
+            settled = env.settle()
+            log(f"== {name}" + (f" (server settled: {settled})" if settled else ""))
             module = __import__(f"bench.suites.{name}", fromlist=["run"])
             section = module.run(ctx)
             sections.append(section)

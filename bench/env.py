@@ -113,6 +113,36 @@ class BenchEnv:
             text += f", PostgreSQL {statistics.median(times) * 1e6:,.0f} µs"
         return text + " (median of 200 one-row INSERT + COMMIT)"
 
+    def settle(self, timeout: float = 120.0) -> str | None:
+        """Let the PostgreSQL server finish what the last section left it before the
+        next one starts; what it waited for, or None when the server is not in use.
+
+        A section that fills a million rows leaves a checkpoint to write them out,
+        spread over minutes (``checkpoint_completion_target``), and autovacuum to look
+        at the tables: work that would land on whichever contender of the next section
+        runs meanwhile. ``CHECKPOINT`` writes it at once, then the wait lets running
+        autovacuum workers end (up to *timeout* seconds).
+        """
+        if not self.cluster.running:
+            return None
+        dsn = f"host=127.0.0.1 port={self.cluster.port} user=postgres dbname=postgres"
+        began = time.monotonic()
+        with psycopg.connect(dsn, autocommit=True) as pg:
+            pg.execute("CHECKPOINT")
+            checkpointed = time.monotonic() - began
+            while time.monotonic() - began < timeout:
+                row = pg.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE backend_type = 'autovacuum worker'"
+                ).fetchone()
+                if row is None or not row[0]:
+                    break
+                time.sleep(0.5)
+        return (
+            f"checkpoint {checkpointed:.1f} s, autovacuum"
+            f" {time.monotonic() - began - checkpointed:.1f} s"
+        )
+
     def postgres_version(self) -> str:
         if not self.cluster.running:
             return "not used in this run"
