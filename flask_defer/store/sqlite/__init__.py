@@ -613,7 +613,7 @@ class SqliteDriver:
         t = self.store.quoted_table
         a = "flask_defer_ack"  # the rows' alias: a name no table of the app has
         fields = ("id", "token", "status", "run_at", "due_at", "delta", "error", "result")
-        values = ", ".join(f"json_extract(value, '$[{i}]') AS {f}" for i, f in enumerate(fields))
+        values = _json_values(len(fields), fields)
         # RETURNING names the updated table's columns bare: it sees no other table, and
         # SQLite refuses a schema-qualified column there.
         return (
@@ -651,9 +651,14 @@ BULK_COLUMNS = (
 )  # fmt: skip
 
 
-def _json_values(count: int) -> str:
+def _json_values(count: int, names: Sequence[str] = ()) -> str:
     """The select list taking *count* values, in order, from each array of a
-    ``json_each`` over a JSON array of arrays."""
+    ``json_each`` over a JSON array of arrays; named *names* when given."""
+    if names:
+        assert len(names) == count
+        return ", ".join(
+            f"json_extract(value, '$[{i}]') AS {name}" for i, name in enumerate(names)
+        )
     return ", ".join(f"json_extract(value, '$[{i}]')" for i in range(count))
 
 
@@ -712,7 +717,7 @@ def _written(conn: Connection) -> Iterator[None]:
     conn.commit()
 
 
-def _run(conn: Connection, sql: str, params: Any, *, watch: bool | None = None) -> Any:
+def _run(conn: Connection, sql: str, params: Any) -> Any:
     """Run *sql* on *conn*'s sqlite3 connection in its transaction, past SQLAlchemy's
     execution, and return the cursor (``rowcount``, ``fetchone``, ``fetchall``).
 
@@ -720,12 +725,9 @@ def _run(conn: Connection, sql: str, params: Any, *, watch: bool | None = None) 
     ``OperationalError``; the worker's loop and the acknowledgement flusher retry on
     ``SQLAlchemyError``). While anyone watches the engine's statements
     (:mod:`..watching`; the write lock's own listener watches nothing) it runs through
-    SQLAlchemy instead, so they see it; *watch* is that answer when the caller already
-    has it (a loop asks once).
+    SQLAlchemy instead, so they see it.
     """
-    if watch is None:
-        watch = _watched(conn)
-    if watch:
+    if _watched(conn):
         return _Rows(conn.exec_driver_sql(sql, params))
     dbapi: Any = conn.connection.driver_connection
     try:
