@@ -67,12 +67,14 @@ def worker_command(
 
     Start as many as you like on PostgreSQL; on SQLite run one.
     """
+    from ..engine.collector import startup_objects_spared_from_gc
     from ..engine.logs import configure
 
     configure(log_level, log_format)
     worker = current_defer().worker(concurrency=concurrency, queues=queues or None, burst=burst)
     if metrics_port is None:
-        worker.run()
+        with startup_objects_spared_from_gc():
+            worker.run()
         return
     metrics = current_defer().metrics
     if metrics is None:
@@ -80,7 +82,8 @@ def worker_command(
     server = metrics.serve(metrics_port, metrics_addr)
     click.echo(f"metrics on http://{metrics_addr}:{server.server_port}/metrics", err=True)
     try:
-        worker.run()
+        with startup_objects_spared_from_gc():
+            worker.run()
     finally:
         server.shutdown()
         server.server_close()

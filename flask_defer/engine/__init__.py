@@ -15,5 +15,7 @@ modules, from the top:
 * :mod:`.leases` (heartbeats that keep claims alive);
 * :mod:`.execution` (one job's run: handler, timeout, outcome), :mod:`.outcomes`
   (what a run's result or exception means), :mod:`.retry` (backoff) and
-  :mod:`.logs` (the worker's log lines).
+  :mod:`.logs` (the worker's log lines);
+* :mod:`.collector` (a worker process's start-up objects kept out of the garbage
+  collector's full passes, which stop every thread).
 """

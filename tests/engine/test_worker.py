@@ -8,6 +8,7 @@ waking at ``run_at`` or on NOTIFY) run a real worker thread and poll for the out
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import threading
@@ -570,6 +571,52 @@ def test_cli_prune_retry_and_burst_worker(make_kit: MakeKit, now: datetime) -> N
 
     result = runner.invoke(args=["defer", "prune"])
     assert result.exit_code == 0 and "pruned 1 settled job(s)" in result.output
+
+
+def test_worker_command_keeps_startup_objects_out_of_full_collections(
+    make_kit: MakeKit,
+) -> None:
+    """``flask defer worker`` freezes what start-up made (a full collection over it paused
+    every thread for tens of milliseconds) while it runs, and hands it back after;
+    ``Worker.run`` from the app's own code leaves the collector alone."""
+    kit = make_kit()
+    frozen_while_running: list[int] = []
+
+    @kit.defer.job("frozen")
+    def frozen(job: Job) -> None:
+        frozen_while_running.append(gc.get_freeze_count())
+
+    assert gc.get_freeze_count() == 0
+    kit.defer.schedule("frozen")
+    kit.db.session.commit()
+    result = kit.app.test_cli_runner().invoke(args=["defer", "worker", "--burst"])
+    assert result.exit_code == 0, result.output
+    assert frozen_while_running and frozen_while_running[0] > 10_000
+    assert gc.get_freeze_count() == 0
+
+    kit.defer.schedule("frozen")
+    kit.db.session.commit()
+    burst(kit)
+    assert frozen_while_running[1:] == [0]
+
+
+def test_worker_command_leaves_a_process_that_froze_its_own_objects_alone(
+    make_kit: MakeKit,
+) -> None:
+    kit = make_kit()
+    kit.defer.job("noop")(lambda job: None)
+    kit.defer.schedule("noop")
+    kit.db.session.commit()
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        result = kit.app.test_cli_runner().invoke(args=["defer", "worker", "--burst"])
+        assert result.exit_code == 0, result.output
+        # Still frozen: objects freed by their reference count leave the permanent
+        # generation meanwhile, but handing it back to the collector would empty it.
+        assert gc.get_freeze_count() > before // 2
+    finally:
+        gc.unfreeze()
 
 
 # -- configuration ------------------------------------------------------------------------
