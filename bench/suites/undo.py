@@ -17,6 +17,7 @@ hand-written SQL on the same server.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import socket
 import subprocess
@@ -87,7 +88,9 @@ def run(ctx: Context) -> Section:
             f"mostly queueing; half as many paced, pausing {PACED_THINK_MS} ms before each "
             f"request, as people clicking would), in {sizes.undo_rounds} interleaved rounds; "
             "the p99 is over every request of every round. waitress with 8 threads in its own "
-            "process; latency per request as the client sees it. "
+            "process, the app's start-up objects frozen out of its full garbage "
+            "collections (`gc.freeze()` after loading it), and the clients' collector off "
+            "while they time; latency per request as the client sees it. "
             f"flask_defer: {note}; also served by a second process with `{NO_HISTORY}` "
             "(the raw route writes no history event). “vs raw” divides the raw route's p99 "
             "by flask_defer's (below 1: flask_defer is slower)."
@@ -155,11 +158,21 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
             def go(
                 r: Routes = r, port: int = port, mode: _Mode = mode, tally: Tally = tallies[name]
             ) -> Sample:
-                start = time.perf_counter()
-                pairs = asyncio.run(
-                    _load(port, r, sizes.undo_clients, mode.pairs, tally, mode.think_ms)
-                )
-                return Sample(pairs, time.perf_counter() - start)
+                # The clients' own garbage collections stay out of the latencies they
+                # time, as timeit keeps them out of its loops: full ones in this process
+                # took 7-16 ms, about twenty a run, and landed on whichever contender
+                # was running.
+                gc.disable()
+                try:
+                    start = time.perf_counter()
+                    pairs = asyncio.run(
+                        _load(port, r, sizes.undo_clients, mode.pairs, tally, mode.think_ms)
+                    )
+                    took = time.perf_counter() - start
+                finally:
+                    gc.enable()
+                gc.collect()
+                return Sample(pairs, took)
 
             contenders.append(Contender(name, run=go, tag=mode.tag + suffix))
     try:
