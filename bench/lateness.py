@@ -2,7 +2,7 @@
 
 Schedules N jobs (default 100) due at now + uniform(1, 3) s, each in its own
 transaction as a web app would, while a worker runs in a separate process
-(``Defer.worker().run()``, the code behind ``flask defer worker``). Each handler
+(``Defer.worker().run()`` as ``flask defer worker`` runs it). Each handler
 returns the wall-clock time it started; lateness = start - run_at. Prints p50, p99
 and max per backend.
 
@@ -38,6 +38,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import DeclarativeBase
 
 from flask_defer import Defer, Job, JobStatus
+from flask_defer.engine.collector import startup_objects_spared_from_gc
 
 
 class Model(DeclarativeBase):
@@ -67,12 +68,14 @@ def create_app(database_url: str, poll: float | None = None) -> Flask:
 
 
 def serve(database_url: str, poll: float | None) -> None:
-    """The worker process: run until SIGTERM."""
+    """The worker process: run until SIGTERM, as ``flask defer worker`` runs one (its
+    start-up objects kept out of full garbage collections)."""
     app = create_app(database_url, poll)
     with app.app_context():
         worker = defer.worker()
     print("worker ready", flush=True)
-    worker.run()
+    with startup_objects_spared_from_gc():
+        worker.run()
 
 
 def percentile(values: list[float], fraction: float) -> float:
