@@ -72,18 +72,17 @@ def worker_command(
 
     configure(log_level, log_format)
     worker = current_defer().worker(concurrency=concurrency, queues=queues or None, burst=burst)
-    if metrics_port is None:
-        with startup_objects_spared_from_gc():
-            worker.run()
-        return
-    metrics = current_defer().metrics
-    if metrics is None:
-        raise click.UsageError("--metrics-port needs DEFER_METRICS = True in the app's config")
-    server = metrics.serve(metrics_port, metrics_addr)
-    click.echo(f"metrics on http://{metrics_addr}:{server.server_port}/metrics", err=True)
+    server = None
+    if metrics_port is not None:
+        metrics = current_defer().metrics
+        if metrics is None:
+            raise click.UsageError("--metrics-port needs DEFER_METRICS = True in the app's config")
+        server = metrics.serve(metrics_port, metrics_addr)
+        click.echo(f"metrics on http://{metrics_addr}:{server.server_port}/metrics", err=True)
     try:
         with startup_objects_spared_from_gc():
             worker.run()
     finally:
-        server.shutdown()
-        server.server_close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
