@@ -15,8 +15,8 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 
 from flask_defer import InvalidArgument
-from flask_defer.store.sqlite import SqliteDriver
-from flask_defer.store.sqlite.write_lock import FairLock, write_lock_of
+from flask_defer.store.sqlite import SqliteDriver, write_lock
+from flask_defer.store.sqlite.write_lock import FairLock, WriteLock, write_lock_of
 
 
 @pytest.fixture
@@ -243,3 +243,62 @@ def test_the_sqlite_synchronous_setting_reaches_every_connection(
     with pytest.raises(InvalidArgument) as refused:
         make_app(DEFER_SQLITE_SYNCHRONOUS="sometimes")
     assert refused.value.argument == "DEFER_SQLITE_SYNCHRONOUS"
+
+
+
+def test_the_last_holder_asking_again_while_the_next_takes_the_turn_waits_its_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that held the turn and asks again just as another writer takes it waits
+    for that writer. It must not read the new holder beside its own, older, thread and
+    refuse as if it waited for itself (seen once in 4,000 batch appends under load)."""
+    path = str(tmp_path / "turns.sqlite3")
+    setup = sqlite3.connect(path)
+    setup.execute("PRAGMA journal_mode = WAL")
+    setup.close()
+    lock = WriteLock()
+    mine = sqlite3.connect(path, check_same_thread=False)
+    theirs = sqlite3.connect(path, check_same_thread=False)
+    ask_again, asked = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def last_holder() -> None:
+        lock.begin(mine, 5000)  # holds the turn once and gives it back
+        mine.commit()
+        lock.ended(mine)
+        ask_again.wait(10)
+        try:
+            lock.begin(mine, 0)  # waiting for the other writer: gives up at once
+        except sqlite3.OperationalError as error:
+            errors.append(error)
+        asked.set()
+
+    thread = threading.Thread(target=last_holder)
+    thread.start()
+    while lock._holder_thread != thread.ident:  # noqa: SLF001 - its first turn is over
+        time.sleep(0.001)
+    time.sleep(0.05)
+
+    class TakingTheTurn:
+        """The lock's ``threading``, whose get_ident (called as the other writer names
+        itself the holder) lets the last holder ask at that very moment."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(threading, name)
+
+        @staticmethod
+        def get_ident() -> int:
+            if threading.current_thread() is not thread and not ask_again.is_set():
+                ask_again.set()
+                asked.wait(0.5)  # it answers at once, or it waits for the turn
+            return threading.get_ident()
+
+    monkeypatch.setattr(write_lock, "threading", TakingTheTurn())
+    lock.begin(theirs, 5000)
+    theirs.commit()
+    lock.ended(theirs)
+    thread.join(10)
+    assert asked.is_set()
+    assert not [e for e in errors if "same thread" in str(e)], errors
+    mine.close()
+    theirs.close()

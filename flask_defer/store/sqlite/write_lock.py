@@ -151,11 +151,15 @@ class WriteLock:
         (an uncommitted ``db.session`` write followed by a call that opens a
         transaction of its own), rather than after the busy timeout.
         """
-        holder = self._holder
+        # The holder and its thread read together: a writer taking the turn sets them in
+        # two steps, and between them this thread (the last holder) read the new holder
+        # with its own, old, thread and refused a wait that was not on itself.
+        with self._mutex:
+            holder, holder_thread = self._holder, self._holder_thread
         if (
             holder is not None
             and holder is not dbapi
-            and self._holder_thread == threading.get_ident()
+            and holder_thread == threading.get_ident()
             and _in_transaction(holder)
         ):
             raise sqlite3.OperationalError(SELF_WAIT)
