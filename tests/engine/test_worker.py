@@ -720,7 +720,10 @@ def test_worker_wakes_for_a_tick_due_before_any_job(make_kit: MakeKit) -> None:
     ticks = [(job, at) for job, at in ran if job.key and job.key.startswith("recurring:")]
     assert len(ticks) >= 3
     lateness = [(at - job.run_at).total_seconds() for job, at in ticks]
-    assert max(lateness) < 0.5, lateness
+    # Ticks start within tens of milliseconds here; a worker that slept until its poll
+    # (5 s) or its longest sleep (30 s) would start them seconds late. The bound leaves
+    # room for a first tick on a loaded machine (0.53 s once in the full suite).
+    assert max(lateness) < 2.0, lateness
     assert [job.run_at.microsecond for job, _ in ticks] == [0] * len(ticks)
 
 
