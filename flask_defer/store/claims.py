@@ -172,17 +172,26 @@ class ClaimStatements(DependencyStatements):
         look (a round trip on PostgreSQL) about ten times a second rather than once per
         claim; a keyed job scheduled by another process meanwhile waits that long at most.
         """
+        remembered = self.keyed_remembered()
+        if remembered is not None:
+            return remembered
         moment = time.monotonic()
-        if moment < self._keyed_until:
-            return True
-        if moment < self._keyed_unseen_until:
-            return False
         found = conn.execute(self._keyed_probe()).first() is not None
         if found:
             self._keyed_until = moment + KEYED_MEMORY
         else:
             self._keyed_unseen_until = moment + KEYED_UNSEEN
         return found
+
+    def keyed_remembered(self) -> bool | None:
+        """What :meth:`keyed_in_play` would answer without a look, or None when it must
+        look: a caller that would open a connection only for the look opens none."""
+        moment = time.monotonic()
+        if moment < self._keyed_until:
+            return True
+        if moment < self._keyed_unseen_until:
+            return False
+        return None
 
     def _keyed_probe(self) -> Any:
         cached = self._claim_sql.get(("keyed-probe", False, None))

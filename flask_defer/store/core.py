@@ -139,15 +139,14 @@ class StoreBase:
         with self.engine.begin() as conn:
             yield conn
 
-    @contextmanager
-    def autocommit(self) -> Iterator[Connection]:
+    def autocommit(self) -> AbstractContextManager[Connection]:
         """A connection where each statement is its own transaction (PostgreSQL).
 
         For the worker's single-statement writes (claim, batched acknowledgement): no
-        BEGIN and COMMIT round trips around the one statement that does the work.
+        BEGIN and COMMIT round trips around the one statement that does the work. How
+        the connection is switched is the driver's (``Driver.autocommit``).
         """
-        with self.engine.connect() as conn:
-            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+        return self.driver.autocommit()
 
     def begin_immediate(self) -> AbstractContextManager[Connection]:
         """A write transaction that takes the write lock up front, where there is one.

@@ -76,6 +76,10 @@ class Driver(Protocol):
     def begin_write(self, conn: Connection) -> None:
         """Open *conn*'s write transaction, taking the write lock where there is one."""
 
+    def autocommit(self) -> AbstractContextManager[Connection]:
+        """A pooled connection where each statement commits on its own, switched back
+        before it returns to the pool."""
+
     # -- statements ---------------------------------------------------------------
 
     def insert_ignoring(self, table: Table) -> Any:

@@ -40,6 +40,9 @@ class StoreParts(Protocol):
     def keyed_in_play(self, conn: Connection) -> bool:
         """Whether keyed jobs may be pending (a cheap, remembered look)."""
 
+    def keyed_remembered(self) -> bool | None:
+        """The remembered answer of :meth:`keyed_in_play`, or None when it must look."""
+
     def keyed_scheduled(self) -> None:
         """Keyed jobs are about: the claims look for them for a while."""
 

@@ -309,3 +309,58 @@ def test_a_claim_on_a_watched_engine_is_seen_by_its_cursor_listeners(
     assert [job.id for job in claimed] == [job_id]
     claims = [sql for sql in seen if "UPDATE" in sql and "RETURNING" in sql]
     assert len(claims) == 1 and "'running'" in claims[0]
+
+
+# -- connections ---------------------------------------------------------------------
+
+
+def test_a_claim_that_remembers_no_keyed_jobs_checks_out_one_connection(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """The look for keyed jobs is remembered for a moment; a claim within it opens no
+    connection for that look, only the one that claims."""
+    insert(store, new_job(run_at=now), now)
+    insert(store, new_job(run_at=now), now)
+    assert len(claim(store, now, limit=1)) == 1  # looks, and remembers "none"
+    checkouts: list[object] = []
+
+    def checked_out(*args: Any) -> None:
+        checkouts.append(args)
+
+    event.listen(store.engine, "checkout", checked_out)
+    try:
+        assert store.keyed_remembered() is False
+        # Without SQLite's look before the write lock, which has a connection of its own.
+        assert len(claim(store, now, limit=1, look_first=False)) == 1
+    finally:
+        event.remove(store.engine, "checkout", checked_out)
+    assert len(checkouts) == 1
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_connection_leaves_autocommit_before_the_pool_has_it_again(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """The claim and the acknowledgement switch their connection to autocommit; the
+    app's next transaction on it (from the same pool) must be a transaction again."""
+    states: list[bool] = []
+
+    def checked_in(dbapi: Any, _record: Any) -> None:
+        states.append(dbapi.autocommit)
+
+    event.listen(store.engine, "checkin", checked_in)
+    try:
+        with store.autocommit() as conn:
+            dbapi: Any = conn.connection.driver_connection
+            assert dbapi.autocommit is True
+            insert(store, new_job(run_at=now), now)  # another connection, meanwhile
+        assert states and states[-1] is False
+        # Every pooled connection, this one among them, rolls back what it wrote.
+        with store.engine.connect() as conn:
+            table = store.table
+            conn.execute(table.delete())
+            conn.rollback()
+            assert conn.execute(select(table.c.id)).all()
+    finally:
+        event.remove(store.engine, "checkin", checked_in)
+    assert all(state is False for state in states)

@@ -161,6 +161,13 @@ class SqliteDriver:
         """Take the write lock for *conn*'s transaction (see :mod:`.write_lock`)."""
         begin_write(conn)
 
+    @contextmanager
+    def autocommit(self) -> Iterator[Connection]:
+        """SQLAlchemy's ``AUTOCOMMIT`` (the store's own writes take the write lock in
+        turn instead: nothing of the store's uses this on SQLite)."""
+        with self.store.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
     # -- statements ---------------------------------------------------------------
 
     def insert_ignoring(self, table: Table) -> Any:
