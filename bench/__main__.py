@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         else " " + shlex.join(sys.argv[1:] if argv is None else argv)
     )
     started = time.monotonic()
+    speed_before = BenchEnv.python_speed()
     with BenchEnv(durable=not args.fsync_off) as env:
         ctx = Context(env, sizes, tuple(args.backend) if args.backend else BACKENDS)
         sections = []
@@ -98,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         facts = {
             **machine(),
             "one fsync'd commit": env.commit_cost(),
+            "CPU speed (a pure-Python loop of 2,000,000 iterations, lower is faster)": (
+                f"{speed_before:,.0f} ms at the start, {BenchEnv.python_speed():,.0f} ms at"
+                " the end of this run"
+            ),
             "PostgreSQL": env.postgres_version(),
             **versions(),
         }

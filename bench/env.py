@@ -113,6 +113,20 @@ class BenchEnv:
             text += f", PostgreSQL {statistics.median(times) * 1e6:,.0f} µs"
         return text + " (median of 200 one-row INSERT + COMMIT)"
 
+    @staticmethod
+    def python_speed() -> float:
+        """Milliseconds of a fixed pure-Python loop (the best of three): this host's CPU
+        speed at the moment. Shared hosts run the same code up to twice as slow in some
+        hours, and the ratios against raw loops (which run in C) fall most then; the
+        report gives it at the start and at the end of the run."""
+        best = float("inf")
+        for _ in range(3):
+            began = time.perf_counter()
+            for _n in range(2_000_000):
+                pass
+            best = min(best, time.perf_counter() - began)
+        return best * 1000
+
     def settle(self, timeout: float = 120.0) -> str | None:
         """Let the PostgreSQL server finish what the last section left it before the
         next one starts; what it waited for, or None when the server is not in use.
