@@ -315,10 +315,12 @@ def test_a_claim_on_a_watched_engine_is_seen_by_its_cursor_listeners(
 
 
 def test_a_claim_that_remembers_no_keyed_jobs_checks_out_one_connection(
-    store: JobStore, new_job: MakeJob, now: datetime
+    store: JobStore, new_job: MakeJob, now: datetime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The look for keyed jobs is remembered for a moment; a claim within it opens no
     connection for that look, only the one that claims."""
+    # The moment made long, so that a slow host cannot let it lapse between the claims.
+    monkeypatch.setattr("flask_defer.store.claims.KEYED_UNSEEN", 60.0)
     insert(store, new_job(run_at=now), now)
     insert(store, new_job(run_at=now), now)
     assert len(claim(store, now, limit=1)) == 1  # looks, and remembers "none"
@@ -364,3 +366,25 @@ def test_a_connection_leaves_autocommit_before_the_pool_has_it_again(
     finally:
         event.remove(store.engine, "checkin", checked_in)
     assert all(state is False for state in states)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_autocommit_on_a_watched_engine_is_sqlalchemys_so_its_log_says_so(
+    store: JobStore,
+) -> None:
+    """Switched on psycopg's connection, SQLAlchemy would log "BEGIN (implicit)" and
+    "ROLLBACK" around statements that commit on their own: a watched engine (SQL
+    logging, tracing) gets SQLAlchemy's own autocommit instead."""
+    with store.autocommit() as conn:
+        assert conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT"
+
+    def watch(*_args: Any) -> None:
+        pass
+
+    event.listen(store.engine, "after_cursor_execute", watch)
+    try:
+        with store.autocommit() as conn:
+            assert conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+            assert conn.connection.driver_connection.autocommit is True  # type: ignore[union-attr]
+    finally:
+        event.remove(store.engine, "after_cursor_execute", watch)

@@ -150,13 +150,15 @@ class PostgresDriver:
         (psycopg, measured), paid by every claim and every batch of outcomes.
 
         A driver connection without the attribute, or already in autocommit (an
-        engine made with ``isolation_level="AUTOCOMMIT"``), goes SQLAlchemy's way. One
-        that cannot be switched back (the server went away) is invalidated, so the pool
-        never hands it out in autocommit.
+        engine made with ``isolation_level="AUTOCOMMIT"``), goes SQLAlchemy's way, and
+        so does a watched engine (:mod:`..watching`): its SQL log then says the
+        statements commit on their own, not "BEGIN (implicit)" and "ROLLBACK" around
+        them. One that cannot be switched back (the server went away) is invalidated,
+        so the pool never hands it out in autocommit.
         """
         with self.store.engine.connect() as conn:
             dbapi: Any = conn.connection.driver_connection
-            if getattr(dbapi, "autocommit", None) is not False:
+            if getattr(dbapi, "autocommit", None) is not False or watched(conn):
                 yield conn.execution_options(isolation_level="AUTOCOMMIT")
                 return
             dbapi.autocommit = True
