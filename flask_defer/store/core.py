@@ -20,6 +20,7 @@ from sqlalchemy import (
     literal_column,
     update,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import OperationalError
 
 from ..jobs import JobStatus
@@ -118,7 +119,9 @@ class StoreBase:
         # due), by (kind, with queues, limit).
         self._claim_sql: dict[tuple[str, bool, int | None], Any] = {}
         # The keyless job INSERT the drivers send (see SchedulingStatements.job_insert).
-        self._job_insert: dict[str, tuple[str, list[str], list[tuple[int, Any]]]] = {}
+        self._job_insert: dict[
+            tuple[Dialect, bool], tuple[str, list[str], list[tuple[int, Any]]]
+        ] = {}
         # Keyed jobs (a concurrency_key) are claimed by a statement of their own, run
         # while keyed jobs were seen lately (monotonic deadlines; ClaimStatements).
         self._keyed_until = 0.0

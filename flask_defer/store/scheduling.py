@@ -125,7 +125,7 @@ class SchedulingStatements(DependencyStatements):
         the insert of a job with a key: ``ON CONFLICT DO NOTHING`` against the live-key
         index, so a taken key returns no row.
         """
-        cache_key = f"{dialect.name}:keyed" if keyed else dialect.name
+        cache_key = (dialect, keyed)
         cached = self._job_insert.get(cache_key)
         if cached is not None:
             return cached
