@@ -16,7 +16,7 @@ import inspect
 import math
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -67,11 +67,16 @@ class HandlerSpec:
     ttl: timedelta | None = None
     #: At most this many of its jobs start per period, across every worker.
     rate_limit: RateLimit | None = None
+    # Asked twice for every job a worker runs: looked up once, not per job.
+    _is_async: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_is_async", inspect.iscoroutinefunction(self.func))
 
     @property
     def is_async(self) -> bool:
         """True for an ``async def`` handler: the worker awaits it on its event loop."""
-        return inspect.iscoroutinefunction(self.func)
+        return self._is_async
 
     def rate_fields(self) -> dict[str, Any]:
         """The ``NewJob`` fields that put a job of this handler in its rate bucket (no

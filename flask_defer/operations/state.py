@@ -58,7 +58,8 @@ class DeferState:
 
     def send(self, signal: Signal, **kwargs: Any) -> None:
         """Send one of :mod:`flask_defer.signals` with this app as sender."""
-        signal.send(self.app, **kwargs)
+        if signal.receivers:  # a worker sends two a job; most apps listen to none
+            signal.send(self.app, **kwargs)
 
     def send_when_committed(self, signal: Signal, *, commit: bool, **kwargs: Any) -> None:
         """Send *signal* for a control call: now when it committed its own transaction,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -160,6 +161,21 @@ class Ack:
             return self.status
         # A snooze gives its attempt back; a retry keeps it spent.
         return "snoozed" if self.attempts_delta < 0 else "retried"
+
+    def result_json(self) -> str | None:
+        """The stored form of a done ack's result: JSON text, as the JSON column writes
+        it (``null`` for None); None for any other status, which keeps the row's."""
+        if self.status != _DONE:
+            return None
+        if self.result is None:
+            return "null"  # most handlers return nothing: no encoder for it
+        return _RESULT_ENCODER.encode(self.result)
+
+
+_DONE = JobStatus.DONE.value
+#: ``json.dumps(result, allow_nan=False)``, its encoder built once: ``dumps`` builds
+#: one per call when given any option.
+_RESULT_ENCODER = json.JSONEncoder(allow_nan=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -373,6 +373,44 @@ def test_a_batched_ack_stores_results_and_errors_exactly_as_given(
     assert plain.result == "just a string"
 
 
+def test_a_batched_ack_stores_a_none_result_as_json_null_and_leaves_other_rows_result(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """A handler that returns nothing is stored as JSON ``null`` (the text the column
+    has always held for it); a retry or a failure leaves the row's result alone."""
+    ids = [insert(store, new_job(max_attempts=3), now) for _ in range(3)]
+    store.claim(now=now, limit=3, token="me", lease_until=now + timedelta(minutes=1))
+    acks = [
+        Ack(ids[0], "me", "done", result=None),
+        Ack(ids[1], "me", "pending", run_at=now, result={"ignored": True}),
+        Ack(ids[2], "me", "failed", last_error="no", result={"ignored": True}),
+    ]
+    assert store.acknowledge_many(acks, now=now) == set(ids)
+    with store.engine.connect() as conn:
+        stored = dict(
+            conn.execute(
+                text("SELECT id, CAST(result AS TEXT) FROM defer_jobs WHERE id IN (:a, :b, :c)"),
+                {"a": ids[0], "b": ids[1], "c": ids[2]},
+            ).all()
+        )
+    assert stored == {ids[0]: "null", ids[1]: None, ids[2]: None}
+
+
+@pytest.mark.parametrize(
+    "result", [None, 0, "é 🎉", [1, None], {"b": 1, "a": [True, 0.1]}, 2**62]
+)
+def test_an_acks_result_json_is_what_json_dumps_writes(result: Any) -> None:
+    assert Ack(1, "t", "done", result=result).result_json() == json.dumps(
+        result, allow_nan=False
+    )
+    assert Ack(1, "t", "failed", result=result).result_json() is None
+
+
+def test_an_acks_result_json_refuses_nan_as_json_dumps_does() -> None:
+    with pytest.raises(ValueError, match="JSON compliant"):
+        Ack(1, "t", "done", result={"x": float("nan")}).result_json()
+
+
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_sqlite_batch_ack_looks_each_row_up_by_its_key_never_scanning_the_table(
     store: JobStore,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -57,3 +58,19 @@ def test_the_largest_storable_options_are_accepted() -> None:
     defer.job("send_email", max_attempts=2**31 - 1, timeout=86_400.0, atomic=False)(noop)
     spec = defer.registry.get("send_email")
     assert spec is not None and spec.max_attempts == 2**31 - 1 and spec.timeout == 86_400.0
+
+
+def test_a_handler_spec_knows_whether_its_handler_is_a_coroutine_function() -> None:
+    """Looked up once at registration (the worker asks twice a job); a spec rebuilt
+    with another handler (``dataclasses.replace``) looks again."""
+    async def later(job: Job) -> None:
+        pass
+
+    defer = Defer()
+    defer.job("plain")(noop)
+    defer.job("coroutine")(later)
+    plain, coroutine = defer.registry.get("plain"), defer.registry.get("coroutine")
+    assert plain is not None and coroutine is not None
+    assert (plain.is_async, coroutine.is_async) == (False, True)
+    assert dataclasses.replace(plain, func=later).is_async is True
+    assert dataclasses.replace(coroutine, func=noop).is_async is False

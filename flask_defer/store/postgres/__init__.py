@@ -545,7 +545,7 @@ class PostgresDriver:
             "due_ats": [a.due_at for a in acks],
             "deltas": [a.attempts_delta for a in acks],
             "errors": [a.last_error for a in acks],
-            "results": [_result_json(a) for a in acks],
+            "results": [a.result_json() for a in acks],
         }
         if history:
             params.update(
@@ -698,13 +698,6 @@ class PostgresDriver:
 def _pyformat(sql: str) -> str:
     """*sql* with its ``:name`` binds written as psycopg's ``%(name)s``."""
     return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", sql)
-
-
-def _result_json(ack: Ack) -> str | None:
-    """The stored form of a done ack's result: JSON text, as the JSON column writes it."""
-    if ack.status != JobStatus.DONE.value:
-        return None
-    return json.dumps(ack.result, allow_nan=False)
 
 
 def _arrays(items: Sequence[Any], **attributes: str) -> dict[str, list[Any]]:

@@ -51,7 +51,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import OperationalError
 
-from ...jobs import Job, JobStatus
+from ...jobs import Job
 from ..claim_sql import QUEUES_JSON, due_ids_sql, keyed_ids_sql
 from ..parts import StoreParts, insert_values
 from ..records import SETTLING, Ack, BatchItems, HistoryEvent, NewJob
@@ -575,7 +575,7 @@ class SqliteDriver:
         rows = [
             [
                 a.job_id, a.claim_token, a.status, stamp(a.run_at), stamp(a.due_at),
-                a.attempts_delta, a.last_error, result_json(a),
+                a.attempts_delta, a.last_error, a.result_json(),
             ]  # fmt: skip
             for a in acks
         ]
@@ -702,13 +702,6 @@ def _ack_bytes(row: list[Any]) -> int:
     """An acknowledgement row's large values, escaped twice at worst: its error text and
     its result (see :meth:`SqliteDriver._ack_sql`)."""
     return 2 * (len(row[6] or "") + len(row[7] or ""))
-
-
-def result_json(ack: Ack) -> str | None:
-    """The stored form of a done ack's result: JSON text, as the JSON column writes it."""
-    if ack.status != JobStatus.DONE.value:
-        return None
-    return json.dumps(ack.result, allow_nan=False)
 
 
 @contextmanager
