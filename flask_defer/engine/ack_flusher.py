@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -43,8 +44,13 @@ class AckFlusher:
         write: Callable[[Sequence[PendingAck]], list[Outcome]],
         settled: Callable[[Outcome], None],
         flush_after: float,
+        *,
+        keeping: Callable[[], AbstractContextManager[None]] = nullcontext,
     ) -> None:
         self.flush_after = flush_after
+        #: The flushing thread's scope: the store keeps its connection in between
+        #: batches (``JobStore.keeping_connections``).
+        self._keeping = keeping
         self._write = write
         self._settled = settled
         self._entries: list[Entry] = []
@@ -89,6 +95,10 @@ class AckFlusher:
     # -- the flushing thread ----------------------------------------------------------
 
     def _run(self) -> None:
+        with self._keeping():
+            self._loop()
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 while True:

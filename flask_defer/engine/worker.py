@@ -114,7 +114,10 @@ class Worker:
             options.async_concurrency, self._finished, self._thread_freed
         )
         # Handlers' outcomes, written in batches on the flusher's own thread.
-        self._acks = AckFlusher(self._flush, self._count, options.ack_flush.total_seconds())
+        self._acks = AckFlusher(
+            self._flush, self._count, options.ack_flush.total_seconds(),
+            keeping=store.keeping_connections,
+        )  # fmt: skip
         # Ids of the keyed jobs (a concurrency_key) this worker started and has not
         # acknowledged yet: their acknowledgement frees a slot of their key.
         self._keyed: dict[int, str] = {}
@@ -171,7 +174,9 @@ class Worker:
                 self.store.driver.name,
                 " (LISTEN)" if self.waker.listening else "",
             )
-            self._loop()
+            # The loop claims every few milliseconds under a backlog: on one connection.
+            with self.store.keeping_connections():
+                self._loop()
         finally:
             self._shutdown()
             if restore is not None:

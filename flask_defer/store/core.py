@@ -151,6 +151,14 @@ class StoreBase:
         """
         return self.driver.autocommit()
 
+    def keeping_connections(self) -> AbstractContextManager[None]:
+        """For the block, the calling thread keeps its autocommit connection (claims,
+        batched acknowledgements) from one statement to the next while it writes
+        often, instead of taking the pool's next one each time: on PostgreSQL each
+        connection plans a statement anew until it has prepared it (see
+        ``store/postgres/kept.py``). For the worker's loop and its flusher."""
+        return self.driver.keeping_connections()
+
     def begin_immediate(self) -> AbstractContextManager[Connection]:
         """A write transaction that takes the write lock up front, where there is one.
 

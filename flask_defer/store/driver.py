@@ -80,6 +80,10 @@ class Driver(Protocol):
         """A pooled connection where each statement commits on its own, switched back
         before it returns to the pool."""
 
+    def keeping_connections(self) -> AbstractContextManager[None]:
+        """For the block, the calling thread keeps its :meth:`autocommit` connection
+        between statements while it is busy (a worker's loop and flusher)."""
+
     # -- statements ---------------------------------------------------------------
 
     def insert_ignoring(self, table: Table) -> Any:

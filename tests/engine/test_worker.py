@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Integer, String, select, update
+from sqlalchemy import Integer, String, event, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flask_defer import InvalidArgument, Job, JobStatus, NotYet, RetryAfter, signals
@@ -94,6 +94,60 @@ def test_burst_runs_what_is_due_and_leaves_the_future(make_kit: MakeKit, now: da
     assert all(load(kit, job.id).status is JobStatus.DONE for job in due)
     assert load(kit, due[3].id).result == 6
     assert load(kit, later.id).status is JobStatus.PENDING
+
+
+def test_the_loop_and_flusher_keep_their_connections_and_give_them_back_at_the_end(
+    make_kit: MakeKit, now: datetime, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL the loop's claims and the flusher's batches each run on a
+    connection kept while busy (fewer plans on the server), not one checkout each; on
+    both backends none stays checked out once the worker returns."""
+    kit = make_kit()
+
+    @kit.defer.job("noop")
+    def noop(job: Job) -> None:
+        pass
+
+    for n in range(60):
+        kit.defer.schedule("noop", {"n": n}, run_at=now)
+    kit.db.session.commit()
+    store = kit.defer.store
+    calls: dict[str, int] = {"claim": 0, "acknowledge_many": 0}
+    checkouts: dict[str, int] = {"claim": 0, "acknowledge_many": 0}
+    inside = threading.local()
+
+    def counted(name: str) -> Callable[..., Any]:
+        real = getattr(store, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            inside.name = name
+            try:
+                return real(*args, **kwargs)
+            finally:
+                inside.name = None
+
+        return call
+
+    def checked_out(*_args: Any) -> None:
+        name = getattr(inside, "name", None)
+        if name is not None:
+            checkouts[name] += 1
+
+    for name in calls:
+        monkeypatch.setattr(store, name, counted(name))
+    event.listen(store.engine, "checkout", checked_out)
+    try:
+        summary = burst(kit, at=now, concurrency=3)
+    finally:
+        event.remove(store.engine, "checkout", checked_out)
+
+    assert summary.done == 60
+    assert store.engine.pool.checkedout() == 0
+    if backend == "postgresql":
+        assert calls["claim"] >= 20 and calls["acknowledge_many"] >= 4, calls
+        # One checkout each while busy (two if a slow host let one sit a second).
+        assert checkouts["claim"] <= 2 and checkouts["acknowledge_many"] <= 2, checkouts
 
 
 def test_queue_option_runs_only_those_queues(make_kit: MakeKit, now: datetime) -> None:

@@ -27,7 +27,7 @@ import json
 import re
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any, ClassVar, cast
@@ -69,6 +69,7 @@ from ..records import (
 )
 from ..utc_datetime import UTCDateTime
 from ..watching import sqlalchemy_error, watched
+from .kept import KeptConnections
 
 #: What a lost prepared statement means, and what to do (see ``prepare_engine``).
 POOLER_PREPARED_STATEMENTS = (
@@ -101,6 +102,8 @@ class PostgresDriver:
         self._history_insert: Any = (
             insert(store.history_table) if store.history_table is not None else None
         )
+        # The worker's loop and flusher keep their autocommit connection (see .kept).
+        self._kept = KeptConnections(self._autocommit_checkout, _autocommit_release)
 
     @property
     def can_listen(self) -> bool:
@@ -155,7 +158,14 @@ class PostgresDriver:
         statements commit on their own, not "BEGIN (implicit)" and "ROLLBACK" around
         them. One that cannot be switched back (the server went away) is invalidated,
         so the pool never hands it out in autocommit.
+
+        Inside :meth:`keeping_connections` (a worker's loop, its flusher) the thread
+        keeps that connection from one block to the next while it is busy.
         """
+        with self._kept.use() as kept:
+            if kept is not None:
+                yield kept
+                return
         with self.store.engine.connect() as conn:
             dbapi: Any = conn.connection.driver_connection
             if getattr(dbapi, "autocommit", None) is not False or watched(conn):
@@ -169,6 +179,22 @@ class PostgresDriver:
                     dbapi.autocommit = False
                 except conn.dialect.loaded_dbapi.Error:
                     conn.invalidate()
+
+    def keeping_connections(self) -> AbstractContextManager[None]:
+        """Let the calling thread keep its autocommit connection between statements
+        for the block (see :mod:`.kept`: fewer plans on the server)."""
+        return self._kept.keeping()
+
+    def _autocommit_checkout(self) -> Connection | None:
+        """A pooled connection switched to autocommit on psycopg's side, to be kept;
+        None where :meth:`autocommit` goes SQLAlchemy's way."""
+        conn = self.store.engine.connect()
+        dbapi: Any = conn.connection.driver_connection
+        if getattr(dbapi, "autocommit", None) is not False or watched(conn):
+            conn.close()
+            return None
+        dbapi.autocommit = True
+        return conn
 
     # -- statements ---------------------------------------------------------------
 
@@ -698,6 +724,19 @@ class PostgresDriver:
 def _pyformat(sql: str) -> str:
     """*sql* with its ``:name`` binds written as psycopg's ``%(name)s``."""
     return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", sql)
+
+
+def _autocommit_release(conn: Connection) -> None:
+    """Switch a kept connection back out of autocommit and return it to the pool; one
+    that cannot be switched (the server went away) is invalidated first."""
+    try:
+        if not conn.invalidated:
+            try:
+                conn.connection.driver_connection.autocommit = False  # type: ignore[union-attr]
+            except conn.dialect.loaded_dbapi.Error:
+                conn.invalidate()
+    finally:
+        conn.close()
 
 
 def _arrays(items: Sequence[Any], **attributes: str) -> dict[str, list[Any]]:

@@ -28,7 +28,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, cast
 
@@ -167,6 +167,11 @@ class SqliteDriver:
         turn instead: nothing of the store's uses this on SQLite)."""
         with self.store.engine.connect() as conn:
             yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    def keeping_connections(self) -> AbstractContextManager[None]:
+        """Nothing to keep: the claim and the acknowledgements take the write lock in
+        a transaction of their own, and a SQLite connection has no plans to lose."""
+        return nullcontext()
 
     # -- statements ---------------------------------------------------------------
 
