@@ -177,3 +177,17 @@ def test_a_thread_that_does_not_keep_gives_each_connection_back(store: JobStore)
             backend_pid(store)
             assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     assert len(checkouts) == 3
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_keeping_block_inside_another_leaves_the_connection_to_the_outer_one(
+    store: JobStore,
+) -> None:
+    with counting_checkouts(store) as checkouts, store.keeping_connections():
+        first = backend_pid(store)
+        with store.keeping_connections():
+            assert backend_pid(store) == first
+        assert backend_pid(store) == first
+        assert store.engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+    assert len(checkouts) == 1
+    assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]

@@ -166,34 +166,38 @@ class PostgresDriver:
             if kept is not None:
                 yield kept
                 return
-        with self.store.engine.connect() as conn:
-            dbapi: Any = conn.connection.driver_connection
-            if getattr(dbapi, "autocommit", None) is not False or watched(conn):
-                yield conn.execution_options(isolation_level="AUTOCOMMIT")
-                return
-            dbapi.autocommit = True
-            try:
-                yield conn
-            finally:
-                try:
-                    dbapi.autocommit = False
-                except conn.dialect.loaded_dbapi.Error:
-                    conn.invalidate()
+        conn, switched = self._autocommit_open()
+        try:
+            yield conn
+        finally:
+            if switched:
+                _autocommit_release(conn)
+            else:
+                conn.close()
 
     def keeping_connections(self) -> AbstractContextManager[None]:
         """Let the calling thread keep its autocommit connection between statements
         for the block (see :mod:`.kept`: fewer plans on the server)."""
         return self._kept.keeping()
 
-    def _autocommit_checkout(self) -> Connection | None:
-        """A pooled connection switched to autocommit on psycopg's side, to be kept;
-        None where :meth:`autocommit` goes SQLAlchemy's way."""
+    def _autocommit_open(self) -> tuple[Connection, bool]:
+        """A pooled connection in autocommit, and True when that was switched on
+        psycopg's connection (to be switched back by :func:`_autocommit_release`);
+        False when it went SQLAlchemy's way (see :meth:`autocommit`)."""
         conn = self.store.engine.connect()
         dbapi: Any = conn.connection.driver_connection
         if getattr(dbapi, "autocommit", None) is not False or watched(conn):
+            return conn.execution_options(isolation_level="AUTOCOMMIT"), False
+        dbapi.autocommit = True
+        return conn, True
+
+    def _autocommit_checkout(self) -> Connection | None:
+        """A connection for a thread to keep: one switched on psycopg's side, or None
+        (a watched engine's statements go SQLAlchemy's way, never kept)."""
+        conn, switched = self._autocommit_open()
+        if not switched:
             conn.close()
             return None
-        dbapi.autocommit = True
         return conn
 
     # -- statements ---------------------------------------------------------------

@@ -69,6 +69,9 @@ class KeptConnections:
         """Keep this thread's autocommit connection between its statements until the
         block ends (a worker's loop, its flusher), then hand it back to the pool."""
         local = self._local
+        if getattr(local, "keeping", False):
+            yield  # already kept by an outer block, which gives it back
+            return
         local.keeping = True
         local.depth = 0
         try:
