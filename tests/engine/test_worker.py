@@ -414,20 +414,22 @@ def test_timeout_on_the_last_attempt_fails_the_job(make_kit: MakeKit) -> None:
 
 def test_heartbeat_keeps_a_long_job_leased(make_kit: MakeKit) -> None:
     # The handler outlives its lease three times over; only the heartbeat stops the
-    # reclaim (every 0.1 s) from handing it to another run.
-    kit = make_kit(DEFER_LEASE=0.6)
+    # reclaim (every 0.1 s) from handing it to another run. A lease of 1.5 s (a beat
+    # every 0.5 s) leaves a busy host a second of slack: with 0.6 s, one renewal
+    # delayed past 0.4 s behind other writers' commits lost the lease in a CI run.
+    kit = make_kit(DEFER_LEASE=1.5)
     runs: list[int] = []
 
     @kit.defer.job("long")
     def long(job: Job) -> None:
         runs.append(job.attempts)
-        time.sleep(1.8)
+        time.sleep(4.5)
 
     job = kit.defer.schedule("long")
     kit.db.session.commit()
     with worker_thread(kit.defer.worker(concurrency=2)) as worker:
         first = wait_until(lambda: (j := load(kit, job.id)).lease_expires_at and j)
-        wait_until(lambda: load(kit, job.id).status is JobStatus.DONE, timeout=10)
+        wait_until(lambda: load(kit, job.id).status is JobStatus.DONE, timeout=20)
         assert worker._heartbeat.beats >= 2
 
     assert runs == [1]
