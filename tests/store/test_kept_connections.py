@@ -191,3 +191,24 @@ def test_a_keeping_block_inside_another_leaves_the_connection_to_the_outer_one(
         assert store.engine.pool.checkedout() == 1  # type: ignore[attr-defined]
     assert len(checkouts) == 1
     assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_watched_engine_is_not_kept_and_asks_only_once_per_keeping_block(
+    store: JobStore,
+) -> None:
+    """A watched engine's autocommit is SQLAlchemy's, never kept: one checkout per
+    block, plus the one that found it so."""
+
+    def watch(*_args: Any) -> None:
+        pass
+
+    event.listen(store.engine, "before_cursor_execute", watch)
+    try:
+        with counting_checkouts(store) as checkouts, store.keeping_connections():
+            pids = [backend_pid(store) for _ in range(3)]
+            assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    finally:
+        event.remove(store.engine, "before_cursor_execute", watch)
+    assert len(pids) == 3
+    assert len(checkouts) == 4

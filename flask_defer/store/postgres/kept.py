@@ -74,6 +74,7 @@ class KeptConnections:
             return
         local.keeping = True
         local.depth = 0
+        local.unkeepable = False
         try:
             yield
         finally:
@@ -85,8 +86,10 @@ class KeptConnections:
         """This thread's kept connection for one autocommit block, or None when this
         thread keeps none (the caller then checks out from the pool)."""
         local = self._local
-        if not getattr(local, "keeping", False) or local.depth:
-            yield None  # not a keeping thread, or a block inside a block: the pool's
+        if not getattr(local, "keeping", False) or local.depth or local.unkeepable:
+            # Not a keeping thread, a block inside a block, or an engine whose
+            # connections cannot be kept: the pool's.
+            yield None
             return
         kept = self._fresh()
         if kept is None:
@@ -120,6 +123,9 @@ class KeptConnections:
             self._drop()
         fresh = self._checkout()
         if fresh is None:
+            # Asked once per keeping block: each later block goes the pool's way at
+            # once, without a checkout only to learn this again.
+            local.unkeepable = True
             return None
         kept = local.kept = _Kept(fresh)
         return kept
