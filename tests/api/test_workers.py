@@ -90,9 +90,11 @@ def test_run_due_keeps_a_row_while_it_holds_jobs(kit: AppKit) -> None:
     assert kit.defer.workers() == []
 
 
-def test_a_run_due_over_within_a_heartbeat_writes_no_worker_row(kit: AppKit) -> None:
-    """A heartbeat is 0.5 s here: a call that is over sooner writes and deletes no row
-    (its first heartbeat would write it, as the test above shows)."""
+def test_a_run_due_over_within_a_heartbeat_writes_no_worker_row(make_kit: MakeKit) -> None:
+    """A call that is over within its first heartbeat writes and deletes no row (that
+    heartbeat would write it, as the test above shows). The lease is 6 s here, a heartbeat
+    every 2 s, so that a busy host cannot stretch the 0.2 s call past its first beat."""
+    kit = make_kit(DEFER_LEASE=6)
     seen: list[list[WorkerInfo]] = []
     statements: list[str] = []
     table = kit.defer.store.workers_table.name
