@@ -274,6 +274,12 @@ class Worker:
                 # run ends only once they are written and nothing it could run is left.
                 waits.append(opts.ack_flush.total_seconds())
             elif next_run_at is None or next_run_at > now:
+                # That look may predate outcomes written since (a handler ended after
+                # the claim): one that freed a concurrency key's slot makes its next
+                # job due. Nothing runs and nothing is owed now, so this look is final.
+                again = self.store.next_run_at(queues=opts.queues, now=now)
+                if again is not None and again <= now:
+                    return 0.0
                 self.summary.left = self.store.count_due(now=now, queues=opts.queues)
                 if self.summary.left:
                     logger.info(

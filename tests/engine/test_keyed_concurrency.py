@@ -7,6 +7,9 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from typing import Any
+
+import pytest
 
 from flask_defer import Job, JobStatus
 from flask_defer.timeutil import utcnow
@@ -54,6 +57,58 @@ def test_a_burst_run_ends_only_when_every_job_of_a_limited_key_ran(make_kit: Mak
     assert summary.done == 8 and summary.left == 0
     assert kit.defer.count(status="done") == 8
     assert overlap.most <= 2
+
+
+def test_a_burst_run_does_not_end_on_a_look_taken_before_the_key_freed(
+    make_kit: MakeKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round claims nothing (the key's two jobs run) and looks for the next due job:
+    none fits while they run. By the time the burst decides whether to end, their
+    outcomes are written and the key is free: it must look again, not end with the rest
+    of the key left. The handlers here wait until that look has been taken, and the look
+    returns only once their outcomes are written, as a busy host can order it."""
+    kit = make_kit(DEFER_MAX_SLEEP=0.2)
+    store = kit.defer.store
+    release = threading.Event()
+    ran: list[int] = []
+
+    @kit.defer.job("sync")
+    def sync(job: Job) -> None:
+        assert release.wait(10)
+        ran.append(job.id)
+
+    for _ in range(6):
+        kit.defer.schedule("sync", concurrency_key="tenant:1", concurrency_limit=2)
+    kit.db.session.commit()
+    look, claim = store.next_run_at, store.claim
+    claiming = threading.local()
+    looks_while_running: list[int] = []
+
+    def claim_saying_so(*args: Any, **kwargs: Any) -> Any:
+        claiming.now = True  # SQLite's claim looks first: not the round's look
+        try:
+            return claim(*args, **kwargs)
+        finally:
+            claiming.now = False
+
+    def next_run_at_while_the_key_frees(*args: Any, **kwargs: Any) -> Any:
+        running = kit.defer.count(status="running")
+        answer = look(*args, **kwargs)
+        if running and not getattr(claiming, "now", False):
+            looks_while_running.append(running)
+            if len(looks_while_running) >= 2:  # a round that claimed nothing: let them end
+                release.set()
+                assert wait_until(lambda: kit.defer.count(status="running") == 0, timeout=10)
+                time.sleep(0.3)  # and the flusher is back from writing them
+        return answer
+
+    monkeypatch.setattr(store, "claim", claim_saying_so)
+    monkeypatch.setattr(store, "next_run_at", next_run_at_while_the_key_frees)
+    summary = burst(kit, concurrency=4)
+    release.set()
+    assert len(looks_while_running) >= 2  # the stale look happened
+    assert (summary.done, summary.left) == (6, 0)
+    assert len(ran) == 6
 
 
 def test_a_burst_run_says_what_a_pause_left_and_still_ends(make_kit: MakeKit) -> None:
