@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -274,21 +275,30 @@ class Worker:
                 # run ends only once they are written and nothing it could run is left.
                 waits.append(opts.ack_flush.total_seconds())
             elif next_run_at is None or next_run_at > now:
-                # That look may predate outcomes written since (a handler ended after
-                # the claim): one that freed a concurrency key's slot makes its next
-                # job due. Nothing runs and nothing is owed now, so this look is final.
-                again = self.store.next_run_at(queues=opts.queues, now=now)
-                if again is not None and again <= now:
-                    return 0.0
-                self.summary.left = self.store.count_due(now=now, queues=opts.queues)
-                if self.summary.left:
-                    logger.info(
-                        "burst run ends with %d due job(s) left: held by a paused queue "
-                        "or name, or by a concurrency key another worker holds",
-                        self.summary.left,
-                    )
-                return None
+                return self._end_of_burst(now)
         return max(min(waits), 0.0 if claimed else MIN_SLEEP)
+
+    def _end_of_burst(self, now: datetime) -> float | None:
+        """None when a burst run that runs nothing and owes no outcome is over; 0.0 when
+        it must claim again after all.
+
+        The round's own look for the next due job may predate outcomes written since
+        (a handler that ended after the claim): one that freed a concurrency key's
+        slot makes the key's next job due. Nothing runs and nothing is owed now, so
+        this look is final.
+        """
+        queues = self.options.queues
+        again = self.store.next_run_at(queues=queues, now=now)
+        if again is not None and again <= now:
+            return 0.0
+        self.summary.left = self.store.count_due(now=now, queues=queues)
+        if self.summary.left:
+            logger.info(
+                "burst run ends with %d due job(s) left: held by a paused queue "
+                "or name, or by a concurrency key another worker holds",
+                self.summary.left,
+            )
+        return None
 
     def _flush(self, batch: Sequence[PendingAck]) -> list[Outcome]:
         """Write a batch of outcomes; a keyed one freed a slot of its key, so the loop
