@@ -18,6 +18,7 @@ from sqlalchemy import Engine, MetaData, event, text
 
 from flask_defer.jobs import Job, JobStatus
 from flask_defer.store import UNKNOWN_HANDLER_NOTE, Ack, JobStore, NewJob
+from flask_defer.store import postgres as postgres_driver
 from flask_defer.store import sqlite as sqlite_driver
 from flask_defer.store.schema import define_jobs_table
 
@@ -465,6 +466,42 @@ def test_sqlite_batch_ack_of_large_results_goes_in_statements_sqlite_accepts(
     acks = [Ack(i, "me", "done", result=r) for i, r in zip(ids, results, strict=True)]
     assert store.acknowledge_many(acks, now=now) == set(ids)
     assert [_get(store, i).result for i in ids] == results
+
+
+def test_a_batch_ack_of_large_results_goes_in_several_statements_of_one_transaction(
+    store: JobStore, new_job: MakeJob, now: datetime, backend: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Results have no size bound, and the databases refuse one value over 1 GB: a batch
+    whose results together pass the budget (lowered here to 100 kB) is written in
+    several statements, all of it, and committed once."""
+    monkeypatch.setattr(sqlite_driver, "BULK_CHUNK_BYTES", 100_000)
+    monkeypatch.setattr(postgres_driver, "ACK_CHUNK_BYTES", 100_000)
+    ids = [insert(store, new_job(), now) for _ in range(10)]
+    store.claim(now=now, limit=10, token="me", lease_until=now + timedelta(minutes=1))
+    results = [{"n": n, "blob": "x" * 30_000} for n in range(10)]
+    acks = [Ack(i, "me", "done", result=r) for i, r in zip(ids, results, strict=True)]
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement.split(None, 1)[0].upper())
+
+    commits: list[object] = []
+
+    def committed(conn: Any) -> None:
+        commits.append(conn)
+
+    event.listen(store.engine, "before_cursor_execute", seen)
+    event.listen(store.engine, "commit", committed)
+    try:
+        assert store.acknowledge_many(acks, now=now) == set(ids)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", seen)
+        event.remove(store.engine, "commit", committed)
+    assert statements.count("UPDATE" if backend == "sqlite" else "WITH") >= 3
+    assert len(commits) == 1
+    assert [_get(store, i).result for i in ids] == results
+    assert store.acknowledge_many(acks[:1], now=now) == set()  # written, not twice
 
 
 def test_a_lost_claim_inside_a_batch_is_reported_and_keeps_the_new_owner(

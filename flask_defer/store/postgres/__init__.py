@@ -56,6 +56,7 @@ from sqlalchemy.exc import OperationalError
 
 from ...errors import NotConfigured
 from ...jobs import Job, JobStatus
+from ..chunking import runs_by_size
 from ..claim_sql import KEYED, QUEUES_ARRAY, due_ids_sql, keyed_ids_sql
 from ..parts import StoreParts, insert_values
 from ..records import (
@@ -554,7 +555,9 @@ class PostgresDriver:
     def acknowledge_many(self, acks: Sequence[Ack], now: datetime, actor: str) -> set[int]:
         """One statement over the whole batch (``UPDATE ... FROM unnest(...) ...
         RETURNING id``) on an autocommit connection: one round trip and one commit for
-        any number of jobs, its history events in a CTE of the same statement.
+        any number of jobs, its history events in a CTE of the same statement. A batch
+        whose results and errors together pass :data:`ACK_CHUNK_BYTES` goes in several
+        such statements, in one transaction.
 
         The batch never waits for a row lock: rows another transaction holds (an app's
         UPDATE that re-checked our row under READ COMMITTED keeps a lock on it until it
@@ -566,23 +569,16 @@ class PostgresDriver:
         sql = self._sql.get(("ack", history))
         if sql is None:
             sql = self._sql[("ack", history)] = self._ack_many_sql(history)
-        params = {
-            "now": now,
-            "ids": [a.job_id for a in acks],
-            "tokens": [a.claim_token for a in acks],
-            "statuses": [a.status for a in acks],
-            "run_ats": [a.run_at for a in acks],
-            "due_ats": [a.due_at for a in acks],
-            "deltas": [a.attempts_delta for a in acks],
-            "errors": [a.last_error for a in acks],
-            "results": [a.result_json() for a in acks],
-        }
-        if history:
-            params.update(
-                actor=actor, events=[a.event for a in acks], attempts=[a.attempt for a in acks]
-            )
-        with self.store.autocommit() as conn:
-            answer = [(int(row[0]), row[1], row[2]) for row in conn.exec_driver_sql(sql, params)]
+        rows = [(a, a.result_json()) for a in acks]
+        # Results have no size bound, and one array parameter no more than 1 GB: a
+        # batch of large ones goes in several statements of one transaction.
+        runs = list(runs_by_size(rows, ACK_CHUNK_BYTES, _ack_bytes))
+        with self.store.autocommit() if len(runs) == 1 else self.store.begin() as conn:
+            answer = [
+                (int(row[0]), row[1], row[2])
+                for run in runs
+                for row in conn.exec_driver_sql(sql, _ack_params(run, now, actor, history))
+            ]
         owned = {job_id for job_id, written, _ in answer if written}
         busy = {job_id for job_id, written, _ in answer if not written}
         settling = {a.job_id for a in acks if a.status in SETTLING}
@@ -761,6 +757,42 @@ def _explain_pooler(error: BaseException) -> None:
     lost behind a transaction-mode pooler (see ``prepare_engine``)."""
     if type(error).__name__ == "InvalidSqlStatementName":
         raise NotConfigured(POOLER_PREPARED_STATEMENTS) from error
+
+
+#: About how much of results and error texts one acknowledgement statement carries:
+#: far below PostgreSQL's 1 GB limit on a parameter (each column is one array), and
+#: large enough that a batch of usual outcomes is one statement.
+ACK_CHUNK_BYTES = 16_000_000
+
+
+def _ack_bytes(row: tuple[Ack, str | None]) -> int:
+    """An acknowledgement's large values: its error text and its result's JSON."""
+    ack, result = row
+    return len(ack.last_error or "") + len(result or "")
+
+
+def _ack_params(
+    rows: Sequence[tuple[Ack, str | None]], now: datetime, actor: str, history: bool
+) -> dict[str, Any]:
+    """The batch acknowledgement's binds for *rows*, one array per column."""
+    params: dict[str, Any] = {
+        "now": now,
+        "ids": [a.job_id for a, _ in rows],
+        "tokens": [a.claim_token for a, _ in rows],
+        "statuses": [a.status for a, _ in rows],
+        "run_ats": [a.run_at for a, _ in rows],
+        "due_ats": [a.due_at for a, _ in rows],
+        "deltas": [a.attempts_delta for a, _ in rows],
+        "errors": [a.last_error for a, _ in rows],
+        "results": [result for _, result in rows],
+    }
+    if history:
+        params.update(
+            actor=actor,
+            events=[a.event for a, _ in rows],
+            attempts=[a.attempt for a, _ in rows],
+        )
+    return params
 
 
 def _fetch_all(

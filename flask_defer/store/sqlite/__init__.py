@@ -52,6 +52,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import OperationalError
 
 from ...jobs import Job
+from ..chunking import runs_by_size
 from ..claim_sql import QUEUES_JSON, due_ids_sql, keyed_ids_sql
 from ..parts import StoreParts, insert_values
 from ..records import SETTLING, Ack, BatchItems, HistoryEvent, NewJob
@@ -398,7 +399,7 @@ class SqliteDriver:
         if sql is None:
             sql = self._sql["insert-many"] = self._insert_many_sql()
         created = self.stored_time(now)
-        for chunk in _by_size(rows, BULK_CHUNK_BYTES, _payload_bytes):
+        for chunk in runs_by_size(rows, BULK_CHUNK_BYTES, _payload_bytes):
             conn.exec_driver_sql(sql, (created, created, json.dumps(chunk)))
         if self.store.history_table is None:
             return
@@ -590,7 +591,7 @@ class SqliteDriver:
         # bound alone was, instead of being stored as text nothing could read back.
         chunks = [
             json.dumps(chunk, ensure_ascii=False)
-            for chunk in _by_size(rows, BULK_CHUNK_BYTES, _ack_bytes)
+            for chunk in runs_by_size(rows, BULK_CHUNK_BYTES, _ack_bytes)
         ]
         with self.durable_write() as conn:
             returned = [
@@ -678,21 +679,6 @@ def _json_values(count: int, names: Sequence[str] = ()) -> str:
 #: job's other values add a hundred bytes or so): far below SQLite's 1 GB limit on a
 #: parameter, and large enough that a 10,000-job batch of small payloads is one.
 BULK_CHUNK_BYTES = 16_000_000
-
-
-def _by_size(
-    rows: list[list[Any]], budget: int, size_of: Callable[[list[Any]], int]
-) -> Iterator[list[list[Any]]]:
-    """*rows* in runs whose sizes (*size_of* each row's large values) and per-row
-    overhead add up to about *budget* bytes, each run at least one row."""
-    start, size = 0, 0
-    for i, row in enumerate(rows):
-        cost = size_of(row) + 128
-        if size and size + cost > budget:
-            yield rows[start:i]
-            start, size = i, 0
-        size += cost
-    yield rows[start:]
 
 
 _PAYLOAD_AT = BULK_COLUMNS.index("payload")
