@@ -279,8 +279,9 @@ class Worker:
         return max(min(waits), 0.0 if claimed else MIN_SLEEP)
 
     def _end_of_burst(self, now: datetime) -> float | None:
-        """None when a burst run that runs nothing and owes no outcome is over; 0.0 when
-        it must claim again after all.
+        """None when a burst run that runs nothing and owes no outcome is over, else the
+        sleep before it claims again (:data:`MIN_SLEEP`, as for any due job a claim
+        did not get).
 
         The round's own look for the next due job may predate outcomes written since
         (a handler that ended after the claim): one that freed a concurrency key's
@@ -290,7 +291,7 @@ class Worker:
         queues = self.options.queues
         again = self.store.next_run_at(queues=queues, now=now)
         if again is not None and again <= now:
-            return 0.0
+            return MIN_SLEEP
         self.summary.left = self.store.count_due(now=now, queues=queues)
         if self.summary.left:
             logger.info(
