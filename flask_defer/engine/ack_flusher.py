@@ -17,7 +17,14 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import (
+    DataError,
+    DBAPIError,
+    IntegrityError,
+    InternalError,
+    ProgrammingError,
+    SQLAlchemyError,
+)
 
 from .execution import Outcome, PendingAck
 from .logs import brief
@@ -26,6 +33,19 @@ logger = logging.getLogger("flask_defer.worker")
 
 #: Longest pause between attempts to write a batch while the database is down.
 MAX_RETRY_DELAY = 5.0
+
+
+def refused_for_its_values(error: SQLAlchemyError) -> bool:
+    """Whether the database refused a write for what it holds (a constraint or a
+    trigger of the app's, a value out of range or too large, a table that does not fit
+    the statement) rather than for its own state (gone, locked, full, out of
+    connections), so that the same write would fail the same way however often it is
+    retried. PEP 249 sorts them so: the state's errors are ``OperationalError`` and
+    ``InterfaceError``; an app trigger's ``RAISE`` is ``IntegrityError`` on SQLite and
+    ``ProgrammingError`` on PostgreSQL."""
+    if not isinstance(error, DBAPIError) or error.connection_invalidated:
+        return False
+    return isinstance(error, IntegrityError | DataError | InternalError | ProgrammingError)
 
 #: One handed-in outcome, and whether it counts in the summary (False: abandoned at
 #: its timeout, already counted as a timeout).
@@ -125,22 +145,9 @@ class AckFlusher:
         try:
             outcomes = self._write([pending for pending, _ in batch])
         except SQLAlchemyError as error:
-            self._failures += 1
-            delay = min(0.1 * 2.0 ** min(self._failures - 1, 10), MAX_RETRY_DELAY)
-            with self._cond:
-                self._entries[:0] = batch  # ahead of newer ones
-                self._writing = 0
-                self._deadline = time.monotonic() + (0.0 if self._stopping else delay)
-            level = logging.ERROR if self._stopping else logging.WARNING
-            logger.log(
-                level,
-                "could not write %d outcome(s) (%s); %s",
-                len(batch),
-                brief(error),
-                "those jobs run again when their leases lapse"
-                if self._stopping
-                else f"retrying in {delay:.1f} s",
-            )
+            if refused_for_its_values(error):
+                return self._write_one_by_one(batch, error)
+            self._put_back(batch, error)
             return False
         except Exception:  # noqa: BLE001 - the flusher must outlive a bad batch
             # Not the database: retrying would fail the same way. The rows stay running
@@ -149,14 +156,91 @@ class AckFlusher:
             with self._cond:
                 self._writing = 0
             return True
-        if self._failures:
-            logger.info("outcomes written again after %d failed attempt(s)", self._failures)
-            self._failures = 0
         try:
-            for outcome, (_, counted) in zip(outcomes, batch, strict=True):
-                if counted:
-                    self._settled(outcome)
+            self._count(outcomes, batch)
         finally:
             with self._cond:
                 self._writing = 0
         return True
+
+    def _count(self, outcomes: list[Outcome], entries: Sequence[Entry]) -> None:
+        """*entries* were written, with these *outcomes*: the counted ones are settled."""
+        if self._failures:
+            logger.info("outcomes written again after %d failed attempt(s)", self._failures)
+            self._failures = 0
+        for outcome, (_, counted) in zip(outcomes, entries, strict=True):
+            if counted:
+                self._settled(outcome)
+
+    def _put_back(self, entries: list[Entry], error: SQLAlchemyError) -> None:
+        """The database could not take *entries* now: ahead of newer ones, they are tried
+        again after a pause that doubles with each failure (at once when stopping)."""
+        self._failures += 1
+        delay = min(0.1 * 2.0 ** min(self._failures - 1, 10), MAX_RETRY_DELAY)
+        with self._cond:
+            self._entries[:0] = entries
+            self._writing = 0
+            self._deadline = time.monotonic() + (0.0 if self._stopping else delay)
+        level = logging.ERROR if self._stopping else logging.WARNING
+        logger.log(
+            level,
+            "could not write %d outcome(s) (%s); %s",
+            len(entries),
+            brief(error),
+            "those jobs run again when their leases lapse"
+            if self._stopping
+            else f"retrying in {delay:.1f} s",
+        )
+
+    def _write_one_by_one(self, batch: list[Entry], error: SQLAlchemyError) -> bool:
+        """The database refused *batch* for a value in it, not for its own state: each
+        outcome is written on its own, so that one it refuses for good (an app's trigger
+        or constraint on the jobs table, a value too large for it) holds none of the
+        others back. Retried as a batch, it would fail the same way for ever, with
+        every newer outcome behind it.
+
+        An outcome refused on its own is dropped, logged with the database's reason: its
+        row stays running and its job runs again once its lease lapses, as a killed
+        worker's would. Should the database fail otherwise meanwhile (gone, locked), the
+        outcomes not written yet go back for the usual retry (False).
+        """
+        written: list[Outcome] = []
+        entries: list[Entry] = []
+        try:
+            if len(batch) == 1:
+                self._drop(batch[0][0], error)
+                return True
+            logger.warning(
+                "the database refused a batch of %d outcomes (%s); writing them one by one",
+                len(batch),
+                brief(error),
+            )
+            for i, entry in enumerate(batch):
+                try:
+                    (outcome,) = self._write([entry[0]])
+                except SQLAlchemyError as alone:
+                    if not refused_for_its_values(alone):
+                        self._put_back(batch[i:], alone)  # back before the flusher looks idle
+                        return False
+                    self._drop(entry[0], alone)
+                    continue
+                written.append(outcome)
+                entries.append(entry)
+            return True
+        finally:
+            try:
+                for outcome, (_, counted) in zip(written, entries, strict=True):
+                    if counted:
+                        self._settled(outcome)
+            finally:
+                with self._cond:
+                    self._writing = 0
+
+    @staticmethod
+    def _drop(pending: PendingAck, error: SQLAlchemyError) -> None:
+        logger.error(
+            "could not write the outcome of job %s (%s); dropped: the job runs again "
+            "when its lease lapses",
+            pending.ack.job_id,
+            brief(error),
+        )
