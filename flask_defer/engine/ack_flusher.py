@@ -47,6 +47,7 @@ def refused_for_its_values(error: SQLAlchemyError) -> bool:
         return False
     return isinstance(error, IntegrityError | DataError | InternalError | ProgrammingError)
 
+
 #: One handed-in outcome, and whether it counts in the summary (False: abandoned at
 #: its timeout, already counted as a timeout).
 Entry = tuple[PendingAck, bool]
@@ -164,10 +165,14 @@ class AckFlusher:
         return True
 
     def _count(self, outcomes: list[Outcome], entries: Sequence[Entry]) -> None:
-        """*entries* were written, with these *outcomes*: the counted ones are settled."""
+        """The batch is written, after any failed attempts: its counted outcomes settle."""
         if self._failures:
             logger.info("outcomes written again after %d failed attempt(s)", self._failures)
             self._failures = 0
+        self._settle(outcomes, entries)
+
+    def _settle(self, outcomes: list[Outcome], entries: Sequence[Entry]) -> None:
+        """*entries* were written, with these *outcomes*: the counted ones are settled."""
         for outcome, (_, counted) in zip(outcomes, entries, strict=True):
             if counted:
                 self._settled(outcome)
@@ -229,9 +234,7 @@ class AckFlusher:
             return True
         finally:
             try:
-                for outcome, (_, counted) in zip(written, entries, strict=True):
-                    if counted:
-                        self._settled(outcome)
+                self._settle(written, entries)
             finally:
                 with self._cond:
                     self._writing = 0
