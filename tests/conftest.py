@@ -33,8 +33,11 @@ from flask_defer.store.schema import define_history_table, define_jobs_table
 from .pg_cluster import PostgresCluster
 from .pg_databases import EmptyDatabases
 from .screenshots import DOCS_SCREENSHOTS, OPTION, publish
+from .template_cache import share_compiled_templates
 
 BACKENDS = ["sqlite", "postgresql"]
+
+share_compiled_templates()
 
 
 @pytest.fixture(scope="session")

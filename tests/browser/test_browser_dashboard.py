@@ -322,14 +322,17 @@ def screenshot_of_a_refreshing(element: Locator, path: Path, attempts: int = 5) 
 
     Playwright waits for the element to be stable before it shoots; on a loaded machine
     that wait can outlast the next refresh, which detaches the element it waited for
-    ("Element is not attached to the DOM"). The refreshed copy is shot instead.
+    ("Element is not attached to the DOM", or "Node is either not visible or not an
+    HTMLElement" when the swap lands while Playwright scrolls the old copy into view). The
+    refreshed copy is shot instead.
     """
+    swapped = ("not attached to the DOM", "Node is either not visible or not an HTMLElement")
     for attempt in range(attempts):
         try:
             element.screenshot(path=str(path))
             return
         except PlaywrightError as error:
-            if "not attached to the DOM" not in str(error) or attempt == attempts - 1:
+            if not any(sign in str(error) for sign in swapped) or attempt == attempts - 1:
                 raise
 
 
