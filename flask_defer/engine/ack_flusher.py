@@ -17,14 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
-from sqlalchemy.exc import (
-    DataError,
-    DBAPIError,
-    IntegrityError,
-    InternalError,
-    ProgrammingError,
-    SQLAlchemyError,
-)
+from sqlalchemy.exc import SQLAlchemyError
 
 from .execution import Outcome, PendingAck
 from .logs import brief
@@ -33,19 +26,6 @@ logger = logging.getLogger("flask_defer.worker")
 
 #: Longest pause between attempts to write a batch while the database is down.
 MAX_RETRY_DELAY = 5.0
-
-
-def refused_for_its_values(error: SQLAlchemyError) -> bool:
-    """Whether the database refused a write for what it holds (a constraint or a
-    trigger of the app's, a value out of range or too large, a table that does not fit
-    the statement) rather than for its own state (gone, locked, full, out of
-    connections), so that the same write would fail the same way however often it is
-    retried. PEP 249 sorts them so: the state's errors are ``OperationalError`` and
-    ``InterfaceError``; an app trigger's ``RAISE`` is ``IntegrityError`` on SQLite and
-    ``ProgrammingError`` on PostgreSQL."""
-    if not isinstance(error, DBAPIError) or error.connection_invalidated:
-        return False
-    return isinstance(error, IntegrityError | DataError | InternalError | ProgrammingError)
 
 
 #: One handed-in outcome, and whether it counts in the summary (False: abandoned at
@@ -57,7 +37,10 @@ class AckFlusher:
     """Outcomes handed in by handler threads, written in batches by one thread.
 
     *write* writes a batch and returns its outcomes in order (``Runner.flush``);
-    *settled* is called with each counted outcome once written.
+    *settled* is called with each counted outcome once written. *refused* tells a
+    batch the database refused for a value in it, written again one outcome at a time,
+    from one it could not take for its own state, retried whole
+    (``JobStore.refuses_values``).
     """
 
     def __init__(
@@ -66,9 +49,11 @@ class AckFlusher:
         settled: Callable[[Outcome], None],
         flush_after: float,
         *,
+        refused: Callable[[SQLAlchemyError], bool],
         keeping: Callable[[], AbstractContextManager[None]] = nullcontext,
     ) -> None:
         self.flush_after = flush_after
+        self._refused = refused
         #: The flushing thread's scope: the store keeps its connection in between
         #: batches (``JobStore.keeping_connections``).
         self._keeping = keeping
@@ -146,7 +131,7 @@ class AckFlusher:
         try:
             outcomes = self._write([pending for pending, _ in batch])
         except SQLAlchemyError as error:
-            if refused_for_its_values(error):
+            if self._refused(error):
                 return self._write_one_by_one(batch, error)
             self._put_back(batch, error)
             return False
@@ -224,7 +209,7 @@ class AckFlusher:
                 try:
                     (outcome,) = self._write([entry[0]])
                 except SQLAlchemyError as alone:
-                    if not refused_for_its_values(alone):
+                    if not self._refused(alone):
                         self._put_back(batch[i:], alone)  # back before the flusher looks idle
                         return False
                     self._drop(entry[0], alone)

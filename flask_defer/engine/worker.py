@@ -117,7 +117,7 @@ class Worker:
         # Handlers' outcomes, written in batches on the flusher's own thread.
         self._acks = AckFlusher(
             self._flush, self._count, options.ack_flush.total_seconds(),
-            keeping=store.keeping_connections,
+            refused=store.refuses_values, keeping=store.keeping_connections,
         )  # fmt: skip
         # Ids of the keyed jobs (a concurrency_key) this worker started and has not
         # acknowledged yet: their acknowledgement frees a slot of their key.

@@ -21,7 +21,15 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import (
+    DataError,
+    DBAPIError,
+    IntegrityError,
+    InternalError,
+    OperationalError,
+    ProgrammingError,
+    SQLAlchemyError,
+)
 
 from ..jobs import JobStatus
 from .claim_sql import KEYED_MEMORY, ClaimTables
@@ -232,6 +240,21 @@ class StoreBase:
         # status = 'pending' may use the partial indexes on pending rows (SQLite always,
         # PostgreSQL in generic plans of prepared statements).
         return self.table.c.status == literal_column("'pending'")
+
+    def refuses_values(self, error: SQLAlchemyError) -> bool:
+        """Whether the database refused a write for what it holds (a constraint or a
+        trigger of the app's, a value out of range or too large, a table that does not
+        fit the statement) rather than for its own state (gone, locked, full, out of
+        connections), so that the same write would fail the same way however often it
+        is retried. PEP 249 sorts most of them so: the state's errors are
+        ``OperationalError`` and ``InterfaceError``; an app trigger's ``RAISE`` is
+        ``IntegrityError`` on SQLite and ``ProgrammingError`` on PostgreSQL. The driver
+        knows the rest (:meth:`Driver.past_a_limit`)."""
+        if not isinstance(error, DBAPIError) or error.connection_invalidated:
+            return False
+        if isinstance(error, IntegrityError | DataError | InternalError | ProgrammingError):
+            return True
+        return self.driver.past_a_limit(error)
 
     def _lost_pending_index(self, error: OperationalError) -> bool:
         """After "no such index" (a database migrated without it), stop naming it."""

@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar, Protocol
 
 from sqlalchemy import ColumnElement, Connection, Dialect, Engine, Select, Table
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ..jobs import Job
 from .parts import StoreParts
@@ -94,6 +94,12 @@ class Driver(Protocol):
 
     def lost_index(self, error: OperationalError) -> bool:
         """After a "no such index" error: stop naming indexes; True if that was it."""
+
+    def past_a_limit(self, error: DBAPIError) -> bool:
+        """The database refused a statement at one of its own limits (a value or a
+        statement too large) and reported it under an error class that PEP 249 keeps
+        for its state, so the same write would fail the same way however often it is
+        retried."""
 
     def key_startswith(self, table: Table, prefix: str) -> ColumnElement[bool]:
         """``key`` starts with *prefix* exactly (case and wildcards included)."""

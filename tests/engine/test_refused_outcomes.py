@@ -1,15 +1,17 @@
 """An outcome the database refuses for its values holds none of the others back, on
 both backends: a worker whose batch of outcomes fails on one job's row (an app's
-trigger on the jobs table, here) writes the others one by one, drops only the refused
-one, and that job runs again once its lease lapses."""
+trigger on the jobs table, a result past the database's size limit) writes the others
+one by one, drops only the refused one, and that job runs again once its lease lapses."""
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
+from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from flask_defer import Job, JobStatus
 
@@ -75,3 +77,69 @@ def test_an_outcome_the_database_refuses_holds_none_of_the_others_back(
         # Nothing lost: the lease lapses and the job runs again, written this time.
         wait_until(lambda: load(kit, refused).status is JobStatus.DONE, timeout=15)
     assert sorted(ran) == sorted(ids + [refused])
+
+
+#: The size limit the test gives the database: 1 MB, where PostgreSQL's jsonb stops at
+#: 256 MB and SQLite's strings at 1 GB (values a test should not have to build).
+LIMIT = 1_000_000
+
+
+def limit_result_size(kit: AppKit, backend: str) -> None:
+    """Make the database refuse a result over :data:`LIMIT` as it refuses one over its
+    own limit: SQLite with its length limit lowered (SQLITE_TOOBIG), PostgreSQL with a
+    trigger raising the server's own error for it, SQLSTATE 54000 "program limit
+    exceeded" (which psycopg raises as OperationalError)."""
+    engine = kit.defer.store.engine
+    if backend == "sqlite":
+
+        @event.listens_for(engine, "connect")
+        def lower_limit(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, LIMIT)
+
+        engine.dispose()  # every connection from now on has the limit
+        return
+    table = kit.defer.store.table.name
+    with kit.defer.store.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE FUNCTION limit_result() RETURNS trigger LANGUAGE plpgsql AS $$"
+                f" BEGIN IF octet_length(NEW.result::text) > {LIMIT} THEN"
+                " RAISE EXCEPTION 'total size of jsonb object elements exceeds the maximum'"
+                " USING ERRCODE = 'program_limit_exceeded'; END IF; RETURN NEW; END $$"
+            )
+        )
+        conn.execute(
+            text(
+                f"CREATE TRIGGER limit_result BEFORE UPDATE ON {table}"
+                " FOR EACH ROW EXECUTE FUNCTION limit_result()"
+            )
+        )
+
+
+def test_a_result_past_the_databases_size_limit_holds_none_of_the_others_back(
+    make_kit: MakeKit, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, PostgreSQL's limit error was retried as if the database were down: the
+    batch, and every outcome merged into it, waited until the leases lapsed."""
+    kit = make_kit(DEFER_ACK_FLUSH=0.3, DEFER_LEASE=30)
+
+    @kit.defer.job("report")
+    def report(job: Job) -> dict[str, str]:
+        return {"text": "x" * job.payload["size"]}
+
+    sizes = [10, 2 * LIMIT, 10, 10]
+    ids = [kit.defer.schedule("report", {"size": size}).id for size in sizes]
+    kit.db.session.commit()
+    too_big = ids[1]
+    limit_result_size(kit, backend)
+    caplog.set_level(logging.WARNING, logger="flask_defer.worker")
+    with kit.app.app_context():
+        worker = kit.defer.worker(concurrency=4)
+    with worker_thread(worker):
+        others = [i for i in ids if i != too_big]
+        # Well inside the 30 s lease: only writing them apart from the big one does it.
+        wait_until(lambda: all(load(kit, i).status is JobStatus.DONE for i in others), timeout=15)
+        wait_until(lambda: f"could not write the outcome of job {too_big}" in caplog.text)
+        assert load(kit, too_big).status is JobStatus.RUNNING  # dropped; runs after its lease
+    assert "retrying in" not in caplog.text  # never taken for the database's state
+    assert [load(kit, i).result for i in others] == [{"text": "x" * 10}] * 3

@@ -52,7 +52,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ...errors import NotConfigured
 from ...jobs import Job, JobStatus
@@ -211,6 +211,12 @@ class PostgresDriver:
 
     def lost_index(self, error: OperationalError) -> bool:
         return False
+
+    def past_a_limit(self, error: DBAPIError) -> bool:
+        # SQLSTATE class 54, "program limit exceeded": a jsonb value over 256 MB, an
+        # array parameter over 1 GB, too many columns or arguments. psycopg raises it
+        # as OperationalError, the class of a database that is down or busy.
+        return str(getattr(error.orig, "sqlstate", None) or "").startswith("54")
 
     def key_startswith(self, table: Table, prefix: str) -> ColumnElement[bool]:
         # autoescape escapes % and _ in the bound prefix, so "a_b:" matches only itself.

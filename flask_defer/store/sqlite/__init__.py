@@ -49,7 +49,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import sqlite
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ...jobs import Job
 from ..chunking import runs_by_size
@@ -185,6 +185,11 @@ class SqliteDriver:
             return ""
         quote = self.store.engine.dialect.identifier_preparer.quote
         return f" INDEXED BY {quote(index_name)}"
+
+    def past_a_limit(self, error: DBAPIError) -> bool:
+        # A string or blob over SQLite's length limit is DataError (SQLITE_TOOBIG): PEP
+        # 249's class for a value, already told apart by the class alone.
+        return False
 
     def lost_index(self, error: OperationalError) -> bool:
         """After "no such index" (a database migrated without it), stop naming indexes."""
