@@ -4,9 +4,10 @@
 
 Checks BASE_REV out into a temporary worktree and measures it and this checkout side
 by side (``bench.ab_case``: enqueue one by one, a burst drain, the µs of one
-``schedule()``, a bulk ``schedule_many()``), alternating which goes first each round,
-each measurement a fresh process with the tree first on ``PYTHONPATH`` (and the case script of this
-checkout, so any revision can be the base), on SQLite and on a throwaway
+``schedule()``, a bulk ``schedule_many()``, ``batch()`` appends one by one), alternating
+which goes first each round, each measurement a fresh process with the tree first on
+``PYTHONPATH`` (and the case script of this checkout, so any revision can be the base),
+on SQLite and on a throwaway
 PostgreSQL with fsync on (as users run it). Prints the medians and new/base per
 figure: how a hot-path change is checked against its parent commit.
 """
@@ -25,7 +26,9 @@ from pathlib import Path
 from tests.pg_cluster import PostgresCluster
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = (("enqueue", 2000), ("drain", 5000), ("schedule", 300), ("bulk", 10000))
+CASES = (
+    ("enqueue", 2000), ("drain", 5000), ("schedule", 300), ("bulk", 10000), ("batch", 2000),
+)
 
 
 def measure(tree: Path, backend: str, case: str, n: int) -> float:
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             for case, _ in cases:
                 base = statistics.median(results[("base", case)])
                 new = statistics.median(results[("new", case)])
-                unit = "µs" if case == "schedule" else "jobs/s"
+                unit = {"schedule": "µs", "batch": "items/s"}.get(case, "jobs/s")
                 print(f"{backend:10} {case:8} base {base:8,.1f} {unit}  new {new:8,.1f} {unit}"
                       f"  new/base {new / base:.3f}  ({args.rounds} rounds)")  # fmt: skip
     finally:

@@ -1,11 +1,13 @@
 """One measurement of whichever flask_defer is first on ``PYTHONPATH`` (see :mod:`bench.ab`).
 
-``python -m bench.ab_case URL enqueue|drain|schedule|bulk N`` prints one figure:
+``python -m bench.ab_case URL enqueue|drain|schedule|bulk|batch N`` prints one figure:
 
 * ``enqueue``: jobs/s of ``schedule()`` + ``db.session.commit()``, one by one;
 * ``drain``: jobs/s of a burst worker (4 threads) over N due no-op jobs;
 * ``schedule``: µs of one ``schedule()`` before its commit (the Python cost);
-* ``bulk``: jobs/s of ``schedule_many()`` of N payloads + commit, median of 5.
+* ``bulk``: jobs/s of ``schedule_many()`` of N payloads + commit, median of 5;
+* ``batch``: items/s of ``defer.batch()`` + ``db.session.commit()``, one by one, to one
+  key (batches of at most 50 items: each full batch opens the next).
 
 URL is ``sqlite`` (a fresh file) or a PostgreSQL URL (a fresh table in it).
 """
@@ -69,6 +71,15 @@ def _measure(defer: Defer, db: SQLAlchemy, what: str, n: int) -> float:
         began = time.perf_counter()
         for i in range(n):
             defer.schedule("noop", {"i": i}, delay=3600)
+            db.session.commit()
+        return n / (time.perf_counter() - began)
+    if what == "batch":
+        for i in range(100):  # warm-up
+            defer.batch("noop", key="warm-up", item=i, window=3600, max_items=50)
+            db.session.commit()
+        began = time.perf_counter()
+        for i in range(n):
+            defer.batch("noop", key="post:1", item={"i": i}, window=3600, max_items=50)
             db.session.commit()
         return n / (time.perf_counter() - began)
     if what == "bulk":

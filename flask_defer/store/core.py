@@ -138,6 +138,8 @@ class StoreBase:
         # other prebuilt control statements, by name.
         self._ack_one_sql: dict[str, Any] = {}
         self._control_sql: dict[str, Any] = {}
+        # The prebuilt batch statements (BatchStatements), by variant.
+        self._batch_sql: dict[tuple[str, bool, bool, bool], Any] = {}
 
     @property
     def quoted_table(self) -> str:

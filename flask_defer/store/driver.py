@@ -113,8 +113,9 @@ class Driver(Protocol):
     def lock_batch_key(self, conn: Connection, lock_name: str) -> None:
         """Serialise appends to one batch key for the rest of *conn*'s transaction."""
 
-    def batch_items(self, table: Table, item_json: str) -> BatchItems:
-        """The JSON expressions of appending *item_json* to a batch row."""
+    def batch_items(self, table: Table, item_json: ColumnElement[str]) -> BatchItems:
+        """The JSON expressions of appending *item_json* (the item as JSON text, a bound
+        parameter) to a batch row."""
 
     @property
     def null_time(self) -> str:

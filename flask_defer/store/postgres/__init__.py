@@ -39,13 +39,11 @@ from sqlalchemy import (
     Engine,
     Select,
     Table,
-    Text,
     any_,
     bindparam,
     event,
     func,
     insert,
-    literal,
     literal_column,
     select,
     update,
@@ -238,7 +236,7 @@ class PostgresDriver:
             {"k": lock_name},
         )
 
-    def batch_items(self, table: Table, item_json: str) -> BatchItems:
+    def batch_items(self, table: Table, item_json: ColumnElement[str]) -> BatchItems:
         t = table
         items = t.c.payload.op("->")(literal_column("'items'"))
         return BatchItems(
@@ -249,7 +247,7 @@ class PostgresDriver:
             appended=func.jsonb_set(
                 t.c.payload,
                 literal_column("'{items}'"),
-                items.op("||")(sql_cast(literal("[" + item_json + "]", Text()), postgresql.JSONB)),
+                items.op("||")(func.jsonb_build_array(sql_cast(item_json, postgresql.JSONB))),
             ),
             flush_by=sql_cast(
                 t.c.payload.op("->>")(literal_column("'flush_by'")),

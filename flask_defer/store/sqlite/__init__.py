@@ -38,13 +38,11 @@ from sqlalchemy import (
     Engine,
     Select,
     Table,
-    Text,
     bindparam,
     case,
     event,
     func,
     insert,
-    literal,
     literal_column,
     update,
 )
@@ -220,14 +218,14 @@ class SqliteDriver:
     def lock_batch_key(self, conn: Connection, lock_name: str) -> None:
         return None  # one writer at a time: appends already take turns
 
-    def batch_items(self, table: Table, item_json: str) -> BatchItems:
+    def batch_items(self, table: Table, item_json: ColumnElement[str]) -> BatchItems:
         t = table
         iso = func.json_extract(t.c.payload, literal_column("'$.flush_by'"))
         return BatchItems(
             count_before=func.json_array_length(t.c.payload, literal_column("'$.items'")),
             count_after=literal_column("json_array_length(payload, '$.items')"),
             appended=func.json_insert(
-                t.c.payload, literal_column("'$.items[#]'"), func.json(literal(item_json, Text()))
+                t.c.payload, literal_column("'$.items[#]'"), func.json(item_json)
             ),
             # flush_by is ISO 8601 UTC; SQLite stores times as "YYYY-MM-DD
             # HH:MM:SS.ffffff", which compares correctly as text once the "T" and the
