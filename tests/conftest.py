@@ -30,6 +30,7 @@ from flask_defer import Defer
 from flask_defer.store import JobStore, NewJob
 from flask_defer.store.schema import define_history_table, define_jobs_table
 
+from .long_first import long_tests_first
 from .pg_cluster import PostgresCluster
 from .pg_databases import EmptyDatabases
 from .screenshots import DOCS_SCREENSHOTS, OPTION, publish
@@ -245,6 +246,13 @@ def _without_surrogates(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(_without_surrogates(item) for item in value)
     return value
+
+
+@pytest.hookimpl(trylast=True)  # after -m has deselected
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long tests first, spread over the test processes (``tests/long_first``)."""
+    workerinput = getattr(config, "workerinput", None)
+    long_tests_first(items, int(workerinput["workercount"]) if workerinput else 1)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -194,6 +194,7 @@ def test_batch_refuses_bad_arguments(kit: AppKit, digests: list[Job]) -> None:
         kit.defer.batch("nobody", key="post:1", item=1)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("max_items", [None, 7], ids=["window0", "max_items7"])
 def test_items_racing_the_worker_are_delivered_exactly_once(
     kit: AppKit, digests: list[Job], backend: str, max_items: int | None
@@ -269,6 +270,7 @@ def test_items_racing_the_worker_are_delivered_exactly_once(
     )
 
 
+@pytest.mark.long
 def test_appenders_beside_a_running_worker_never_wait_past_the_busy_timeout(
     make_app: Callable[..., AppKit], backend: str
 ) -> None:
@@ -339,6 +341,7 @@ def test_appenders_beside_a_running_worker_never_wait_past_the_busy_timeout(
     )
 
 
+@pytest.mark.long
 def test_eight_producers_beside_a_worker_deliver_four_thousand_items_exactly_once(
     make_app: Callable[..., AppKit], backend: str
 ) -> None:

@@ -29,7 +29,7 @@ from flask_defer import JobStatus
 from ..dashboard_app import Seeded, create_app, seed
 from ..demo_helpers import dispose, make_demo
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.long]
 
 PHONE = {"viewport": {"width": 375, "height": 740}, "is_mobile": True, "has_touch": True}
 DESKTOP = {"viewport": {"width": 1280, "height": 800}}

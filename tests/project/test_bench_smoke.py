@@ -12,9 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
+@pytest.mark.long
 def test_quick_enqueue_run_writes_the_expected_markdown(tmp_path: Path) -> None:
     output = tmp_path / "benchmarks.md"
     result = subprocess.run(

@@ -280,6 +280,7 @@ def assert_installed_in(python: Path, site: str, env: dict[str, str], tmp_path: 
     assert "quickstart ok 1 409 404" in result.stdout
 
 
+@pytest.mark.long
 def test_the_readme_install_lines_install_the_built_wheel_into_a_fresh_virtualenv(
     wheel: Path, tmp_path: Path
 ) -> None:
@@ -295,6 +296,7 @@ def test_the_readme_install_lines_install_the_built_wheel_into_a_fresh_virtualen
     assert_installed_in(python, site, env, tmp_path)
 
 
+@pytest.mark.long
 def test_the_readme_install_lines_install_from_a_clone_into_a_fresh_virtualenv(
     tmp_path: Path,
 ) -> None:

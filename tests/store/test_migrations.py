@@ -182,6 +182,7 @@ def shell(database_url: str, tmp_path: Path) -> Shell:
     return run
 
 
+@pytest.mark.long
 def test_the_readmes_flask_migrate_commands_run_as_written_in_their_own_processes(
     shell: Shell, tmp_path: Path
 ) -> None:
