@@ -197,8 +197,11 @@ def hold(job_id: int) -> ResponseReturnValue:
         current = defer.get(job_id)
         state = ToastState.of(current, utcnow()) if current is not None else ToastState.UNDONE
         return no_store(safe_json(409, state=state.value))
-    left = job.undo_seconds_left(now)
-    capped = left < seconds - 0.05
+    # Capped: the window ends sooner than asked, counted from before the hold. What is
+    # left is counted from after it, so the toast never shows more time than the job
+    # has (from *now* it read a few ms more than asked, under load).
+    capped = job.undo_seconds_left(now) < seconds - 0.05
+    left = job.undo_seconds_left(utcnow())
     answer = safe_json(state=ToastState.OPEN.value, seconds_left=round(left, 3), capped=capped)
     return no_store(answer)
 
