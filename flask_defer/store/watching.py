@@ -19,14 +19,12 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
 
-def watched(conn: Connection, *, own_listeners: int = 0) -> bool:
-    """Whether *conn*'s engine logs its statements or has cursor listeners beyond the
-    *own_listeners* ``before_cursor_execute`` ones flask_defer itself installed."""
+def watched(conn: Connection) -> bool:
+    """Whether *conn*'s engine logs its statements or has cursor listeners (flask_defer
+    installs none: SQLite's write lock wraps the dialect instead)."""
     dispatch = conn.dispatch
     return bool(
-        conn.engine.echo
-        or dispatch.after_cursor_execute
-        or len(dispatch.before_cursor_execute) > own_listeners
+        conn.engine.echo or dispatch.after_cursor_execute or dispatch.before_cursor_execute
     )
 
 

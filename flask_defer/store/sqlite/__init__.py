@@ -58,7 +58,7 @@ from ..utc_datetime import UTCDateTime
 from ..watching import sqlalchemy_error, watched
 from .durability import sync_file, wal_file, without_flush_wait
 from .tuples import Prepared, insert_statement
-from .write_lock import begin_write, own_listeners, take_turns_to_write
+from .write_lock import begin_write, take_turns_to_write
 
 logger = logging.getLogger("flask_defer")
 
@@ -252,7 +252,7 @@ class SqliteDriver:
             return
         if len(events) == 1:
             statement, params = insert_statement(conn, history, events[0].row(), self._tuples)
-            begin_write(conn)  # the cursor skips the listener that takes the lock in turn
+            begin_write(conn)  # the cursor skips the dialect, which takes the lock in turn
             _run(conn, statement, params)
             return
         stamp = self.stored_time
@@ -327,8 +327,8 @@ class SqliteDriver:
         around it cost more (profiled). The cursor, inside the caller's transaction,
         sends the compiled statement with each column's own conversion; *payload_json*
         (the text validation made of the payload) is stored as it is, as the JSON
-        column would have encoded it. The cursor bypasses SQLAlchemy's statement
-        events, where the app's writes take the write lock in turn, so the
+        column would have encoded it. The cursor bypasses the dialect's execution,
+        where the app's writes take the write lock in turn, so the
         transaction is opened that way here; nor do SQL logging and tracing see this
         insert (unlike the claim and the acknowledgements, see :func:`_run`): asking
         whether anyone watches, and a cursor per statement, cost a tenth of a 65 µs
@@ -718,20 +718,16 @@ def _run(conn: Connection, sql: str, params: Any) -> Any:
     Its error is SQLAlchemy's (the store recognises a lost index by its
     ``OperationalError``; the worker's loop and the acknowledgement flusher retry on
     ``SQLAlchemyError``). While anyone watches the engine's statements
-    (:mod:`..watching`; the write lock's own listener watches nothing) it runs through
+    (:mod:`..watching`) it runs through
     SQLAlchemy instead, so they see it.
     """
-    if _watched(conn):
+    if watched(conn):
         return _Rows(conn.exec_driver_sql(sql, params))
     dbapi: Any = conn.connection.driver_connection
     try:
         return dbapi.execute(sql, params)
     except sqlite3.Error as error:
         raise sqlalchemy_error(conn, sql, params, error) from error
-
-
-def _watched(conn: Connection) -> bool:
-    return watched(conn, own_listeners=own_listeners(conn))
 
 
 class _Rows:

@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, Engine, event
+from sqlalchemy import Connection, Engine
 
 from ..watching import sqlalchemy_error
 
@@ -317,42 +317,55 @@ def take_turns_to_write(engine: Engine, busy_timeout_ms: int) -> None:
 
     pysqlite opens a (deferred) transaction just before the first INSERT, UPDATE,
     DELETE or REPLACE on a connection that is not in one; that statement then waits
-    for the write lock in SQLite's busy handler. This listener opens it a moment
+    for the write lock in SQLite's busy handler. The engine's dialect opens it a moment
     earlier as ``BEGIN IMMEDIATE`` through :class:`WriteLock`, the same transaction
     with a fair wait. So the app's own writes (a ``db.session.flush()`` before
     ``defer.batch``), the batch append and the worker's writes all queue alike.
     Connections in autocommit (``isolation_level=None``) are left alone.
+
+    The dialect's ``do_execute``, ``do_executemany`` and ``do_execute_no_params`` are
+    wrapped (once per dialect, as :func:`hand_over_at_end` wraps its commit), not a
+    ``before_cursor_execute`` listener added: any listener on an engine makes
+    SQLAlchemy join the engine's events into every connection it opens and dispatch
+    them at every statement, which cost each write transaction of the app more than
+    taking the lock did (profiled). Its error is the driver's, which SQLAlchemy turns
+    into its own naming the statement, as for any statement.
     """
+    dialect: Any = engine.dialect
+    if getattr(dialect, "_flask_defer_takes_turns", False):
+        return
     lock = write_lock_of(engine)
 
-    def before_execute(
-        conn: Connection, _cursor: Any, statement: str, parameters: Any, *_args: Any
-    ) -> None:
-        dbapi = conn.connection.dbapi_connection
+    def take_turn(cursor: Any, statement: str) -> None:
+        dbapi = cursor.connection
         if (
-            not isinstance(dbapi, sqlite3.Connection)
-            or dbapi.in_transaction
-            or dbapi.isolation_level is None
-            or not _is_dml(statement)
+            isinstance(dbapi, sqlite3.Connection)
+            and not dbapi.in_transaction
+            and dbapi.isolation_level is not None
+            and _is_dml(statement)
         ):
-            return
-        try:
             lock.begin(dbapi, busy_timeout_ms)
-        except sqlite3.Error as error:
-            raise sqlalchemy_error(conn, statement, parameters, error) from error
 
-    event.listen(engine, "before_cursor_execute", before_execute)
-    _listened.add(engine)
+    execute, executemany = dialect.do_execute, dialect.do_executemany
+    execute_no_params = dialect.do_execute_no_params
 
+    def do_execute(cursor: Any, statement: str, parameters: Any, context: Any = None) -> None:
+        take_turn(cursor, statement)
+        execute(cursor, statement, parameters, context)
 
-#: The engines the write lock's cursor listener is installed on (see own_listeners).
-_listened: weakref.WeakSet[Engine] = weakref.WeakSet()
+    def do_executemany(
+        cursor: Any, statement: str, parameters: Any, context: Any = None
+    ) -> None:
+        take_turn(cursor, statement)
+        executemany(cursor, statement, parameters, context)
 
+    def do_execute_no_params(cursor: Any, statement: str, context: Any = None) -> None:
+        take_turn(cursor, statement)
+        execute_no_params(cursor, statement, context)
 
-def own_listeners(conn: Connection) -> int:
-    """How many of *conn*'s ``before_cursor_execute`` listeners are the write lock's
-    (0 or 1, never removed): they watch no statement for anyone (``store.watching``)."""
-    return 1 if conn.engine in _listened else 0
+    dialect.do_execute, dialect.do_executemany = do_execute, do_executemany
+    dialect.do_execute_no_params = do_execute_no_params
+    dialect._flask_defer_takes_turns = True
 
 
 def _is_dml(statement: str) -> bool:
