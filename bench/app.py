@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -159,6 +160,17 @@ def param_time(value: datetime) -> Any:
 def sqlite_time(value: datetime) -> str:
     """A UTC datetime in the text format flask_defer stores on SQLite."""
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def time_binder(backend: str) -> Callable[[datetime], Any]:
+    """What :func:`param_time` does on *backend*, chosen once: the session floors call it
+    twice per job, and asking the app for its engine each time was a tenth of the
+    floor's own Python (profiled)."""
+    return sqlite_time if backend == "sqlite" else _as_is
+
+
+def _as_is(value: datetime) -> datetime:
+    return value
 
 
 def create_app(database_url: str | None = None, **config: Any) -> Flask:

@@ -17,7 +17,7 @@ from typing import Any
 from flask import Flask
 from sqlalchemy import text
 
-from .app import NOOP, create_app, db, defer, param_time
+from .app import NOOP, create_app, db, defer, time_binder
 from .env import Database
 from .results import Sample
 
@@ -43,15 +43,16 @@ class FlaskDeferApp:
         app's session, one commit each. No target names it; it shows what the session
         costs before ``schedule()`` does anything (on SQLite the app's engine also takes
         flask_defer's write lock in turn, as every write transaction of the app does)."""
-        sql = text(_SESSION_INSERT[self.database.backend])
+        sql = text(SESSION_INSERT[self.database.backend])
+        bound = time_binder(self.database.backend)
         with self.app.app_context():
             for n in range(count):
                 now = datetime.now(UTC)
-                at = param_time(now + timedelta(seconds=delay_seconds))
+                at = bound(now + timedelta(seconds=delay_seconds))
                 db.session.execute(
                     sql,
                     {"name": NOOP, "payload": json.dumps({"n": n}), "run_at": at,
-                     "now": param_time(now)},
+                     "now": bound(now)},
                 )  # fmt: skip
                 db.session.commit()
         return count
@@ -74,7 +75,7 @@ class FlaskDeferApp:
             db.engine.dispose()
 
 
-_SESSION_INSERT = {
+SESSION_INSERT = {
     backend: (
         "INSERT INTO defer_jobs (name, queue, payload, status, run_at, due_at, attempts,"
         " max_attempts, created_at, updated_at) VALUES (:name, 'default', "

@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import raw
 from ..fd import FlaskDeferApp
+from ..plain import PlainSessionApp
 from ..results import Contender, interleave, log, rate_rows, timed
 from . import Context, Section, peer_classes
 from .lazy import Lazy
@@ -15,6 +16,7 @@ DELAY = 3600.0
 RAW_BULK = "raw executemany, one transaction"
 RAW_EACH = "raw INSERT + commit per job"
 SESSION_EACH = "raw INSERT through db.session + commit"
+PLAIN_EACH = "plain Flask-SQLAlchemy app: raw INSERT through db.session + commit"
 
 
 def run(ctx: Context) -> Section:
@@ -112,8 +114,23 @@ def _contenders(ctx: Context, backend: str) -> tuple[list[Contender], list[Conte
             )
         )
 
+    def plain_session() -> None:
+        database = ctx.env.database(backend, f"enqueue plain session {backend}")
+        raw.create_jobs_table(database)
+        app = PlainSessionApp(database)
+        each.append(
+            Contender(
+                PLAIN_EACH,
+                setup=lambda: raw.clear(database),
+                run=lambda: timed(lambda: app.session_insert_each(sizes.enqueue_each, DELAY)),
+                teardown=app.close,
+                note="the same INSERT in a Flask-SQLAlchemy app flask_defer never touched",
+            )
+        )
+
     raw_pair()
     flask_defer_pair()
+    plain_session()
     for peer_class in peer_classes(backend):
         database = ctx.env.database(backend, f"enqueue {peer_class.__name__} {backend}")
         peer: Lazy[Any] = Lazy(lambda c=peer_class, d=database: c(d), peer_class.label)

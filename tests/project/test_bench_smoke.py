@@ -53,6 +53,8 @@ def test_quick_enqueue_run_writes_the_expected_markdown(tmp_path: Path) -> None:
             ("flask_defer schedule_many() + commit", "bulk"),
             ("raw INSERT + commit per job", "one by one"),
             ("flask_defer schedule() + commit", "one by one"),
+            ("raw INSERT through db.session + commit", "one by one"),
+            ("plain Flask-SQLAlchemy app: raw INSERT through db.session + commit", "one by one"),
         ):
             (row,) = [r for r in mine if f"| {contender} |" in r and f"enqueue, {kind}" in r]
             cells = [cell.strip() for cell in row.strip("|").split("|")]
