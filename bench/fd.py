@@ -8,17 +8,16 @@ start-up is not counted (as it would not be for a long-running worker).
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from flask import Flask
-from sqlalchemy import text
 
-from .app import NOOP, create_app, db, defer, time_binder
+from .app import NOOP, create_app, db, defer
 from .env import Database
+from .plain import insert_each_through
 from .results import Sample
 
 
@@ -43,19 +42,8 @@ class FlaskDeferApp:
         app's session, one commit each. No target names it; it shows what the session
         costs before ``schedule()`` does anything (on SQLite the app's engine also takes
         flask_defer's write lock in turn, as every write transaction of the app does)."""
-        sql = text(SESSION_INSERT[self.database.backend])
-        bound = time_binder(self.database.backend)
         with self.app.app_context():
-            for n in range(count):
-                now = datetime.now(UTC)
-                at = bound(now + timedelta(seconds=delay_seconds))
-                db.session.execute(
-                    sql,
-                    {"name": NOOP, "payload": json.dumps({"n": n}), "run_at": at,
-                     "now": bound(now)},
-                )  # fmt: skip
-                db.session.commit()
-        return count
+            return insert_each_through(db.session, self.database.backend, count, delay_seconds)
 
     def enqueue_bulk(self, count: int, delay_seconds: float) -> int:
         with self.app.app_context():
@@ -74,16 +62,6 @@ class FlaskDeferApp:
             db.session.remove()
             db.engine.dispose()
 
-
-SESSION_INSERT = {
-    backend: (
-        "INSERT INTO defer_jobs (name, queue, payload, status, run_at, due_at, attempts,"
-        " max_attempts, created_at, updated_at) VALUES (:name, 'default', "
-        + ("CAST(:payload AS jsonb)" if backend == "postgresql" else ":payload")
-        + ", 'pending', :run_at, :run_at, 0, 3, :now, :now)"
-    )
-    for backend in ("postgresql", "sqlite")
-}
 
 
 def drain_in_processes(database: Database, processes: int) -> Sample:

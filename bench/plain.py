@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
@@ -21,7 +22,6 @@ from sqlalchemy import text
 
 from .app import NOOP, time_binder
 from .env import Database
-from .fd import SESSION_INSERT
 
 
 class PlainSessionApp:
@@ -38,21 +38,38 @@ class PlainSessionApp:
 
     def session_insert_each(self, count: int, delay_seconds: float) -> int:
         """The INSERT of one job and a commit, *count* times, through ``db.session``."""
-        sql = text(SESSION_INSERT[self.database.backend])
-        bound = time_binder(self.database.backend)
         with self.app.app_context():
-            for n in range(count):
-                now = datetime.now(UTC)
-                at = bound(now + timedelta(seconds=delay_seconds))
-                self.db.session.execute(
-                    sql,
-                    {"name": NOOP, "payload": json.dumps({"n": n}), "run_at": at,
-                     "now": bound(now)},
-                )  # fmt: skip
-                self.db.session.commit()
-        return count
+            return insert_each_through(self.db.session, self.database.backend, count, delay_seconds)
 
     def close(self) -> None:
         with self.app.app_context():
             self.db.session.remove()
             self.db.engine.dispose()
+
+
+#: The INSERT of one job, as SQL text: flask_defer's own columns, nothing more.
+SESSION_INSERT = {
+    backend: (
+        "INSERT INTO defer_jobs (name, queue, payload, status, run_at, due_at, attempts,"
+        " max_attempts, created_at, updated_at) VALUES (:name, 'default', "
+        + ("CAST(:payload AS jsonb)" if backend == "postgresql" else ":payload")
+        + ", 'pending', :run_at, :run_at, 0, 3, :now, :now)"
+    )
+    for backend in ("postgresql", "sqlite")
+}
+
+
+def insert_each_through(session: Any, backend: str, count: int, delay_seconds: float) -> int:
+    """:data:`SESSION_INSERT` and a commit, *count* times, through *session* (a
+    ``db.session``), the jobs due *delay_seconds* from now."""
+    sql = text(SESSION_INSERT[backend])
+    bound = time_binder(backend)
+    for n in range(count):
+        now = datetime.now(UTC)
+        at = bound(now + timedelta(seconds=delay_seconds))
+        session.execute(
+            sql,
+            {"name": NOOP, "payload": json.dumps({"n": n}), "run_at": at, "now": bound(now)},
+        )
+        session.commit()
+    return count
