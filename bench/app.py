@@ -152,9 +152,7 @@ def _dialect() -> str:
 def param_time(value: datetime) -> Any:
     """*value* as a bound parameter of the jobs table's time columns."""
     # The table stores naive UTC text on SQLite (flask_defer's UTCDateTime format).
-    if _dialect() == "sqlite":
-        return sqlite_time(value)
-    return value
+    return time_binder(_dialect())(value)
 
 
 def sqlite_time(value: datetime) -> str:
@@ -163,9 +161,9 @@ def sqlite_time(value: datetime) -> str:
 
 
 def time_binder(backend: str) -> Callable[[datetime], Any]:
-    """What :func:`param_time` does on *backend*, chosen once: the session floors call it
-    twice per job, and asking the app for its engine each time was a tenth of the
-    floor's own Python (profiled)."""
+    """How a time is bound on *backend*, chosen once (:func:`param_time` asks the app for
+    its engine at each call, which was a tenth of the session floors' own Python,
+    profiled)."""
     return sqlite_time if backend == "sqlite" else _as_is
 
 

@@ -63,7 +63,6 @@ class FlaskDeferApp:
             db.engine.dispose()
 
 
-
 def drain_in_processes(database: Database, processes: int) -> Sample:
     """Run ``defer.run_due()`` in *processes* fresh interpreters at once."""
     context = multiprocessing.get_context("spawn")
