@@ -35,10 +35,12 @@ from .pg_cluster import PostgresCluster
 from .pg_databases import EmptyDatabases
 from .screenshots import DOCS_SCREENSHOTS, OPTION, publish
 from .template_cache import share_compiled_templates
+from .url_rule_cache import share_compiled_url_builders
 
 BACKENDS = ["sqlite", "postgresql"]
 
 share_compiled_templates()
+share_compiled_url_builders()
 
 
 @pytest.fixture(scope="session")

@@ -447,6 +447,7 @@ def test_a_groups_pages_link_members_and_callback_and_abort_works_from_the_keybo
     first = group.jobs[0].id
     link = workflow.get_by_role("link", name=f"#{first} send_email")
     link.focus()
+    expect(link).to_be_focused()  # so a miss below is the link's, not a lost focus
     page.keyboard.press("Enter")
     expect(page).to_have_url(f"{live.url}/defer/jobs/{first}")
     expect(page.locator("[data-defer-related=children]")).to_contain_text(f"#{group.id}")

@@ -512,13 +512,13 @@ def test_release_and_acks_of_the_dead_are_noops_on_a_settled_job(
 def test_worker_processes_write_every_tick_of_a_one_second_schedule_exactly_once(
     spawn: Any, database_url: str, backend: str
 ) -> None:
-    # Three processes on PostgreSQL for 30 s; SQLite, one writer at a time, two
+    # Three processes on PostgreSQL for 20 s; SQLite, one writer at a time, two
     # processes for 15 s. Every process syncs the same declaration and races for
     # every tick: the compare-and-set on the schedule's next tick lets one win. (It
-    # ran a minute on PostgreSQL, the suite's longest test; 30 s still races three
-    # processes for about thirty ticks.)
+    # ran a minute on PostgreSQL, then 30 s, still the suite's longest test at 36 s;
+    # 20 s still races three processes for about twenty ticks.)
     app = worker_app.create_app(database_url, RECURRING_EVERY=1)
-    seconds = 30 if backend == "postgresql" else 15
+    seconds = 20 if backend == "postgresql" else 15
     try:
         workers = [
             spawn(database_url, "--concurrency", "2", RECURRING_EVERY=1)
