@@ -28,9 +28,9 @@ _Builder = Callable[..., tuple[str, str]]
 
 def share_compiled_url_builders() -> None:
     """Make every URL rule bound from now on in this process reuse an equal rule's builder."""
-    compile_builder = Rule._compile_builder
-    if getattr(compile_builder, "shared", False):
-        return
+    compile_builder = getattr(Rule, "_compile_builder", None)
+    if compile_builder is None or getattr(compile_builder, "shared", False):
+        return  # a Werkzeug without it (the cache's test says so), or installed already
     builders: dict[tuple[Any, ...], _Builder] = {}
 
     def shared_builder(self: Rule, append_unknown: bool = True) -> _Builder:
