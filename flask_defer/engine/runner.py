@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from datetime import datetime, timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -43,15 +43,17 @@ def claim_due(
     queues: Collection[str] | None = None,
     actor: str = "app",
     look_first: bool = True,
+    token: str | None = None,
 ) -> list[Job]:
-    """Claim up to *limit* jobs due at *now* under a fresh token, leased for *lease*.
+    """Claim up to *limit* jobs due at *now* under *token* (a fresh one by default),
+    leased for *lease*.
 
     The claim counts each job's attempt: claim only jobs that start now.
     """
     return store.claim(
         now=now,
         limit=limit,
-        token=uuid.uuid4().hex,
+        token=token or uuid.uuid4().hex,
         lease_until=now + lease,
         queues=queues,
         actor=actor,
@@ -82,6 +84,8 @@ class Runner:
         self.actor = actor
         #: What this runner ran, per minute, queue and name: written every few seconds.
         self.activity = ActivityCounter(store)
+        #: Tokens of claims that raised: they may have committed all the same.
+        self._unanswered: list[str] = []
 
     def claim(
         self,
@@ -91,16 +95,49 @@ class Runner:
         queues: Collection[str] | None = None,
         look_first: bool = True,
     ) -> list[Job]:
-        """Claim at most ``min(limit, claim_batch)`` due jobs (see :func:`claim_due`)."""
-        return claim_due(
-            self.store,
-            now=now,
-            limit=min(limit, self.claim_batch),
-            lease=self.lease,
-            queues=queues,
-            actor=self.actor,
-            look_first=look_first,
-        )
+        """Claim at most ``min(limit, claim_batch)`` due jobs (see :func:`claim_due`).
+
+        A claim that raises is remembered by its token: :meth:`adopt_unanswered`
+        starts what it took if it committed all the same.
+        """
+        token = uuid.uuid4().hex
+        try:
+            return claim_due(
+                self.store,
+                now=now,
+                limit=min(limit, self.claim_batch),
+                lease=self.lease,
+                queues=queues,
+                actor=self.actor,
+                look_first=look_first,
+                token=token,
+            )
+        except SQLAlchemyError:
+            self._unanswered.append(token)
+            raise
+
+    def adopt_unanswered(self, now: datetime) -> Iterator[Job]:
+        """The jobs of this runner's claims that raised but committed, leased anew.
+
+        A claim whose reply the database never sent (it went away after the commit)
+        leaves its jobs running with their attempt counted and no handler: "attempts
+        count handler starts" would not hold, and they would wait a lease. The caller
+        starts what this yields, before anything reclaims lapsed leases. A token is
+        forgotten once looked up; if the look raises, it is kept for the next call,
+        and what earlier tokens gave was yielded already.
+        """
+        while self._unanswered:
+            jobs = self.store.adopt_claim(
+                self._unanswered[0], now=now, lease_until=now + self.lease
+            )
+            self._unanswered.pop(0)
+            if jobs:
+                logger.warning(
+                    "a claim raised after it committed: %d job(s) adopted by its token "
+                    "and started",
+                    len(jobs),
+                )
+            yield from jobs
 
     def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:
         """Run one claimed job's handler; acknowledge its outcome now, or with ``batch``

@@ -227,7 +227,14 @@ class Worker:
             self._progress.maybe_log(self.summary)
 
     def _step(self) -> float | None:
-        """One round: housekeeping, then the claim. Returns how long to sleep."""
+        """One round: housekeeping, then the claim. Returns how long to sleep.
+
+        First, the jobs of a claim that raised but committed are started (see
+        ``Runner.adopt_unanswered``): before housekeeping, whose reclaim would hand
+        them back with an attempt spent once their lease lapsed.
+        """
+        for job in self.runner.adopt_unanswered(self.clock()):
+            self._start(job)
         self._housekeeping()
         if self._stop.is_set():
             return 0.0

@@ -84,6 +84,31 @@ class UpkeepStatements(DependencyStatements):
         with self.begin() as conn:
             return int(conn.execute(stmt, params).rowcount)
 
+    def adopt_claim(self, token: str, *, now: datetime, lease_until: datetime) -> list[Job]:
+        """The jobs a claim under *token* took, if they are still its own, leased anew to
+        *lease_until*: for a claimer whose claim raised, so never answered.
+
+        A claim can commit on the server and still raise in the claimer: the database
+        went away between its commit and its reply. Those jobs are running, their
+        attempt counted, and no handler has them. Adopting them by the token the
+        claimer sent starts them after all, rather than a lease later with an attempt
+        spent on nothing. The update is guarded like an acknowledgement: a job the
+        reclaim already handed back, or that another claim took since, is not touched.
+        A claim that never committed adopts nothing.
+        """
+        t = self.table
+        stmt = (
+            update(t)
+            .where(t.c.status == JobStatus.RUNNING.value, t.c.claim_token == token)
+            .values(lease_expires_at=lease_until, updated_at=now)
+            .returning(*t.c)
+        )
+        with self.begin() as conn:
+            rows = conn.execute(stmt).mappings().all()
+        jobs = [Job.from_row(row) for row in rows]
+        jobs.sort(key=lambda job: (job.priority, job.run_at, job.id))
+        return jobs
+
     def reclaim_lapsed(self, *, now: datetime, actor: str = "app") -> tuple[int, int]:
         """Return jobs whose lease lapsed to pending (or failed when out of attempts).
 

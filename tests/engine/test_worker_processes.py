@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from flask import Flask
 from sqlalchemy import select
+from sqlalchemy.engine import make_url
 
 from flask_defer import Job, JobStatus
 from flask_defer.store import NewJob
@@ -31,6 +32,7 @@ from flask_defer.timeutil import utcnow
 
 from .. import worker_app
 from ..pg_cluster import PostgresCluster
+from ..reply_cutter import ReplyCutter
 from ..worker_helpers import ROOT, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.slow
@@ -310,6 +312,36 @@ def test_a_job_runs_at_most_max_attempts_plus_one_per_database_crash(
             with app.app_context():
                 worker_app.db.session.remove()
                 worker_app.db.engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_claim_whose_reply_is_lost_after_its_commit_is_adopted_and_each_job_runs_once(
+    app: Flask, database_url: str, spawn: Any, backend: str
+) -> None:
+    """Guarantees, "attempts count handler starts": a claim that committed but whose
+    reply never came (the connection died in between) has its jobs started by the
+    worker that sent it, found by its token, not handed back a lease later with an
+    attempt spent on nothing. The lease is a minute, so a worker that forgot the claim
+    would not finish in time."""
+    jobs = [schedule(app, "record") for _ in range(5)]
+    url = make_url(database_url)
+    assert url.host is not None and url.port is not None
+    with ReplyCutter(url.host, url.port, marker=b"attempts = attempts + 1") as cutter:
+        relayed = url.set(
+            host="127.0.0.1", port=cutter.port, query={**url.query, "sslmode": "disable"}
+        ).render_as_string(hide_password=False)
+        worker = spawn(relayed, DEFER_LEASE=60, DEFER_POLL_INTERVAL=0.1)
+        worker.wait_started()
+        wait_until(lambda: count_done(app) == len(jobs), timeout=20, interval=0.1)
+        assert cutter.cuts == 1, worker.log()
+        log = worker.log()
+        assert "database error in the worker loop" in log
+        assert "5 job(s) adopted by its token" in log
+    assert sorted(run.job_id for run in runs(app)) == [j.id for j in jobs]  # once each
+    assert {run.attempt for run in runs(app)} == {1}
+    assert {job(app, j.id).attempts for j in jobs} == {1}
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.log()
 
 
 # -- SQLite writer contention --------------------------------------------------------------

@@ -559,6 +559,36 @@ def test_heartbeat_extends_only_rows_this_claim_still_owns(
     assert _get(store, ids[1]).lease_expires_at == now + timedelta(seconds=30)
 
 
+def test_adopting_a_claim_by_its_token_returns_and_leases_only_the_rows_it_still_owns(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """A claimer whose claim raised after the commit gets its jobs back by the token it
+    sent, leased anew; the reclaim's and another claim's rows stay theirs."""
+    ids = [insert(store, new_job(run_at=now - timedelta(seconds=n)), now) for n in range(4)]
+    claimed = store.claim(now=now, limit=4, token="lost", lease_until=now + timedelta(seconds=2))
+    assert len(claimed) == 4
+    with store.begin() as conn:
+        conn.execute(  # one row another claim took since, one the worker finished
+            text("UPDATE defer_jobs SET claim_token = 'theirs' WHERE id = :id"), {"id": ids[1]}
+        )
+    assert store.acknowledge_many([Ack(ids[2], "lost", "done")], now=now) == {ids[2]}
+    later = now + timedelta(seconds=1)
+    until = later + timedelta(seconds=30)
+
+    adopted = store.adopt_claim("lost", now=later, lease_until=until)
+
+    assert sorted(job.id for job in adopted) == [ids[0], ids[3]]
+    assert [job.id for job in adopted] == [ids[3], ids[0]]  # in the claim's order
+    for job in adopted:
+        assert job.status is JobStatus.RUNNING and job.claim_token == "lost"
+        assert job.attempts == 1 and job.lease_expires_at == until
+        assert job.payload == _get(store, job.id).payload
+        assert _get(store, job.id).lease_expires_at == until
+    assert _get(store, ids[1]).lease_expires_at == now + timedelta(seconds=2)
+    assert _get(store, ids[2]).status is JobStatus.DONE
+    assert store.adopt_claim("never-committed", now=later, lease_until=until) == []
+
+
 @pytest.mark.parametrize("backend", ["postgresql"])
 def test_a_batched_ack_writes_the_free_rows_and_waits_for_a_held_one_alone(
     store: JobStore, new_job: MakeJob, now: datetime
