@@ -122,7 +122,8 @@ class Runner:
         A claim whose reply the database never sent (it went away after the commit)
         leaves its jobs running with their attempt counted and no handler: "attempts
         count handler starts" would not hold, and they would wait a lease. The caller
-        starts what this yields, before anything reclaims lapsed leases. A token is
+        starts what this yields, before anything reclaims lapsed leases (or, stopping,
+        releases it with the attempt given back). A token is
         forgotten once looked up; if the look raises, it is kept for the next call,
         and what earlier tokens gave was yielded already.
         """
@@ -133,8 +134,7 @@ class Runner:
             self._unanswered.pop(0)
             if jobs:
                 logger.warning(
-                    "a claim raised after it committed: %d job(s) adopted by its token "
-                    "and started",
+                    "a claim raised after it committed: %d job(s) adopted by its token",
                     len(jobs),
                 )
             yield from jobs

@@ -440,11 +440,25 @@ class Worker:
 
     # -- shutdown -----------------------------------------------------------------
 
+    def _unanswered_claims(self) -> list[Job]:
+        """The jobs of a claim that raised but committed, which no round adopted before
+        the stop: released like the claimed jobs no thread took. A database still
+        down leaves them to their leases."""
+        try:
+            return list(self.runner.adopt_unanswered(self.clock()))
+        except SQLAlchemyError as error:
+            logger.error(
+                "could not look up the jobs of a claim that raised (%s); if it committed, "
+                "they return to pending when their leases lapse",
+                _brief(error),
+            )
+            return []
+
     def _shutdown(self) -> None:
         """Let running handlers finish within the grace period; release the rest."""
         # Claimed jobs that no thread took yet go back at once, not after the grace.
-        withdrawn = self.pool.withdraw_queued()
-        release(self.store, [t.job for t in withdrawn], "claimed but not started", self.clock())
+        withdrawn = [t.job for t in self.pool.withdraw_queued()] + self._unanswered_claims()
+        release(self.store, withdrawn, "claimed but not started", self.clock())
         grace = self.options.shutdown_grace.total_seconds()
         grace_ends = time.monotonic() + grace
         wait_for_handlers(self.pool, grace, self._record_timeouts)

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Integer, String, event, select, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flask_defer import InvalidArgument, Job, JobStatus, NotYet, RetryAfter, signals
@@ -218,6 +219,82 @@ def test_unknown_handler_stays_pending_and_counts_in_health(
     web = make_kit()
     web.defer.job("ghost")(lambda job: None)
     assert web.defer.health(now=now).unknown_handlers == 1
+
+
+def _claims_losing_the_first_reply(
+    store: Any, monkeypatch: pytest.MonkeyPatch, then: Callable[[], None] = lambda: None
+) -> list[Job]:
+    """The store's claim commits as ever; the first one that takes jobs then raises as
+    a connection lost before the reply would (after *then*). Returns what it took."""
+    real = store.claim
+    lost: list[Job] = []
+
+    def claim(**options: Any) -> list[Job]:
+        claimed: list[Job] = real(**options)
+        if claimed and not lost:
+            lost.extend(claimed)
+            then()
+            reason = Exception("server closed the connection unexpectedly")
+            raise OperationalError("the claim", {}, reason)
+        return claimed
+
+    monkeypatch.setattr(store, "claim", claim)
+    return lost
+
+
+def test_a_claim_that_raised_after_its_commit_has_its_jobs_adopted_and_run_once(
+    make_kit: MakeKit, now: datetime, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """Guarantees, "attempts count handler starts": the worker's next round finds the
+    jobs by the claim's token and starts them, their one attempt counted once."""
+    kit = make_kit()
+    ran: list[tuple[int, int]] = []
+
+    @kit.defer.job("note")
+    def note(job: Job) -> None:
+        ran.append((job.id, job.attempts))
+
+    jobs = [kit.defer.schedule("note", {"n": n}, run_at=now) for n in range(3)]
+    kit.db.session.commit()
+    lost = _claims_losing_the_first_reply(kit.defer.store, monkeypatch)
+
+    with caplog.at_level(logging.WARNING, logger="flask_defer.worker"):
+        summary = burst(kit, at=now)
+
+    assert len(lost) == 3
+    assert sorted(ran) == sorted((job.id, 1) for job in jobs)
+    assert summary.done == 3
+    for job in jobs:
+        settled = load(kit, job.id)
+        assert settled.status is JobStatus.DONE and settled.attempts == 1
+    assert "3 job(s) adopted by its token" in caplog.text
+
+
+def test_a_worker_stopped_after_a_claim_raised_gives_the_claims_jobs_back_unspent(
+    make_kit: MakeKit, now: datetime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped before a round could adopt them, the worker releases those jobs as it
+    releases claimed jobs no thread took: pending, their attempt given back."""
+    kit = make_kit()
+    ran: list[int] = []
+
+    @kit.defer.job("note")
+    def note(job: Job) -> None:
+        ran.append(job.id)
+
+    jobs = [kit.defer.schedule("note", {"n": n}, run_at=now) for n in range(3)]
+    kit.db.session.commit()
+    worker = kit.defer.worker(burst=True, clock=lambda: now)
+    lost = _claims_losing_the_first_reply(kit.defer.store, monkeypatch, then=worker.stop)
+
+    worker.run(install_signal_handlers=False)
+
+    assert len(lost) == 3 and ran == []
+    for job in jobs:
+        released = load(kit, job.id)
+        assert released.status is JobStatus.PENDING
+        assert released.attempts == 0 and released.claim_token is None
+        assert [event.event for event in kit.defer.history(job.id)] == ["scheduled"]
 
 
 # -- atomic handlers -----------------------------------------------------------------
