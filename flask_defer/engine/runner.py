@@ -76,6 +76,7 @@ class Runner:
         lease: timedelta,
         claim_batch: int,
         actor: str = "app",
+        adopts: bool = False,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -84,7 +85,10 @@ class Runner:
         self.actor = actor
         #: What this runner ran, per minute, queue and name: written every few seconds.
         self.activity = ActivityCounter(store)
-        #: Tokens of claims that raised: they may have committed all the same.
+        #: With *adopts* (a worker's own runner): tokens of claims that raised, which may
+        #: have committed all the same. Not for ``run_due``'s runner, which lives as long
+        #: as the app and has no next round to adopt them in.
+        self._adopts = adopts
         self._unanswered: list[str] = []
 
     def claim(
@@ -97,8 +101,8 @@ class Runner:
     ) -> list[Job]:
         """Claim at most ``min(limit, claim_batch)`` due jobs (see :func:`claim_due`).
 
-        A claim that raises is remembered by its token: :meth:`adopt_unanswered`
-        starts what it took if it committed all the same.
+        With *adopts*, a claim that raises is remembered by its token:
+        :meth:`adopt_unanswered` gives back what it took if it committed all the same.
         """
         token = uuid.uuid4().hex
         try:
@@ -113,7 +117,8 @@ class Runner:
                 token=token,
             )
         except SQLAlchemyError:
-            self._unanswered.append(token)
+            if self._adopts:
+                self._unanswered.append(token)
             raise
 
     def adopt_unanswered(self, now: datetime) -> Iterator[Job]:
@@ -137,6 +142,8 @@ class Runner:
                     "a claim raised after it committed: %d job(s) adopted by its token",
                     len(jobs),
                 )
+                if any(job.concurrency_key is not None for job in jobs):
+                    self.store.keyed_scheduled()  # as the claim would have said
             yield from jobs
 
     def execute(self, job: Job, clock: Clock, *, batch: bool = False) -> Outcome | PendingAck:

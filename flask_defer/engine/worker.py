@@ -90,8 +90,9 @@ class Worker:
         self.actor = f"worker:{self.name}"
         # The claim and the execution are run_due's own (one runner, one claim path).
         self.runner = Runner(
-            store, executor, lease=options.lease, claim_batch=options.claim_batch, actor=self.actor
-        )
+            store, executor, lease=options.lease, claim_batch=options.claim_batch,
+            actor=self.actor, adopts=True,
+        )  # fmt: skip
         self.registry = executor.registry
         self.options = options
         self.clock = clock
@@ -444,15 +445,18 @@ class Worker:
         """The jobs of a claim that raised but committed, which no round adopted before
         the stop: released like the claimed jobs no thread took. A database still
         down leaves them to their leases."""
+        adopted: list[Job] = []
         try:
-            return list(self.runner.adopt_unanswered(self.clock()))
+            # Gathered one by one: what an earlier token gave is kept if a later one raises.
+            for job in self.runner.adopt_unanswered(self.clock()):
+                adopted.append(job)
         except SQLAlchemyError as error:
             logger.error(
                 "could not look up the jobs of a claim that raised (%s); if it committed, "
                 "they return to pending when their leases lapse",
                 _brief(error),
             )
-            return []
+        return adopted
 
     def _shutdown(self) -> None:
         """Let running handlers finish within the grace period; release the rest."""

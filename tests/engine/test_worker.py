@@ -242,19 +242,31 @@ def _claims_losing_the_first_reply(
     return lost
 
 
+@pytest.mark.parametrize("kind", ["plain", "keyed", "coroutine"])
 def test_a_claim_that_raised_after_its_commit_has_its_jobs_adopted_and_run_once(
-    make_kit: MakeKit, now: datetime, monkeypatch: pytest.MonkeyPatch, caplog: Any
+    make_kit: MakeKit, now: datetime, monkeypatch: pytest.MonkeyPatch, caplog: Any, kind: str
 ) -> None:
     """Guarantees, "attempts count handler starts": the worker's next round finds the
-    jobs by the claim's token and starts them, their one attempt counted once."""
+    jobs by the claim's token and starts them, their one attempt counted once; keyed
+    jobs (claimed in a transaction of their own on PostgreSQL) and coroutine handlers
+    alike."""
     kit = make_kit()
     ran: list[tuple[int, int]] = []
 
-    @kit.defer.job("note")
-    def note(job: Job) -> None:
-        ran.append((job.id, job.attempts))
+    if kind == "coroutine":
 
-    jobs = [kit.defer.schedule("note", {"n": n}, run_at=now) for n in range(3)]
+        @kit.defer.job("note")
+        async def note_async(job: Job) -> None:
+            ran.append((job.id, job.attempts))
+
+    else:
+
+        @kit.defer.job("note")
+        def note(job: Job) -> None:
+            ran.append((job.id, job.attempts))
+
+    keyed = {"concurrency_key": "tenant:1", "concurrency_limit": 3} if kind == "keyed" else {}
+    jobs = [kit.defer.schedule("note", {"n": n}, run_at=now, **keyed) for n in range(3)]
     kit.db.session.commit()
     lost = _claims_losing_the_first_reply(kit.defer.store, monkeypatch)
 
@@ -295,6 +307,29 @@ def test_a_worker_stopped_after_a_claim_raised_gives_the_claims_jobs_back_unspen
         assert released.status is JobStatus.PENDING
         assert released.attempts == 0 and released.claim_token is None
         assert [event.event for event in kit.defer.history(job.id)] == ["scheduled"]
+
+
+def test_run_due_whose_claim_raised_after_its_commit_keeps_no_token(
+    make_kit: MakeKit, now: datetime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_due`` has no next round to adopt in, and its runner lives as long as the
+    app: a claim's error ends the call and leaves nothing behind in the runner."""
+    kit = make_kit()
+
+    @kit.defer.job("note")
+    def note(job: Job) -> None:
+        pass
+
+    jobs = [kit.defer.schedule("note", {"n": n}, run_at=now) for n in range(2)]
+    kit.db.session.commit()
+    lost = _claims_losing_the_first_reply(kit.defer.store, monkeypatch)
+
+    with pytest.raises(OperationalError):
+        kit.defer.run_due(now=now)
+
+    assert len(lost) == 2
+    assert kit.app.extensions["defer"].runner._unanswered == []
+    assert {load(kit, job.id).status for job in jobs} == {JobStatus.RUNNING}
 
 
 # -- atomic handlers -----------------------------------------------------------------
