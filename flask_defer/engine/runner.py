@@ -128,9 +128,9 @@ class Runner:
         leaves its jobs running with their attempt counted and no handler: "attempts
         count handler starts" would not hold, and they would wait a lease. The caller
         starts what this yields, before anything reclaims lapsed leases (or, stopping,
-        releases it with the attempt given back). A token is
-        forgotten once looked up; if the look raises, it is kept for the next call,
-        and what earlier tokens gave was yielded already.
+        releases it with the attempt given back). A token is forgotten once looked up;
+        if the look raises, it is kept for the next call, and what earlier tokens gave
+        was yielded already.
         """
         while self._unanswered:
             jobs = self.store.adopt_claim(
