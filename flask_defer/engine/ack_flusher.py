@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -36,8 +36,10 @@ Entry = tuple[PendingAck, bool]
 class AckFlusher:
     """Outcomes handed in by handler threads, written in batches by one thread.
 
-    *write* writes a batch and returns its outcomes in order (``Runner.flush``);
-    *settled* is called with each counted outcome once written. *refused* tells a
+    *write* writes a batch and returns its outcomes in order (``Runner.flush``); its
+    second argument names the jobs whose outcome was written once before and raised,
+    so may be written already. *settled* is called with each counted outcome once
+    written. *refused* tells a
     batch the database refused for a value in it, written again one outcome at a time,
     from one it could not take for its own state, retried whole
     (``JobStore.refuses_values``).
@@ -45,7 +47,7 @@ class AckFlusher:
 
     def __init__(
         self,
-        write: Callable[[Sequence[PendingAck]], list[Outcome]],
+        write: Callable[[Sequence[PendingAck], Collection[int]], list[Outcome]],
         settled: Callable[[Outcome], None],
         flush_after: float,
         *,
@@ -65,6 +67,9 @@ class AckFlusher:
         self._writing = 0  # entries taken out and not yet written
         self._stopping = False
         self._failures = 0
+        #: Jobs whose counted outcome went back after an error: that write may have
+        #: committed before the error, so the next one asks (``Executor.flush``).
+        self._tried: set[int] = set()
         self._thread = threading.Thread(target=self._run, name="flask-defer-acks", daemon=True)
 
     def __len__(self) -> int:
@@ -129,7 +134,7 @@ class AckFlusher:
         if not batch:
             return True
         try:
-            outcomes = self._write([pending for pending, _ in batch])
+            outcomes = self._write([pending for pending, _ in batch], self._tried_in(batch))
         except SQLAlchemyError as error:
             if self._refused(error):
                 return self._write_one_by_one(batch, error)
@@ -139,6 +144,7 @@ class AckFlusher:
             # Not the database: retrying would fail the same way. The rows stay running
             # and their jobs run again once their leases lapse.
             logger.exception("could not write %d outcome(s); dropped", len(batch))
+            self._tried.difference_update(pending.ack.job_id for pending, _ in batch)
             with self._cond:
                 self._writing = 0
             return True
@@ -149,6 +155,12 @@ class AckFlusher:
                 self._writing = 0
         return True
 
+    def _tried_in(self, entries: Sequence[Entry]) -> set[int]:
+        """The jobs of *entries* written once before: looked at only after an error."""
+        if not self._tried:
+            return set()
+        return {pending.ack.job_id for pending, _ in entries} & self._tried
+
     def _count(self, outcomes: list[Outcome], entries: Sequence[Entry]) -> None:
         """The batch is written, after any failed attempts: its counted outcomes settle."""
         if self._failures:
@@ -158,6 +170,8 @@ class AckFlusher:
 
     def _settle(self, outcomes: list[Outcome], entries: Sequence[Entry]) -> None:
         """*entries* were written, with these *outcomes*: the counted ones are settled."""
+        if self._tried:
+            self._tried.difference_update(pending.ack.job_id for pending, _ in entries)
         for outcome, (_, counted) in zip(outcomes, entries, strict=True):
             if counted:
                 self._settled(outcome)
@@ -166,6 +180,8 @@ class AckFlusher:
         """The database could not take *entries* now: ahead of newer ones, they are tried
         again after a pause that doubles with each failure (at once when stopping)."""
         self._failures += 1
+        # Not a time-out's late outcome (uncounted): its event kind may be the time-out's.
+        self._tried.update(pending.ack.job_id for pending, counted in entries if counted)
         delay = min(0.1 * 2.0 ** min(self._failures - 1, 10), MAX_RETRY_DELAY)
         with self._cond:
             self._entries[:0] = entries
@@ -207,7 +223,7 @@ class AckFlusher:
             )
             for i, entry in enumerate(batch):
                 try:
-                    (outcome,) = self._write([entry[0]])
+                    (outcome,) = self._write([entry[0]], self._tried_in([entry]))
                 except SQLAlchemyError as alone:
                     if not self._refused(alone):
                         self._put_back(batch[i:], alone)  # back before the flusher looks idle
@@ -224,8 +240,8 @@ class AckFlusher:
                 with self._cond:
                     self._writing = 0
 
-    @staticmethod
-    def _drop(pending: PendingAck, error: SQLAlchemyError) -> None:
+    def _drop(self, pending: PendingAck, error: SQLAlchemyError) -> None:
+        self._tried.discard(pending.ack.job_id)
         logger.error(
             "could not write the outcome of job %s (%s); dropped: the job runs again "
             "when its lease lapses",

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,6 +31,7 @@ from .outcomes import (
     RunSummary,
     UnstorableResult,
     abort_note,
+    asked_again,
     duration,
     error_summary,
     error_text,
@@ -268,19 +269,21 @@ class Executor:
             raise error  # run_due under Ctrl-C or sys.exit(): the process means to stop
         return outcome
 
-    def flush(
-        self, pending: Sequence[PendingAck], clock: Clock, *, actor: str = "app"
-    ) -> list[Outcome]:
+    def flush(self, pending: Sequence[PendingAck], clock: Clock, *, actor: str = "app",
+              tried: Collection[int] = ()) -> list[Outcome]:  # fmt: skip
         """Write *pending* acknowledgements in one batch; their outcomes, in order.
 
         A row whose claim no longer owns it (its lease lapsed and another worker took
         the job) is absent from the store's answer and comes back :attr:`Outcome.LOST`,
         exactly as a single acknowledgement would. The owned rows' history events, by
         *actor*, are written in the same statement (PostgreSQL) or transaction (SQLite).
+        *tried*: jobs whose last write raised (see ``JobStore.acknowledged_before``).
         """
         if not pending:
             return []
         owned = self.store.acknowledge_many([p.ack for p in pending], now=clock(), actor=actor)
+        if tried and len(owned) < len(pending):
+            owned |= self.store.acknowledged_before(asked_again(pending, owned, tried), actor=actor)
         return [p.settle(p.ack.job_id in owned) for p in pending]
 
     def _record(

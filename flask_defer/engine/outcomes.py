@@ -12,8 +12,9 @@ import json
 import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, cast
 
 from ..errors import InvalidArgument
@@ -104,6 +105,21 @@ class PendingAck:
     settle: Callable[[bool], Outcome]
     #: The claimed job (the activity counts read its queue, name and lateness).
     job: Job | None = None
+
+
+def asked_again(
+    pending: Sequence[PendingAck], owned: Collection[int], tried: Collection[int]
+) -> list[tuple[Ack, datetime]]:
+    """The acks of *pending* written once before (*tried*) and refused now, each with
+    its job's claim time: what ``JobStore.acknowledged_before`` is asked about."""
+    return [
+        (p.ack, p.job.updated_at)
+        for p in pending
+        if p.ack.job_id in tried
+        and p.ack.job_id not in owned
+        and p.job is not None
+        and p.job.updated_at is not None
+    ]
 
 
 #: Longest error text in a log line; the whole traceback is in the job's last_error.

@@ -154,12 +154,15 @@ class Runner:
             self.activity.record(job, result)
         return result
 
-    def flush(self, pending: Sequence[PendingAck], clock: Clock) -> list[Outcome]:
+    def flush(
+        self, pending: Sequence[PendingAck], clock: Clock, *, tried: Collection[int] = ()
+    ) -> list[Outcome]:
         """Write batched acknowledgements in one statement; their outcomes, in order.
 
         The one place batched outcomes are written, for ``run_due`` and the worker.
+        *tried*: see ``Executor.flush``.
         """
-        outcomes = self.executor.flush(pending, clock, actor=self.actor)
+        outcomes = self.executor.flush(pending, clock, actor=self.actor, tried=tried)
         for done, outcome in zip(pending, outcomes, strict=True):
             if done.job is not None:
                 self.activity.record(done.job, outcome)

@@ -309,11 +309,11 @@ class Worker:
             )
         return None
 
-    def _flush(self, batch: Sequence[PendingAck]) -> list[Outcome]:
-        """Write a batch of outcomes; a keyed one freed a slot of its key, so the loop
-        (and, where the database wakes them, other workers) claims again at once
-        rather than at the next poll."""
-        outcomes = self.runner.flush(batch, self.clock)
+    def _flush(self, batch: Sequence[PendingAck], tried: Collection[int]) -> list[Outcome]:
+        """Write a batch of outcomes (*tried*: see ``Executor.flush``); a keyed one freed
+        a slot of its key, so the loop (and, where the database wakes them, other
+        workers) claims again at once rather than at the next poll."""
+        outcomes = self.runner.flush(batch, self.clock, tried=tried)
         freed = {self._keyed.pop(p.ack.job_id, None) for p in batch} - {None}
         if freed:
             self.waker.wake()

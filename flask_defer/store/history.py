@@ -11,12 +11,14 @@ store has no history table and every call here does nothing.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, select
 
 from ..jobs import Job, JobEvent
 from .core import StoreBase
+from .records import Ack
 
 
 class HistoryStatements(StoreBase):
@@ -71,3 +73,33 @@ class HistoryStatements(StoreBase):
         # Ordered by id within each job: the last row seen per job is its latest start.
         return {int(job_id): str(actor) for job_id, actor in conn.execute(latest)}
 
+    def acknowledged_before(
+        self, acks: Sequence[tuple[Ack, datetime]], *, actor: str = "app"
+    ) -> set[int]:
+        """The ids of *acks* (each with the time its job was claimed) that an earlier
+        try of the same acknowledgement wrote: for a batch retried after an error.
+
+        A batch can commit and still raise in the writer (the database went away
+        between its commit and its reply); tried again, its compare-and-set finds
+        those rows settled and would report the claims lost. The evidence is the
+        ack's own history event: its kind, its attempt, by *actor*, since the claim.
+        A caller asks only about acks it wrote once before (never about a handler's
+        late outcome after its time-out, whose event kind a time-out can share).
+        Without the history table there is no evidence: the answer is empty.
+        """
+        h = self.history_table
+        if h is None or not acks:
+            return set()
+        wanted = {(ack.job_id, ack.event, ack.attempt): claimed for ack, claimed in acks}
+        stmt = select(h.c.job_id, h.c.event, h.c.attempt, h.c.at).where(
+            h.c.job_id.in_([ack.job_id for ack, _ in acks]),
+            h.c.actor == actor,
+            h.c.event.in_({ack.event for ack, _ in acks}),
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        return {
+            int(job_id)
+            for job_id, event, attempt, at in rows
+            if (claimed := wanted.get((job_id, event, attempt))) is not None and at >= claimed
+        }

@@ -332,6 +332,78 @@ def test_run_due_whose_claim_raised_after_its_commit_keeps_no_token(
     assert {load(kit, job.id).status for job in jobs} == {JobStatus.RUNNING}
 
 
+def test_a_batch_of_outcomes_that_raised_after_its_commit_is_not_reported_lost(
+    make_kit: MakeKit, now: datetime, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """The flusher retries a batch whose write raised; when that write had committed,
+    the retry's compare-and-set finds the rows settled. Its own history events say
+    they were its own: done, signalled once each, not "lease lapsed"."""
+    kit = make_kit()
+    kit.defer.job("note")(lambda job: None)
+    jobs = [kit.defer.schedule("note", {"n": n}, run_at=now) for n in range(3)]
+    kit.db.session.commit()
+    store = kit.defer.store
+    real = store.acknowledge_many
+    raised: list[int] = []
+
+    def acknowledge_then_lose_the_reply(acks: Any, **options: Any) -> set[int]:
+        owned: set[int] = real(acks, **options)
+        if not raised:
+            raised.append(len(owned))
+            raise OperationalError("the acknowledgement", {}, Exception("connection lost"))
+        return owned
+
+    monkeypatch.setattr(store, "acknowledge_many", acknowledge_then_lose_the_reply)
+    succeeded: list[int] = []
+    with (
+        signals.job_succeeded.connected_to(
+            lambda sender, **data: succeeded.append(data["job"].id), sender=kit.app
+        ),
+        caplog.at_level(logging.INFO, logger="flask_defer"),
+    ):
+        summary = burst(kit, at=now)
+
+    assert raised and raised[0] >= 1  # the first write committed outcomes, then raised
+    assert summary.done == 3 and summary.lost == 0
+    assert sorted(succeeded) == sorted(job.id for job in jobs)
+    assert "lease lapsed before acknowledgement" not in caplog.text
+    for job in jobs:
+        assert load(kit, job.id).status is JobStatus.DONE
+        events = [event.event for event in kit.defer.history(job.id)]
+        assert events.count("done") == 1, events
+
+
+def test_a_retried_batch_whose_first_write_never_committed_still_reports_a_taken_job_lost(
+    make_kit: MakeKit, now: datetime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No false "written": a write that raised before it committed, then found the rows
+    taken over by another claim, leaves no event of this worker's, so lost it is."""
+    kit = make_kit()
+    kit.defer.job("note")(lambda job: None)
+    jobs = [kit.defer.schedule("note", {"n": n}, run_at=now) for n in range(2)]
+    kit.db.session.commit()
+    store = kit.defer.store
+    real = store.acknowledge_many
+    raised: list[bool] = []
+
+    def fail_before_writing(acks: Any, **options: Any) -> set[int]:
+        if not raised:
+            raised.append(True)
+            with store.begin() as conn:  # meanwhile another worker took them over
+                conn.execute(update(store.table).values(claim_token="theirs"))
+            raise OperationalError("the acknowledgement", {}, Exception("connection lost"))
+        owned: set[int] = real(acks, **options)
+        return owned
+
+    monkeypatch.setattr(store, "acknowledge_many", fail_before_writing)
+    summary = burst(kit, at=now)
+
+    assert raised and summary.lost == 2 and summary.done == 0
+    for job in jobs:
+        kept = load(kit, job.id)
+        assert kept.status is JobStatus.RUNNING and kept.claim_token == "theirs"
+
+
 # -- atomic handlers -----------------------------------------------------------------
 
 

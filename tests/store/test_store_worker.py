@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -587,6 +588,39 @@ def test_adopting_a_claim_by_its_token_returns_and_leases_only_the_rows_it_still
     assert _get(store, ids[1]).lease_expires_at == now + timedelta(seconds=2)
     assert _get(store, ids[2]).status is JobStatus.DONE
     assert store.adopt_claim("never-committed", now=later, lease_until=until) == []
+
+
+def test_acknowledged_before_names_only_acks_whose_own_event_was_written_since_the_claim(
+    history_store: JobStore, store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """A batch retried after an error asks which of its refused acks an earlier try
+    wrote: the ack's event kind, at its attempt, by the same actor, since the claim."""
+    ids = [insert(history_store, new_job(), now) for _ in range(3)]
+    claimed = history_store.claim(
+        now=now, limit=3, token="t", lease_until=now + timedelta(minutes=1)
+    )
+    by_id = {job.id: job for job in claimed}
+    acks = [Ack(i, "t", "done", attempt=by_id[i].attempts) for i in ids]
+    later = now + timedelta(seconds=1)
+    assert history_store.acknowledge_many(acks[:2], now=later, actor="w") == set(ids[:2])
+    assert history_store.acknowledge_many(acks, now=later, actor="w") == {ids[2]}
+
+    def asked(**changes: Any) -> set[int]:
+        claimed_at = changes.pop("claimed_at", now)
+        actor = changes.pop("actor", "w")
+        retried = [(replace(ack, **changes), claimed_at) for ack in acks[:2]]
+        return history_store.acknowledged_before(retried, actor=actor)
+
+    assert asked() == set(ids[:2])
+    assert asked(actor="another worker") == set()
+    assert asked(attempt=2) == set()  # another attempt's outcome
+    assert asked(status="failed") == set()  # another outcome
+    assert asked(claimed_at=later + timedelta(seconds=1)) == set()  # before this claim
+    # Without a history table there is no evidence.
+    [bare_id] = [insert(store, new_job(), now)]
+    store.claim(now=now, limit=1, token="t", lease_until=now + timedelta(minutes=1))
+    assert store.acknowledge_many([Ack(bare_id, "t", "done", attempt=1)], now=later)
+    assert store.acknowledged_before([(Ack(bare_id, "t", "done", attempt=1), now)]) == set()
 
 
 @pytest.mark.parametrize("backend", ["postgresql"])
