@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -37,8 +37,8 @@ class AckFlusher:
     """Outcomes handed in by handler threads, written in batches by one thread.
 
     *write* writes a batch and returns its outcomes in order (``Runner.flush``); its
-    second argument names the jobs whose outcome was written once before and raised,
-    so may be written already. *settled* is called with each counted outcome once
+    second argument names the claims (job id, token) whose outcome was written once
+    before and raised, so may be written already. *settled* is called with each counted outcome once
     written. *refused* tells a
     batch the database refused for a value in it, written again one outcome at a time,
     from one it could not take for its own state, retried whole
@@ -47,7 +47,7 @@ class AckFlusher:
 
     def __init__(
         self,
-        write: Callable[[Sequence[PendingAck], Collection[int]], list[Outcome]],
+        write: Callable[[Sequence[PendingAck], Collection[tuple[int, str]]], list[Outcome]],
         settled: Callable[[Outcome], None],
         flush_after: float,
         *,
@@ -67,9 +67,9 @@ class AckFlusher:
         self._writing = 0  # entries taken out and not yet written
         self._stopping = False
         self._failures = 0
-        #: Jobs whose counted outcome went back after an error: that write may have
-        #: committed before the error, so the next one asks (``Executor.flush``).
-        self._tried: set[int] = set()
+        #: Claims (job id, token) whose counted outcome met an error: that write may
+        #: have committed before the error, so the next one asks (``Executor.flush``).
+        self._tried: set[tuple[int, str]] = set()
         self._thread = threading.Thread(target=self._run, name="flask-defer-acks", daemon=True)
 
     def __len__(self) -> int:
@@ -136,6 +136,9 @@ class AckFlusher:
         try:
             outcomes = self._write([pending for pending, _ in batch], self._tried_in(batch))
         except SQLAlchemyError as error:
+            # Part of it may be written all the same: a lost reply after the commit, or
+            # (PostgreSQL) a refusal after the batch statement, releasing children.
+            self._remember_tried(batch)
             if self._refused(error):
                 return self._write_one_by_one(batch, error)
             self._put_back(batch, error)
@@ -144,7 +147,7 @@ class AckFlusher:
             # Not the database: retrying would fail the same way. The rows stay running
             # and their jobs run again once their leases lapse.
             logger.exception("could not write %d outcome(s); dropped", len(batch))
-            self._tried.difference_update(pending.ack.job_id for pending, _ in batch)
+            self._tried.difference_update(_claims(batch))
             with self._cond:
                 self._writing = 0
             return True
@@ -155,11 +158,16 @@ class AckFlusher:
                 self._writing = 0
         return True
 
-    def _tried_in(self, entries: Sequence[Entry]) -> set[int]:
-        """The jobs of *entries* written once before: looked at only after an error."""
+    def _tried_in(self, entries: Sequence[Entry]) -> set[tuple[int, str]]:
+        """The claims of *entries* written once before: looked at only after an error."""
         if not self._tried:
             return set()
-        return {pending.ack.job_id for pending, _ in entries} & self._tried
+        return set(_claims(entries)) & self._tried
+
+    def _remember_tried(self, entries: Sequence[Entry]) -> None:
+        """*entries*' write raised: the counted ones may be written already. Not a
+        time-out's late outcome (uncounted), whose event kind the time-out shares."""
+        self._tried.update(_claims(entry for entry in entries if entry[1]))
 
     def _count(self, outcomes: list[Outcome], entries: Sequence[Entry]) -> None:
         """The batch is written, after any failed attempts: its counted outcomes settle."""
@@ -171,7 +179,7 @@ class AckFlusher:
     def _settle(self, outcomes: list[Outcome], entries: Sequence[Entry]) -> None:
         """*entries* were written, with these *outcomes*: the counted ones are settled."""
         if self._tried:
-            self._tried.difference_update(pending.ack.job_id for pending, _ in entries)
+            self._tried.difference_update(_claims(entries))
         for outcome, (_, counted) in zip(outcomes, entries, strict=True):
             if counted:
                 self._settled(outcome)
@@ -180,8 +188,7 @@ class AckFlusher:
         """The database could not take *entries* now: ahead of newer ones, they are tried
         again after a pause that doubles with each failure (at once when stopping)."""
         self._failures += 1
-        # Not a time-out's late outcome (uncounted): its event kind may be the time-out's.
-        self._tried.update(pending.ack.job_id for pending, counted in entries if counted)
+        self._remember_tried(entries)
         delay = min(0.1 * 2.0 ** min(self._failures - 1, 10), MAX_RETRY_DELAY)
         with self._cond:
             self._entries[:0] = entries
@@ -208,19 +215,19 @@ class AckFlusher:
         An outcome refused on its own is dropped, logged with the database's reason: its
         row stays running and its job runs again once its lease lapses, as a killed
         worker's would. Should the database fail otherwise meanwhile (gone, locked), the
-        outcomes not written yet go back for the usual retry (False).
+        outcomes not written yet go back for the usual retry (False). A batch of one is
+        written once more too: part of a refused batch may be written (see
+        ``_flush_once``), and the second write is what finds that out.
         """
         written: list[Outcome] = []
         entries: list[Entry] = []
         try:
-            if len(batch) == 1:
-                self._drop(batch[0][0], error)
-                return True
-            logger.warning(
-                "the database refused a batch of %d outcomes (%s); writing them one by one",
-                len(batch),
-                brief(error),
-            )
+            if len(batch) > 1:
+                logger.warning(
+                    "the database refused a batch of %d outcomes (%s); writing them one by one",
+                    len(batch),
+                    brief(error),
+                )
             for i, entry in enumerate(batch):
                 try:
                     (outcome,) = self._write([entry[0]], self._tried_in([entry]))
@@ -241,10 +248,15 @@ class AckFlusher:
                     self._writing = 0
 
     def _drop(self, pending: PendingAck, error: SQLAlchemyError) -> None:
-        self._tried.discard(pending.ack.job_id)
+        self._tried.discard((pending.ack.job_id, pending.ack.claim_token))
         logger.error(
             "could not write the outcome of job %s (%s); dropped: the job runs again "
             "when its lease lapses",
             pending.ack.job_id,
             brief(error),
         )
+
+
+def _claims(entries: Iterable[Entry]) -> Iterator[tuple[int, str]]:
+    """Each entry's claim: its job id and claim token."""
+    return ((pending.ack.job_id, pending.ack.claim_token) for pending, _ in entries)

@@ -270,7 +270,7 @@ class Executor:
         return outcome
 
     def flush(self, pending: Sequence[PendingAck], clock: Clock, *, actor: str = "app",
-              tried: Collection[int] = ()) -> list[Outcome]:  # fmt: skip
+              tried: Collection[tuple[int, str]] = ()) -> list[Outcome]:  # fmt: skip
         """Write *pending* acknowledgements in one batch; their outcomes, in order.
 
         A row whose claim no longer owns it (its lease lapsed and another worker took

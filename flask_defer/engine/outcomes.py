@@ -108,14 +108,15 @@ class PendingAck:
 
 
 def asked_again(
-    pending: Sequence[PendingAck], owned: Collection[int], tried: Collection[int]
+    pending: Sequence[PendingAck], owned: Collection[int], tried: Collection[tuple[int, str]]
 ) -> list[tuple[Ack, datetime]]:
-    """The acks of *pending* written once before (*tried*) and refused now, each with
-    its job's claim time: what ``JobStore.acknowledged_before`` is asked about."""
+    """The acks of *pending* written once before (*tried*: job id and claim token) and
+    refused now, each with its job's claim time: what ``JobStore.acknowledged_before``
+    is asked about."""
     return [
         (p.ack, p.job.updated_at)
         for p in pending
-        if p.ack.job_id in tried
+        if (p.ack.job_id, p.ack.claim_token) in tried
         and p.ack.job_id not in owned
         and p.job is not None
         and p.job.updated_at is not None

@@ -155,7 +155,11 @@ class Runner:
         return result
 
     def flush(
-        self, pending: Sequence[PendingAck], clock: Clock, *, tried: Collection[int] = ()
+        self,
+        pending: Sequence[PendingAck],
+        clock: Clock,
+        *,
+        tried: Collection[tuple[int, str]] = (),
     ) -> list[Outcome]:
         """Write batched acknowledgements in one statement; their outcomes, in order.
 

@@ -309,15 +309,25 @@ class Worker:
             )
         return None
 
-    def _flush(self, batch: Sequence[PendingAck], tried: Collection[int]) -> list[Outcome]:
+    def _flush(
+        self, batch: Sequence[PendingAck], tried: Collection[tuple[int, str]]
+    ) -> list[Outcome]:
         """Write a batch of outcomes (*tried*: see ``Executor.flush``); a keyed one freed
         a slot of its key, so the loop (and, where the database wakes them, other
-        workers) claims again at once rather than at the next poll."""
+        workers) claims again at once rather than at the next poll.
+
+        The other workers' wake-up is best effort: the outcomes are written and
+        settled (logged, signalled) by then, and an error here must not make the
+        flusher write and settle them again.
+        """
         outcomes = self.runner.flush(batch, self.clock, tried=tried)
         freed = {self._keyed.pop(p.ack.job_id, None) for p in batch} - {None}
         if freed:
             self.waker.wake()
-            self.store.wake_workers({queue for queue in freed if queue is not None})
+            try:
+                self.store.wake_workers({queue for queue in freed if queue is not None})
+            except SQLAlchemyError as error:
+                logger.warning("could not wake other workers (%s)", _brief(error))
         return outcomes
 
     def _start(self, job: Job) -> None:

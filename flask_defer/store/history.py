@@ -82,16 +82,21 @@ class HistoryStatements(StoreBase):
         A batch can commit and still raise in the writer (the database went away
         between its commit and its reply); tried again, its compare-and-set finds
         those rows settled and would report the claims lost. The evidence is the
-        ack's own history event: its kind, its attempt, by *actor*, since the claim.
-        A caller asks only about acks it wrote once before (never about a handler's
-        late outcome after its time-out, whose event kind a time-out can share).
-        Without the history table there is no evidence: the answer is empty.
+        ack's own history event, matched whole: its kind, attempt, error and
+        ``run_at``, by *actor*, since the claim. So a reclaim's ``failed`` (its error
+        is the lease note) or an earlier snooze of a refunded attempt (another
+        ``run_at``) is not taken for it. A caller asks only about acks it wrote once
+        before, never about a handler's late outcome after its time-out. Without the
+        history table there is no evidence: the answer is empty.
         """
         h = self.history_table
         if h is None or not acks:
             return set()
-        wanted = {(ack.job_id, ack.event, ack.attempt): claimed for ack, claimed in acks}
-        stmt = select(h.c.job_id, h.c.event, h.c.attempt, h.c.at).where(
+        wanted = {
+            (ack.job_id, ack.event, ack.attempt, ack.last_error, ack.run_at): claimed
+            for ack, claimed in acks
+        }
+        stmt = select(h.c.job_id, h.c.event, h.c.attempt, h.c.error, h.c.run_at, h.c.at).where(
             h.c.job_id.in_([ack.job_id for ack, _ in acks]),
             h.c.actor == actor,
             h.c.event.in_({ack.event for ack, _ in acks}),
@@ -99,7 +104,7 @@ class HistoryStatements(StoreBase):
         with self.engine.connect() as conn:
             rows = conn.execute(stmt).all()
         return {
-            int(job_id)
-            for job_id, event, attempt, at in rows
-            if (claimed := wanted.get((job_id, event, attempt))) is not None and at >= claimed
+            int(row[0])
+            for row in rows
+            if (claimed := wanted.get(tuple(row[:5]))) is not None and row[5] >= claimed
         }

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Integer, String, event, select, update
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flask_defer import InvalidArgument, Job, JobStatus, NotYet, RetryAfter, signals
@@ -332,12 +332,19 @@ def test_run_due_whose_claim_raised_after_its_commit_keeps_no_token(
     assert {load(kit, job.id).status for job in jobs} == {JobStatus.RUNNING}
 
 
+@pytest.mark.parametrize("error", [OperationalError, IntegrityError])
 def test_a_batch_of_outcomes_that_raised_after_its_commit_is_not_reported_lost(
-    make_kit: MakeKit, now: datetime, monkeypatch: pytest.MonkeyPatch, caplog: Any
+    make_kit: MakeKit,
+    now: datetime,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: Any,
+    error: type[DBAPIError],
 ) -> None:
-    """The flusher retries a batch whose write raised; when that write had committed,
-    the retry's compare-and-set finds the rows settled. Its own history events say
-    they were its own: done, signalled once each, not "lease lapsed"."""
+    """The flusher writes again a batch whose write raised: retried whole after a
+    database-state error, one by one after a refusal (on PostgreSQL a refusal can
+    come after the batch statement committed, releasing children). When that write
+    had committed, the compare-and-set finds the rows settled; the worker's own
+    history events say they were its own: done, signalled once each, not lost."""
     kit = make_kit()
     kit.defer.job("note")(lambda job: None)
     jobs = [kit.defer.schedule("note", {"n": n}, run_at=now) for n in range(3)]
@@ -350,7 +357,7 @@ def test_a_batch_of_outcomes_that_raised_after_its_commit_is_not_reported_lost(
         owned: set[int] = real(acks, **options)
         if not raised:
             raised.append(len(owned))
-            raise OperationalError("the acknowledgement", {}, Exception("connection lost"))
+            raise error("the acknowledgement", {}, Exception("lost, or refused"))
         return owned
 
     monkeypatch.setattr(store, "acknowledge_many", acknowledge_then_lose_the_reply)
@@ -371,6 +378,33 @@ def test_a_batch_of_outcomes_that_raised_after_its_commit_is_not_reported_lost(
         assert load(kit, job.id).status is JobStatus.DONE
         events = [event.event for event in kit.defer.history(job.id)]
         assert events.count("done") == 1, events
+
+
+def test_an_error_waking_other_workers_after_a_keyed_outcome_does_not_write_it_again(
+    make_kit: MakeKit, now: datetime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keyed job's written outcome wakes the other workers; that wake failing must
+    not send the written, settled batch back to be written and signalled again."""
+    kit = make_kit()
+    kit.defer.job("note")(lambda job: None)
+    jobs = [
+        kit.defer.schedule("note", run_at=now, concurrency_key="k", concurrency_limit=2)
+        for _ in range(2)
+    ]
+    kit.db.session.commit()
+
+    def wake_fails(queues: Any) -> None:
+        raise OperationalError("NOTIFY", {}, Exception("connection lost"))
+
+    monkeypatch.setattr(kit.defer.store, "wake_workers", wake_fails)
+    succeeded: list[int] = []
+    with signals.job_succeeded.connected_to(
+        lambda sender, **data: succeeded.append(data["job"].id), sender=kit.app
+    ):
+        summary = burst(kit, at=now)
+
+    assert summary.done == 2 and summary.lost == 0
+    assert sorted(succeeded) == sorted(job.id for job in jobs)
 
 
 def test_a_retried_batch_whose_first_write_never_committed_still_reports_a_taken_job_lost(

@@ -615,6 +615,8 @@ def test_acknowledged_before_names_only_acks_whose_own_event_was_written_since_t
     assert asked(actor="another worker") == set()
     assert asked(attempt=2) == set()  # another attempt's outcome
     assert asked(status="failed") == set()  # another outcome
+    assert asked(last_error="lease lapsed") == set()  # a reclaim's, say
+    assert asked(run_at=later) == set()  # an earlier snooze of a refunded attempt, say
     assert asked(claimed_at=later + timedelta(seconds=1)) == set()  # before this claim
     # Without a history table there is no evidence.
     [bare_id] = [insert(store, new_job(), now)]
