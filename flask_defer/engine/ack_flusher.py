@@ -38,11 +38,10 @@ class AckFlusher:
 
     *write* writes a batch and returns its outcomes in order (``Runner.flush``); its
     second argument names the claims (job id, token) whose outcome was written once
-    before and raised, so may be written already. *settled* is called with each counted outcome once
-    written. *refused* tells a
-    batch the database refused for a value in it, written again one outcome at a time,
-    from one it could not take for its own state, retried whole
-    (``JobStore.refuses_values``).
+    before and raised, so may be written already. *settled* is called with each
+    counted outcome once written. *refused* tells a batch the database refused for a
+    value in it, written again one outcome at a time, from one it could not take for
+    its own state, retried whole (``JobStore.refuses_values``).
     """
 
     def __init__(
@@ -188,7 +187,6 @@ class AckFlusher:
         """The database could not take *entries* now: ahead of newer ones, they are tried
         again after a pause that doubles with each failure (at once when stopping)."""
         self._failures += 1
-        self._remember_tried(entries)
         delay = min(0.1 * 2.0 ** min(self._failures - 1, 10), MAX_RETRY_DELAY)
         with self._cond:
             self._entries[:0] = entries

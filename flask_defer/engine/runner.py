@@ -121,7 +121,7 @@ class Runner:
                 self._unanswered.append(token)
             raise
 
-    def adopt_unanswered(self, now: datetime) -> Iterator[Job]:
+    def adopt_unanswered(self, clock: Clock) -> Iterator[Job]:
         """The jobs of this runner's claims that raised but committed, leased anew.
 
         A claim whose reply the database never sent (it went away after the commit)
@@ -132,7 +132,8 @@ class Runner:
         if the look raises, it is kept for the next call, and what earlier tokens gave
         was yielded already.
         """
-        while self._unanswered:
+        while self._unanswered:  # the clock is read only then: this runs every round
+            now = clock()
             jobs = self.store.adopt_claim(
                 self._unanswered[0], now=now, lease_until=now + self.lease
             )

@@ -234,7 +234,7 @@ class Worker:
         ``Runner.adopt_unanswered``): before housekeeping, whose reclaim would hand
         them back with an attempt spent once their lease lapsed.
         """
-        for job in self.runner.adopt_unanswered(self.clock()):
+        for job in self.runner.adopt_unanswered(self.clock):
             self._start(job)
         self._housekeeping()
         if self._stop.is_set():
@@ -458,7 +458,7 @@ class Worker:
         adopted: list[Job] = []
         try:
             # Gathered one by one: what an earlier token gave is kept if a later one raises.
-            for job in self.runner.adopt_unanswered(self.clock()):
+            for job in self.runner.adopt_unanswered(self.clock):
                 adopted.append(job)
         except SQLAlchemyError as error:
             logger.error(
