@@ -110,7 +110,7 @@ def test_sqlite_claim_with_the_pause_condition_still_reads_the_partial_index(
 ) -> None:
     stamp = store.driver.stored_time
     params = {"now": stamp(now), "limit": 10, "token": "t", "lease_until": stamp(now)}
-    sql, _build = store.driver._claim_statement("due", False)
+    sql = store.driver._claim_statement("due", False)[0]
     with store.engine.connect() as conn:
         rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, params).all()
     plan = " / ".join(row[3] for row in rows)

@@ -58,7 +58,7 @@ def test_sqlite_poll_and_claim_step_into_the_priority_index_never_scanning_the_t
     store: JobStore, now: datetime
 ) -> None:
     claim_params = {"now": now, "limit": 10, "token": "t", "lease_until": now}
-    sql, _build = store.driver._claim_statement("due", True)
+    sql = store.driver._claim_statement("due", True)[0]
     claim = driver_plan(store, sql, queues=["default"], **claim_params)
     poll = plan(store, store._next_statement("next", True), now=now, queues=["default"])
     for found in (claim, poll):
