@@ -388,3 +388,38 @@ def test_autocommit_on_a_watched_engine_is_sqlalchemys_so_its_log_says_so(
             assert conn.connection.driver_connection.autocommit is True  # type: ignore[union-attr]
     finally:
         event.remove(store.engine, "after_cursor_execute", watch)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+@pytest.mark.parametrize("column, text", [("payload", "'{not json'"), ("created_at", "5"),
+                                          ("created_at", "'yesterday'")])  # fmt: skip
+def test_a_claimed_row_that_cannot_be_read_fails_alone_and_the_claim_goes_on(
+    store: JobStore, new_job: Callable[..., NewJob], now: datetime, column: str, text: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SQLite keeps JSON and times as text, which a hand-written UPDATE can make
+    unreadable (PostgreSQL's typed columns refuse it). The claim fails that job on its
+    own, with the reason, logged, and returns the others: it does not raise and leave
+    them running for a lease with their attempts spent, claim after claim."""
+    bad = insert(store, new_job(run_at=now), now)
+    good = insert(store, new_job(run_at=now), now)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE {store.table.name} SET {column} = {text} WHERE id = {bad}")
+
+    with caplog.at_level("ERROR", logger="flask_defer"):
+        claimed = claim(store, now, limit=2)
+
+    assert [job.id for job in claimed] == [good]
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            select(store.table.c.id, store.table.c.status, store.table.c.attempts,
+                   store.table.c.last_error, store.table.c.claim_token)
+            .order_by(store.table.c.id)
+        ).all()  # fmt: skip
+    (bad_row, good_row) = rows
+    assert tuple(bad_row)[:3] == (bad, "failed", 1)
+    assert bad_row.last_error.startswith("its row could not be read: ")
+    assert bad_row.claim_token is None
+    assert tuple(good_row)[:3] == (good, "running", 1)
+    assert f"job {bad} failed without running" in caplog.text
+    assert claim(store, now, limit=2) == []  # nothing left to take, nothing raised

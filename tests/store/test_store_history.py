@@ -348,6 +348,63 @@ def test_a_claim_batch_writes_its_started_events_in_one_insert(
         ]
 
 
+def test_a_claim_of_keyed_and_plain_jobs_writes_each_one_started_event_unwatched(
+    history_store: JobStore, new_job: Callable[..., NewJob], now: datetime
+) -> None:
+    """With nobody watching the engine the claim runs on the driver's cursor (on SQLite
+    its due jobs are built after the commit): a claim taking keyed and plain jobs
+    still writes one ``started`` event for each, at its attempt, by the claimer."""
+    with history_store.begin() as conn:
+        keyed = history_store.insert(
+            conn, new_job(run_at=now, concurrency_key="acct:1"), now=now, replace=False
+        )
+        history_store.insert_many(conn, [new_job(run_at=now) for _ in range(2)], now=now)
+
+    claimed = history_store.claim(
+        now=now, limit=3, token="t", lease_until=now + timedelta(seconds=30), actor="worker:h:2"
+    )
+
+    assert len(claimed) == 3
+    assert keyed.id in {job.id for job in claimed}
+    for job in claimed:
+        assert (job.status, job.attempts, job.claim_token) == (JobStatus.RUNNING, 1, "t")
+        assert [(e.event, e.actor, e.attempt) for e in history_of(history_store, job.id)] == [
+            ("scheduled", "app", 0),
+            ("started", "worker:h:2", 1),
+        ]
+
+
+def test_a_flush_owning_one_outcome_of_several_writes_its_event_whole_unwatched(
+    history_store: JobStore, new_job: Callable[..., NewJob], now: datetime
+) -> None:
+    """The batch acknowledgement's events, written on the driver's cursor when nobody
+    watches: only the owned row's, with every value as given (an error text with
+    quotes, a newline and non-ASCII; a run_at), by the flush's actor."""
+    with history_store.begin() as conn:
+        history_store.insert_many(conn, [new_job(run_at=now) for _ in range(2)], now=now)
+    mine, other = history_store.claim(
+        now=now, limit=2, token="t", lease_until=now + timedelta(seconds=30)
+    )
+    later = now + timedelta(minutes=3, microseconds=11)
+    error = 'ValueError: "ünïcode" \'quoted\'\nsecond line'
+
+    owned = history_store.acknowledge_many(
+        [
+            Ack(mine.id, "t", "pending", run_at=later, last_error=error, attempt=1),
+            Ack(other.id, "another claim", "done", attempt=1),  # not ours: no event
+        ],
+        now=now + timedelta(seconds=2),
+        actor="wörker:h:3",
+    )
+
+    assert owned == {mine.id}
+    last = history_of(history_store, mine.id)[-1]
+    assert (last.event, last.at, last.actor, last.attempt, last.error, last.run_at) == (
+        "retried", now + timedelta(seconds=2), "wörker:h:3", 1, error, later
+    )
+    assert [e.event for e in history_of(history_store, other.id)] == ["scheduled", "started"]
+
+
 def test_events_written_together_keep_every_value_as_given(
     history_store: JobStore,
     history_inserts: list[str],

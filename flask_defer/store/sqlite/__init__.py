@@ -256,19 +256,17 @@ class SqliteDriver:
             _run(conn, statement, params)
             return
         stamp = self.stored_time
-        self._insert_events(
-            conn,
+        values = json.dumps(
             [
                 [e.job_id, e.event, stamp(e.at), e.actor, e.attempt, e.error, stamp(e.run_at)]
                 for e in events
-            ],
+            ]
         )
+        conn.exec_driver_sql(self._events_sql(), (values,))
 
-    def _insert_events(self, conn: Connection, rows: list[list[Any]]) -> None:
-        """Events as rows of ``[job_id, event, at, actor, attempt, error, run_at]``
-        (times as stored) in one INSERT ... SELECT over their JSON array, on the
-        driver's cursor (:func:`_run`), which skips the dialect where a write takes the
-        lock in turn: a transaction not writing yet takes it here."""
+    def _events_sql(self) -> str:
+        """The INSERT of many events from one JSON array of rows ``[job_id, event, at,
+        actor, attempt, error, run_at]`` (times as stored), unpacked by SQLite."""
         sql = self._sql.get("events")
         if sql is None:
             table = self._quoted_history()
@@ -277,8 +275,7 @@ class SqliteDriver:
                 f"INSERT INTO {table} ({', '.join(columns)})"
                 f" SELECT {_json_values(len(columns))} FROM json_each(?) ORDER BY key"
             )
-        begin_write(conn)
-        _run(conn, sql, (json.dumps(rows),))
+        return cast(str, sql)
 
     def _quoted_history(self) -> str:
         """The history table's name as SQL (schema and quotes included)."""
@@ -481,12 +478,13 @@ class SqliteDriver:
         fsync. Keyed jobs go first: a backlog of unkeyed jobs filling every claim
         must not starve the ones a limit holds back.
 
-        The statements run on sqlite3's own connection (see :meth:`_run_claim`), the
-        values bound as the table stores them. The batch claim's jobs are built from
-        its rows after the commit: the transaction holds SQLite's one write lock,
-        which the worker's acknowledgements wait for, and building them inside it held
-        the lock about a tenth longer (a claim of 20 holds it 1.0-1.5 ms in a drain;
-        the keyed claim's jobs are built inside, for its rate-limit counts).
+        The statements run on sqlite3's own connection (see :func:`_run`), the values
+        bound as the table stores them. The batch claim's jobs are built from its rows
+        after the commit: the transaction holds SQLite's one write lock, which the
+        worker's acknowledgements wait for, and building them inside it held the lock
+        about a tenth longer (a claim of 20 holds it 1.0-1.5 ms in a drain; the keyed
+        claim's jobs are built inside, for its rate-limit counts). A row that cannot be
+        read is failed on its own (:meth:`_fail_unreadable`).
         """
         limit = params["limit"]
         stamp = self.stored_time
@@ -510,7 +508,33 @@ class SqliteDriver:
                 rows = _run(conn, sql, rest).fetchall()
             ids = [job.id for job in keyed] + [row[id_at] for row in rows]
             self._record_started(conn, ids, bound["now"], actor)
-        return keyed + [build(row) for row in rows]
+        jobs = keyed
+        for row in rows:
+            try:
+                jobs.append(build(row))
+            except (ValueError, TypeError) as error:
+                self._fail_unreadable(row, id_at, params, actor, error)
+        return jobs
+
+    def _fail_unreadable(
+        self, row: Sequence[Any], id_at: int, params: dict[str, Any], actor: str,
+        error: Exception,
+    ) -> None:
+        """Fail a just-claimed job whose row cannot be read, and log it.
+
+        SQLite keeps JSON and times as text, so text written into the table by hand
+        (PostgreSQL's typed columns refuse it) can be unreadable. Raising would leave
+        the claim's other jobs running for a lease, their attempts spent, and every
+        later claim that takes the row would do the same.
+        """
+        job_id = int(row[id_at])
+        attempt = int(row[[c.name for c in self.store.table.c].index("attempts")])
+        note = f"its row could not be read: {error}"
+        logger.error("job %d failed without running: %s", job_id, note)
+        self.acknowledge_many(
+            [Ack(job_id, params["token"], "failed", last_error=note, attempt=attempt)],
+            now=params["now"], actor=actor,
+        )  # fmt: skip
 
     def _record_started(self, conn: Connection, ids: list[int], at: Any, actor: str) -> None:
         """The claimed jobs' (*ids*) ``started`` events at *at* (as stored), made by
@@ -632,7 +656,8 @@ class SqliteDriver:
             # transaction (no child can attach in between: one writer at a time).
             parents = [int(row[0]) for row in returned if row[2] and row[1] in SETTLING]
             if events is not None and owned:
-                self._insert_events(conn, [e for e in events if e[0] in owned])
+                owned_events = json.dumps([e for e in events if e[0] in owned])
+                _run(conn, self._events_sql(), (owned_events,))
             if parents:
                 self.store.release_children(conn, parents, now=now, actor=actor)
         return owned
