@@ -418,7 +418,7 @@ def test_a_claimed_row_that_cannot_be_read_fails_alone_and_the_claim_goes_on(
         ).all()  # fmt: skip
     (bad_row, good_row) = rows
     assert tuple(bad_row)[:3] == (bad, "failed", 1)
-    assert bad_row.last_error.startswith("its row could not be read: ")
+    assert bad_row.last_error.startswith(f"its row could not be read ({column}): ")
     assert bad_row.claim_token is None
     assert tuple(good_row)[:3] == (good, "running", 1)
     assert f"job {bad} failed without running" in caplog.text

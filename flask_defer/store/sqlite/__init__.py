@@ -528,8 +528,16 @@ class SqliteDriver:
         later claim that takes the row would do the same.
         """
         job_id = int(row[id_at])
-        attempt = int(row[[c.name for c in self.store.table.c].index("attempts")])
-        note = f"its row could not be read: {error}"
+        columns = list(self.store.table.c)
+        attempt = int(row[[c.name for c in columns].index("attempts")])
+        dialect = self.store.engine.dialect
+        unread = [
+            c.name
+            for c, value in zip(columns, row, strict=True)
+            if value is not None and not _readable(c.type.dialect_impl(dialect), dialect, value)
+        ]
+        where = f" ({', '.join(unread)})" if unread else ""
+        note = f"its row could not be read{where}: {error}"
         logger.error("job %d failed without running: %s", job_id, note)
         self.acknowledge_many(
             [Ack(job_id, params["token"], "failed", last_error=note, attempt=attempt)],
@@ -711,6 +719,18 @@ BULK_COLUMNS = (
     "name", "queue", "key", "payload", "run_at", "max_attempts", "owner", "label",
     "undo_until", "priority", "expires_at",
 )  # fmt: skip
+
+
+def _readable(impl: Any, dialect: Any, value: Any) -> bool:
+    """Whether *value*, as stored, reads with the result processor of the column type
+    *impl* (a column without one reads as it is)."""
+    read = impl.result_processor(dialect, None)
+    try:
+        if read is not None:
+            read(value)
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def _json_values(count: int, names: Sequence[str] = ()) -> str:
