@@ -528,13 +528,13 @@ class SqliteDriver:
         later claim that takes the row would do the same.
         """
         job_id = int(row[id_at])
-        columns = list(self.store.table.c)
-        attempt = int(row[[c.name for c in columns].index("attempts")])
-        dialect = self.store.engine.dialect
+        names = [c.name for c in self.store.table.c]
+        attempt = int(row[names.index("attempts")])
+        readers = self._readers()
         unread = [
-            c.name
-            for c, value in zip(columns, row, strict=True)
-            if value is not None and not _readable(c.type.dialect_impl(dialect), dialect, value)
+            name
+            for name, value in zip(names, row, strict=True)
+            if value is not None and name in readers and not _reads(readers[name], value)
         ]
         where = f" ({', '.join(unread)})" if unread else ""
         note = f"its row could not be read{where}: {error}"
@@ -604,14 +604,24 @@ class SqliteDriver:
         # row through the status index instead of looking the chosen ids up by rowid.
         prefix = f"WITH RECURSIVE {ctes} " if ctes else ""
         sql = f"{prefix}UPDATE {tables.jobs} SET {sets} WHERE id IN ({ids}) RETURNING {columns}"
-        readers = {
-            c.name: read
-            for c in table.c
-            if (read := c.type.dialect_impl(dialect).result_processor(dialect, None))
-        }
         names = [c.name for c in table.c]
-        built = self._sql[key] = (sql, Job.builder(names, convert=readers), names.index("id"))
+        built = self._sql[key] = (
+            sql, Job.builder(names, convert=self._readers()), names.index("id")
+        )
         return built
+
+    def _readers(self) -> dict[str, Callable[[Any], Any]]:
+        """Each column's reader of its stored value (the result processor SQLAlchemy's
+        type would use), for the columns that have one; built once."""
+        readers = self._sql.get("readers")
+        if readers is None:
+            dialect = self.store.engine.dialect
+            readers = self._sql["readers"] = {
+                c.name: read
+                for c in self.store.table.c
+                if (read := c.type.dialect_impl(dialect).result_processor(dialect, None))
+            }
+        return cast("dict[str, Callable[[Any], Any]]", readers)
 
     def acknowledge_many(self, acks: Sequence[Ack], now: datetime, actor: str) -> set[int]:
         """One UPDATE for the whole batch, in one ``BEGIN IMMEDIATE`` transaction: one
@@ -721,13 +731,10 @@ BULK_COLUMNS = (
 )  # fmt: skip
 
 
-def _readable(impl: Any, dialect: Any, value: Any) -> bool:
-    """Whether *value*, as stored, reads with the result processor of the column type
-    *impl* (a column without one reads as it is)."""
-    read = impl.result_processor(dialect, None)
+def _reads(read: Callable[[Any], Any], value: Any) -> bool:
+    """Whether *read* (a column's reader) reads the stored *value*."""
     try:
-        if read is not None:
-            read(value)
+        read(value)
     except (ValueError, TypeError):
         return False
     return True
