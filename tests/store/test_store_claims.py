@@ -423,3 +423,46 @@ def test_a_claimed_row_that_cannot_be_read_fails_alone_and_the_claim_goes_on(
     assert tuple(good_row)[:3] == (good, "running", 1)
     assert f"job {bad} failed without running" in caplog.text
     assert claim(store, now, limit=2) == []  # nothing left to take, nothing raised
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_keyed_row_that_cannot_be_read_fails_alone_and_frees_its_key(
+    history_store: JobStore, new_job: Callable[..., NewJob], now: datetime,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The keyed claim builds its jobs inside its transaction (for the rate limits),
+    where an unreadable row used to raise and roll the whole claim back: every claim
+    after it did the same, so one spoilt keyed row stopped every job of the worker.
+    It fails alone now and, as it never ran, takes none of its rate limit's starts:
+    the next job of its key (one start a minute) runs at the next claim."""
+    store = history_store
+    rated = {"concurrency_key": "k", "rate_limit": 1, "rate_period": 60.0}
+    bad = insert(store, new_job(run_at=now - timedelta(seconds=2), **rated), now)
+    same_key = insert(store, new_job(run_at=now - timedelta(seconds=1), **rated), now)
+    other_key = insert(store, new_job(run_at=now, concurrency_key="j"), now)
+    plain = insert(store, new_job(run_at=now), now)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql(
+            f"UPDATE {store.table.name} SET payload = '{{not json' WHERE id = {bad}"
+        )
+
+    with caplog.at_level("ERROR", logger="flask_defer"):
+        claimed = claim(store, now, limit=10)
+
+    assert sorted(job.id for job in claimed) == [other_key, plain]
+    assert f"job {bad} failed without running" in caplog.text
+    with store.engine.connect() as conn:
+        bad_row = conn.execute(
+            select(store.table.c.status, store.table.c.attempts, store.table.c.last_error)
+            .where(store.table.c.id == bad)
+        ).one()  # fmt: skip
+        counted = conn.execute(select(store.starts_table.c.bucket)).scalars().all()
+    assert tuple(bad_row)[:2] == ("failed", 1)
+    assert bad_row.last_error.startswith("its row could not be read (payload): ")
+    assert counted == []
+    assert [job.id for job in claim(store, now)] == [same_key]
+    with store.engine.connect() as conn:
+        assert conn.execute(select(store.starts_table.c.bucket)).scalars().all() == ["k"]
+    with store.engine.connect() as conn:
+        events = [(e.event, e.attempt) for e in store.history(conn, bad)]
+    assert events == [("scheduled", 0), ("started", 1), ("failed", 1)]

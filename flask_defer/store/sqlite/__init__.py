@@ -483,8 +483,9 @@ class SqliteDriver:
         after the commit: the transaction holds SQLite's one write lock, which the
         worker's acknowledgements wait for, and building them inside it held the lock
         about a tenth longer (a claim of 20 holds it 1.0-1.5 ms in a drain; the keyed
-        claim's jobs are built inside, for its rate-limit counts). A row that cannot be
-        read is failed on its own (:meth:`_fail_unreadable`).
+        claim's jobs are built inside, for its rate-limit counts). A row of either claim
+        that cannot be read is failed on its own once the claim has committed
+        (:meth:`_fail_unreadable`); it counts toward no rate limit, since it never runs.
         """
         limit = params["limit"]
         stamp = self.stored_time
@@ -497,23 +498,25 @@ class SqliteDriver:
         if queues:
             bound["queues"] = json.dumps(list(params["queues"]))
         keyed: list[Job] = []
+        unreadable: list[tuple[Sequence[Any], Exception]] = []
         rows: list[Sequence[Any]] = []
         sql, build, id_at = self._claim_statement("due", queues)
         with self.store.engine.connect() as conn, without_flush_wait(conn), _written(conn):
             if self.store.keyed_in_play(conn):
-                keyed = self._run_claim(conn, "keyed", queues, bound)
+                keyed_sql, build_keyed, _ = self._claim_statement("keyed", queues)
+                keyed_rows = _run(conn, keyed_sql, bound).fetchall()
+                keyed = _built(keyed_rows, build_keyed, unreadable)
                 self.store.record_starts(conn, keyed, params["now"])
-            if len(keyed) < limit:
-                rest = {**bound, "limit": limit - len(keyed)}
-                rows = _run(conn, sql, rest).fetchall()
-            ids = [job.id for job in keyed] + [row[id_at] for row in rows]
+                taken = len(keyed_rows)
+            else:
+                keyed_rows, taken = [], 0
+            if taken < limit:
+                rows = _run(conn, sql, {**bound, "limit": limit - taken}).fetchall()
+            ids = [row[id_at] for row in keyed_rows] + [row[id_at] for row in rows]
             self._record_started(conn, ids, bound["now"], actor)
-        jobs = keyed
-        for row in rows:
-            try:
-                jobs.append(build(row))
-            except (ValueError, TypeError) as error:
-                self._fail_unreadable(row, id_at, params, actor, error)
+        jobs = keyed + _built(rows, build, unreadable)
+        for row, error in unreadable:
+            self._fail_unreadable(row, id_at, params, actor, error)
         return jobs
 
     def _fail_unreadable(
@@ -559,18 +562,6 @@ class SqliteDriver:
                 " WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id"
             )
         _run(conn, sql, (at, actor, json.dumps(ids)))
-
-    def _run_claim(
-        self, conn: Connection, kind: str, queues: bool, bound: dict[str, Any]
-    ) -> list[Job]:
-        """The claim of *kind* with *bound* (its values as stored), on sqlite3's own
-        connection inside *conn*'s transaction (see :func:`_run`), its jobs built.
-
-        SQLAlchemy's execution and row handling were a fifth of a claim (a claim of 20
-        in one process: 721-771 against 604-636 µs this way). Each column is read with
-        the result processor SQLAlchemy's type would have used."""
-        sql, build, _ = self._claim_statement(kind, queues)
-        return [build(row) for row in _run(conn, sql, bound).fetchall()]
 
     def _claim_statement(
         self, kind: str, queues: bool
@@ -729,6 +720,22 @@ BULK_COLUMNS = (
     "name", "queue", "key", "payload", "run_at", "max_attempts", "owner", "label",
     "undo_until", "priority", "expires_at",
 )  # fmt: skip
+
+
+def _built(
+    rows: Sequence[Sequence[Any]],
+    build: Callable[[Sequence[Any]], Job],
+    unreadable: list[tuple[Sequence[Any], Exception]],
+) -> list[Job]:
+    """The jobs of *rows*; each row that cannot be read goes to *unreadable* instead,
+    with its error, to be failed once the claim has committed."""
+    jobs = []
+    for row in rows:
+        try:
+            jobs.append(build(row))
+        except (ValueError, TypeError) as error:
+            unreadable.append((row, error))
+    return jobs
 
 
 def _reads(read: Callable[[Any], Any], value: Any) -> bool:
