@@ -210,12 +210,14 @@ class AckFlusher:
         others back. Retried as a batch, it would fail the same way for ever, with
         every newer outcome behind it.
 
-        An outcome refused on its own is dropped, logged with the database's reason: its
-        row stays running and its job runs again once its lease lapses, as a killed
-        worker's would. Should the database fail otherwise meanwhile (gone, locked), the
-        outcomes not written yet go back for the usual retry (False). A batch of one is
-        written once more too: part of a refused batch may be written (see
-        ``_flush_once``), and the second write is what finds that out.
+        A done outcome whose result is refused on its own fails its job instead
+        (:meth:`_write_alone`): running the handler again would only make the same
+        result. Any other outcome refused on its own is dropped, logged with the
+        database's reason: its row stays running and its job runs again once its lease
+        lapses, as a killed worker's would. Should the database fail otherwise meanwhile
+        (gone, locked), the outcomes not written yet go back for the usual retry
+        (False). A batch of one is written once more too: part of a refused batch may be
+        written (see ``_flush_once``), and the second write is what finds that out.
         """
         written: list[Outcome] = []
         entries: list[Entry] = []
@@ -228,7 +230,7 @@ class AckFlusher:
                 )
             for i, entry in enumerate(batch):
                 try:
-                    (outcome,) = self._write([entry[0]], self._tried_in([entry]))
+                    outcome, entry = self._write_alone(entry)
                 except SQLAlchemyError as alone:
                     if not self._refused(alone):
                         self._put_back(batch[i:], alone)  # back before the flusher looks idle
@@ -244,6 +246,20 @@ class AckFlusher:
             finally:
                 with self._cond:
                     self._writing = 0
+
+    def _write_alone(self, entry: Entry) -> tuple[Outcome, Entry]:
+        """Write *entry*'s outcome on its own, or what stands in for it when the
+        database refuses it for a value (``PendingAck.instead``: a result it cannot
+        store fails the job); the outcome written, and its entry."""
+        pending, counted = entry
+        try:
+            (outcome,) = self._write([pending], self._tried_in([entry]))
+        except SQLAlchemyError as error:
+            if pending.instead is None or not self._refused(error):
+                raise
+            entry = (pending.instead(brief(error)), counted)
+            (outcome,) = self._write([entry[0]], self._tried_in([entry]))
+        return outcome, entry
 
     def _drop(self, pending: PendingAck, error: SQLAlchemyError) -> None:
         self._tried.discard((pending.ack.job_id, pending.ack.claim_token))

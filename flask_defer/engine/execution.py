@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection
@@ -220,10 +221,28 @@ class Executor:
             job.id, job.claim_token or "", JobStatus.DONE.value, result=result,
             last_error=note, attempt=job.attempts,
         )  # fmt: skip
+        refused = (
+            None if result is None else partial(self._result_refused, job, log, clock, actor)
+        )
         succeeded = PendingAck(
-            done, lambda ok: self._succeeded(job, log, took, acknowledged=ok), job
+            done, lambda ok: self._succeeded(job, log, took, acknowledged=ok), job, refused
         )
         return self._record(succeeded, clock, batch, actor)
+
+    def _result_refused(
+        self, job: Job, log: JobLog, clock: Clock, actor: str, reason: str
+    ) -> PendingAck:
+        """The outcome of a done *job* whose result the database refused for *reason*
+        (past its size limit, say): a failure without retry, as for a result that
+        cannot be stored (:class:`UnstorableResult`). The handler's effects happened,
+        and dropped, the outcome would run it again after its lease, only for the same
+        result to be refused, until its attempts ran out."""
+        error = UnstorableResult(
+            f"the handler's result cannot be stored: the database refused it ({reason})"
+        )
+        failed = self._failed_attempt(job, log, error, None, clock, actor, final=True, batch=True)
+        assert isinstance(failed, PendingAck)  # batch=True: handed back, not written
+        return failed
 
     def _ended_with(
         self,

@@ -1,7 +1,9 @@
 """An outcome the database refuses for its values holds none of the others back, on
 both backends: a worker whose batch of outcomes fails on one job's row (an app's
 trigger on the jobs table, a result past the database's size limit) writes the others
-one by one, drops only the refused one, and that job runs again once its lease lapses."""
+one by one. The refused one is dropped, and its job runs again once its lease lapses;
+but a result the database will not store fails its job, which would only make the
+same result again."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 from sqlalchemy import event, text
 
 from flask_defer import Job, JobStatus
+from flask_defer.signals import job_failed
 
 from ..conftest import AppKit
 from ..worker_helpers import wait_until, worker_thread
@@ -38,6 +41,29 @@ def refuse_done(kit: AppKit, job_id: int, backend: str) -> None:
             " RAISE EXCEPTION 'refused by the app'; END IF; RETURN NEW; END $$",
             f"CREATE TRIGGER refuse_done BEFORE UPDATE ON {table}"
             " FOR EACH ROW EXECUTE FUNCTION refuse_done()",
+        ]
+    with kit.defer.store.begin() as conn:
+        for statement in statements:
+            conn.execute(text(statement))
+
+
+def refuse_settling(kit: AppKit, job_id: int, backend: str) -> None:
+    """An app's trigger that refuses to let *job_id* leave ``running``."""
+    table = kit.defer.store.table.name
+    if backend == "sqlite":
+        statements = [
+            f"CREATE TRIGGER refuse_settling BEFORE UPDATE OF status ON {table}"
+            f" WHEN NEW.id = {job_id} AND OLD.status = 'running' AND NEW.status != 'running'"
+            " BEGIN SELECT RAISE(ABORT, 'refused by the app'); END"
+        ]
+    else:
+        statements = [
+            "CREATE FUNCTION refuse_settling() RETURNS trigger LANGUAGE plpgsql AS $$"
+            f" BEGIN IF NEW.id = {job_id} AND OLD.status = 'running'"
+            " AND NEW.status != 'running' THEN"
+            " RAISE EXCEPTION 'refused by the app'; END IF; RETURN NEW; END $$",
+            f"CREATE TRIGGER refuse_settling BEFORE UPDATE ON {table}"
+            " FOR EACH ROW EXECUTE FUNCTION refuse_settling()",
         ]
     with kit.defer.store.begin() as conn:
         for statement in statements:
@@ -116,30 +142,81 @@ def limit_result_size(kit: AppKit, backend: str) -> None:
         )
 
 
-def test_a_result_past_the_databases_size_limit_holds_none_of_the_others_back(
+def test_a_result_past_the_databases_size_limit_fails_its_job_once_and_holds_none_back(
     make_kit: MakeKit, backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Before, PostgreSQL's limit error was retried as if the database were down: the
-    batch, and every outcome merged into it, waited until the leases lapsed."""
+    batch, and every outcome merged into it, waited until the leases lapsed. Then the
+    refused outcome was dropped, so the handler ran again after its lease, made the
+    same result, and was refused again, until its attempts ran out ("lease lapsed")."""
     kit = make_kit(DEFER_ACK_FLUSH=0.3, DEFER_LEASE=30)
+    runs: list[int] = []
+    failed: list[tuple[int, bool, str]] = []
 
     @kit.defer.job("report")
     def report(job: Job) -> dict[str, str]:
+        runs.append(job.id)
         return {"text": "x" * job.payload["size"]}
+
+    def on_failed(_sender: Any, job: Job, error: str, will_retry: bool) -> None:
+        failed.append((job.id, will_retry, error))
 
     sizes = [10, 2 * LIMIT, 10, 10]
     ids = [kit.defer.schedule("report", {"size": size}).id for size in sizes]
     kit.db.session.commit()
     too_big = ids[1]
     limit_result_size(kit, backend)
-    caplog.set_level(logging.WARNING, logger="flask_defer.worker")
+    caplog.set_level(logging.WARNING, logger="flask_defer")
     with kit.app.app_context():
         worker = kit.defer.worker(concurrency=4)
-    with worker_thread(worker):
+    with job_failed.connected_to(on_failed), worker_thread(worker):
         others = [i for i in ids if i != too_big]
         # Well inside the 30 s lease: only writing them apart from the big one does it.
         wait_until(lambda: all(load(kit, i).status is JobStatus.DONE for i in others), timeout=15)
-        wait_until(lambda: f"could not write the outcome of job {too_big}" in caplog.text)
-        assert load(kit, too_big).status is JobStatus.RUNNING  # dropped; runs after its lease
+        wait_until(lambda: load(kit, too_big).status is JobStatus.FAILED, timeout=15)
     assert "retrying in" not in caplog.text  # never taken for the database's state
     assert [load(kit, i).result for i in others] == [{"text": "x" * 10}] * 3
+    big = load(kit, too_big)
+    assert big.result is None and big.attempts == 1
+    assert "the handler's result cannot be stored: the database refused it (" in (
+        big.last_error or ""
+    )
+    assert sorted(runs) == sorted(ids)  # each ran once: the big one is not run again
+    assert [(job_id, retry) for job_id, retry, _ in failed] == [(too_big, False)]
+    assert f"could not write the outcome of job {too_big}" not in caplog.text
+    events = [event.event for event in kit.defer.history(too_big)]
+    assert events == ["scheduled", "started", "failed"]
+
+
+def test_a_result_refused_with_its_failure_too_is_dropped_and_runs_again(
+    make_kit: MakeKit, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An app's trigger that refuses every change to the row refuses the failure that
+    stands in for a refused result as well: that outcome is dropped as any other, and
+    the job runs again after its lease (written, once the trigger is gone)."""
+    kit = make_kit(DEFER_ACK_FLUSH=0.3, DEFER_LEASE=1.5)
+    runs: list[int] = []
+
+    @kit.defer.job("report")
+    def report(job: Job) -> dict[str, int]:
+        runs.append(job.id)
+        return {"n": job.payload["n"]}
+
+    ids = [kit.defer.schedule("report", {"n": n}).id for n in range(2)]
+    kit.db.session.commit()
+    refused = ids[0]
+    refuse_settling(kit, refused, backend)
+    caplog.set_level(logging.WARNING, logger="flask_defer")
+    with kit.app.app_context():
+        worker = kit.defer.worker(concurrency=2)
+    with worker_thread(worker):
+        wait_until(lambda: f"could not write the outcome of job {refused}" in caplog.text)
+        assert "the database refused it (" in caplog.text  # the failure was tried
+        assert load(kit, refused).status is JobStatus.RUNNING
+        on_table = "" if backend == "sqlite" else f" ON {kit.defer.store.table.name}"
+        with kit.defer.store.begin() as conn:
+            conn.execute(text(f"DROP TRIGGER refuse_settling{on_table}"))
+        wait_until(lambda: load(kit, refused).status is JobStatus.DONE, timeout=15)
+    assert load(kit, refused).result == {"n": 0}
+    assert load(kit, ids[1]).result == {"n": 1}
+    assert sorted(runs) == sorted(ids + [refused])
