@@ -87,11 +87,13 @@ class HistoryStatements(StoreBase):
         is the lease note) or an earlier snooze of a refunded attempt (another
         ``run_at``) is not taken for it. A caller asks only about acks it wrote once
         before, never about a handler's late outcome after its time-out. Without the
-        history table there is no evidence: the answer is empty.
+        history table the evidence is the row itself (:meth:`_settled_as`).
         """
         h = self.history_table
-        if h is None or not acks:
+        if not acks:
             return set()
+        if h is None:
+            return self._settled_as(acks)
         wanted = {
             (ack.job_id, ack.event, ack.attempt, ack.last_error, ack.run_at): claimed
             for ack, claimed in acks
@@ -108,3 +110,31 @@ class HistoryStatements(StoreBase):
             for row in rows
             if (claimed := wanted.get(tuple(row[:5]))) is not None and row[5] >= claimed
         }
+
+    def _settled_as(self, acks: Sequence[tuple[Ack, datetime]]) -> set[int]:
+        """The ids of *acks* whose rows are as the ack left them: no claim, its status,
+        attempts, error and ``run_at``, changed since the claim. Without the history,
+        the next best evidence: a reclaim writes the lease note as its error, a later
+        claim a token and another attempt, and an operator's retry or run-now another
+        ``run_at``; only a change that wrote all the same values again (none does)
+        could pass for the ack."""
+        t = self.table
+        stmt = select(
+            t.c.id, t.c.claim_token, t.c.status, t.c.attempts, t.c.last_error, t.c.run_at,
+            t.c.updated_at,
+        ).where(t.c.id.in_([ack.job_id for ack, _ in acks]))  # fmt: skip
+        with self.engine.connect() as conn:
+            rows = {int(row[0]): row for row in conn.execute(stmt)}
+        written = set()
+        for ack, claimed in acks:
+            row = rows.get(ack.job_id)
+            if (
+                row is not None
+                and row.claim_token is None
+                and (row.status, row.attempts, row.last_error)
+                == (ack.status, ack.attempt + ack.attempts_delta, ack.last_error)
+                and (ack.run_at is None or row.run_at == ack.run_at)
+                and row.updated_at >= claimed
+            ):
+                written.add(ack.job_id)
+        return written

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, MetaData, event, text
+from sqlalchemy import Engine, MetaData, event, text, update
 
 from flask_defer.jobs import Job, JobStatus
 from flask_defer.store import UNKNOWN_HANDLER_NOTE, Ack, JobStore, NewJob
@@ -591,7 +591,7 @@ def test_adopting_a_claim_by_its_token_returns_and_leases_only_the_rows_it_still
 
 
 def test_acknowledged_before_names_only_acks_whose_own_event_was_written_since_the_claim(
-    history_store: JobStore, store: JobStore, new_job: MakeJob, now: datetime
+    history_store: JobStore, new_job: MakeJob, now: datetime
 ) -> None:
     """A batch retried after an error asks which of its refused acks an earlier try
     wrote: the ack's event kind, at its attempt, by the same actor, since the claim."""
@@ -618,11 +618,43 @@ def test_acknowledged_before_names_only_acks_whose_own_event_was_written_since_t
     assert asked(last_error="lease lapsed") == set()  # a reclaim's, say
     assert asked(run_at=later) == set()  # an earlier snooze of a refunded attempt, say
     assert asked(claimed_at=later + timedelta(seconds=1)) == set()  # before this claim
-    # Without a history table there is no evidence.
-    [bare_id] = [insert(store, new_job(), now)]
-    store.claim(now=now, limit=1, token="t", lease_until=now + timedelta(minutes=1))
-    assert store.acknowledge_many([Ack(bare_id, "t", "done", attempt=1)], now=later)
-    assert store.acknowledged_before([(Ack(bare_id, "t", "done", attempt=1), now)]) == set()
+
+
+def test_without_history_acknowledged_before_names_the_acks_whose_rows_they_left(
+    store: JobStore, new_job: MakeJob, now: datetime
+) -> None:
+    """With ``DEFER_HISTORY = False`` the row is the evidence: no claim, and the ack's
+    status, attempts, error and ``run_at``, changed since the claim. A reclaim (the
+    lease note), a later claim (a token, another attempt) or a retry at another time
+    does not pass for it."""
+    ids = [insert(store, new_job(), now) for _ in range(3)]
+    store.claim(now=now, limit=3, token="t", lease_until=now + timedelta(minutes=1))
+    later = now + timedelta(seconds=1)
+    retry_at = now + timedelta(minutes=5)
+    done, retried, snoozed = (
+        Ack(ids[0], "t", "done", attempt=1, result={"n": 1}),
+        Ack(ids[1], "t", "pending", run_at=retry_at, last_error="boom", attempt=1),
+        Ack(ids[2], "t", "pending", run_at=retry_at, attempts_delta=-1, attempt=1),
+    )
+    acks = [done, retried, snoozed]
+    assert store.acknowledge_many(acks, now=later) == set(ids)
+
+    def asked(ack: Ack, claimed_at: datetime = now, **changes: Any) -> set[int]:
+        return store.acknowledged_before([(replace(ack, **changes), claimed_at)])
+
+    assert store.acknowledged_before([(ack, now) for ack in acks]) == set(ids)
+    assert asked(done, attempt=2) == set()  # another attempt's outcome
+    assert asked(done, status="failed") == set()  # another outcome
+    assert asked(retried, last_error="lease lapsed") == set()  # a reclaim's, say
+    assert asked(retried, run_at=later) == set()  # a retry at another time
+    assert asked(snoozed, attempts_delta=0) == set()  # a retry, not this snooze
+    assert asked(done, claimed_at=later + timedelta(seconds=1)) == set()  # before the claim
+    with store.begin() as conn:  # claimed again since: a token, another attempt
+        conn.execute(
+            update(store.table).where(store.table.c.id == ids[1])
+            .values(status="running", claim_token="u", attempts=2)
+        )  # fmt: skip
+    assert asked(retried) == set()
 
 
 @pytest.mark.parametrize("backend", ["postgresql"])
