@@ -210,7 +210,7 @@ class AckFlusher:
         others back. Retried as a batch, it would fail the same way for ever, with
         every newer outcome behind it.
 
-        A done outcome whose result is refused on its own fails its job instead
+        A done outcome refused on its own for its result's size fails its job instead
         (:meth:`_write_alone`): running the handler again would only make the same
         result. Any other outcome refused on its own is dropped, logged with the
         database's reason: its row stays running and its job runs again once its lease
@@ -249,16 +249,17 @@ class AckFlusher:
 
     def _write_alone(self, entry: Entry) -> tuple[Outcome, Entry]:
         """Write *entry*'s outcome on its own, or what stands in for it when the
-        database refuses it for a value (``PendingAck.instead``: a result it cannot
-        store fails the job); the outcome written, and its entry."""
+        database refuses it (``PendingAck.instead``: a result past the database's size
+        limit fails the job); the outcome written, and its entry."""
         pending, counted = entry
         try:
             (outcome,) = self._write([pending], self._tried_in([entry]))
         except SQLAlchemyError as error:
-            if pending.instead is None or not self._refused(error):
+            stand_in = pending.instead(error) if pending.instead is not None else None
+            if stand_in is None:
                 raise
-            entry = (pending.instead(brief(error)), counted)
-            (outcome,) = self._write([entry[0]], self._tried_in([entry]))
+            entry = (stand_in, counted)
+            (outcome,) = self._write([stand_in], self._tried_in([entry]))
         return outcome, entry
 
     def _drop(self, pending: PendingAck, error: SQLAlchemyError) -> None:

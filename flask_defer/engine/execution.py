@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import SQLAlchemyError
 
 from .. import signals, tracing
 from ..config import RetryPolicy
@@ -25,6 +26,7 @@ from ..jobs import ABORTS, Aborted, Fail, Job, JobStatus, NotYet, RetryAfter
 from ..registry import Registry
 from ..store import UNKNOWN_HANDLER_NOTE, Ack, JobStore
 from .coroutines import AbortedTask, HandlerTimeout, awaited, run_coroutine
+from .logs import brief
 from .outcomes import (
     JobLog,
     Outcome,
@@ -230,17 +232,22 @@ class Executor:
         return self._record(succeeded, clock, batch, actor)
 
     def _result_refused(
-        self, job: Job, log: JobLog, clock: Clock, actor: str, reason: str
-    ) -> PendingAck:
-        """The outcome of a done *job* whose result the database refused for *reason*
-        (past its size limit, say): a failure without retry, as for a result that
-        cannot be stored (:class:`UnstorableResult`). The handler's effects happened,
-        and dropped, the outcome would run it again after its lease, only for the same
-        result to be refused, until its attempts ran out."""
+        self, job: Job, log: JobLog, clock: Clock, actor: str, refused: Exception
+    ) -> PendingAck | None:
+        """What stands in for the outcome of a done *job* that the database *refused*:
+        if for its result's size, a failure without retry, as for a result that cannot
+        be stored (:class:`UnstorableResult`); else nothing (the outcome is dropped).
+        The handler's effects happened, and dropped, its outcome would run it again
+        after its lease, only for the same result to be refused, until its attempts
+        ran out. Logged and signalled once written, like the outcome it stands for."""
+        if not isinstance(refused, SQLAlchemyError) or not self.store.refuses_for_size(refused):
+            return None
         error = UnstorableResult(
-            f"the handler's result cannot be stored: the database refused it ({reason})"
+            f"the handler's result cannot be stored: the database refused it ({brief(refused)})"
         )
-        failed = self._failed_attempt(job, log, error, None, clock, actor, final=True, batch=True)
+        failed = self._failed_attempt(
+            job, log, error, None, clock, actor, final=True, batch=True, log_when_written=True
+        )
         assert isinstance(failed, PendingAck)  # batch=True: handed back, not written
         return failed
 
@@ -364,7 +371,11 @@ class Executor:
         *,
         final: bool = False,
         batch: bool = False,
+        log_when_written: bool = False,
     ) -> Outcome | PendingAck:
+        """The outcome of a failed attempt: retried, or failed for good when *final* or
+        out of attempts. Logged at once (when decided), or with *log_when_written* only
+        once it is written: for an outcome that may never be."""
         text = error_text(error)
         now = clock()
         token = job.claim_token or ""
@@ -374,27 +385,30 @@ class Executor:
             if delay is None:
                 delay = backoff_delay(job.attempts, base=self.policy.base, cap=self.policy.cap)
             run_at = now + delay
-            log.warning(
-                "attempt %d failed, retrying at %s: %s", job.attempts, run_at, error_summary(error)
-            )
+            level, message = logging.WARNING, "attempt %d failed, retrying at %s: %s"
+            args: tuple[Any, ...] = (job.attempts, run_at, error_summary(error))
             ack = Ack(
                 job.id, token, JobStatus.PENDING.value, run_at=run_at, last_error=text,
                 attempt=job.attempts,
             )  # fmt: skip
         else:
-            if final:
-                log.error(
-                    "failed without retry (attempt %d): %s", job.attempts, error_summary(error)
-                )
-            else:
-                log.error("failed after %d attempts: %s", job.attempts, error_summary(error))
+            level = logging.ERROR
+            message = "failed without retry (attempt %d): %s" if final else (
+                "failed after %d attempts: %s"
+            )
+            args = (job.attempts, error_summary(error))
             ack = Ack(
                 job.id, token, JobStatus.FAILED.value, last_error=text, attempt=job.attempts
             )
 
+        if not log_when_written:
+            log.log(level, message, *args)
+
         def settle(ok: bool) -> Outcome:
             if not ok:
                 return self._lost(log)
+            if log_when_written:
+                log.log(level, message, *args)
             self.emit(signals.job_failed, job=job, error=text, will_retry=will_retry)
             return Outcome.RETRIED if will_retry else Outcome.FAILED
 

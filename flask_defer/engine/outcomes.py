@@ -105,10 +105,10 @@ class PendingAck:
     settle: Callable[[bool], Outcome]
     #: The claimed job (the activity counts read its queue, name and lateness).
     job: Job | None = None
-    #: What to write instead when the database refuses this outcome for a value, given
-    #: its reason: for a done outcome with a result, the failure that result makes (a
-    #: result past the database's size limit would be refused again at every run).
-    instead: Callable[[str], PendingAck] | None = None
+    #: What to write instead when the database refuses this outcome (given its error),
+    #: or None to drop it: for a done outcome whose result is past the database's size
+    #: limit, the failure that result makes (it would be refused again at every run).
+    instead: Callable[[Exception], PendingAck | None] | None = None
 
 
 def asked_again(

@@ -134,9 +134,19 @@ class Runner:
         """
         while self._unanswered:  # the clock is read only then: this runs every round
             now = clock()
-            jobs = self.store.adopt_claim(
-                self._unanswered[0], now=now, lease_until=now + self.lease
-            )
+            try:
+                jobs = self.store.adopt_claim(
+                    self._unanswered[0], now=now, lease_until=now + self.lease
+                )
+            except (ValueError, TypeError) as error:
+                # A row that cannot be read (SQLite text spoilt by hand): the adoption
+                # rolled back, and would fail the same way every round. Those jobs come
+                # back when their leases lapse, and the unreadable one is failed then.
+                logger.error(
+                    "could not adopt the jobs of a claim that raised (%s); they run "
+                    "again when their leases lapse", error,
+                )  # fmt: skip
+                jobs = []
             self._unanswered.pop(0)
             if jobs:
                 logger.warning(

@@ -258,6 +258,15 @@ class StoreBase:
             return True
         return self.driver.past_a_limit(error)
 
+    def refuses_for_size(self, error: SQLAlchemyError) -> bool:
+        """Whether the database refused a write for a value's size (past its length
+        limit): a handler's result too large to store, say."""
+        return (
+            isinstance(error, DBAPIError)
+            and not error.connection_invalidated
+            and self.driver.too_large(error)
+        )
+
     def _lost_pending_index(self, error: OperationalError) -> bool:
         """After "no such index" (a database migrated without it), stop naming it."""
         if not self.driver.lost_index(error):

@@ -101,6 +101,9 @@ class Driver(Protocol):
         for its state, so the same write would fail the same way however often it is
         retried."""
 
+    def too_large(self, error: DBAPIError) -> bool:
+        """The database refused a value for its size (past its length limit)."""
+
     def key_startswith(self, table: Table, prefix: str) -> ColumnElement[bool]:
         """``key`` starts with *prefix* exactly (case and wildcards included)."""
 

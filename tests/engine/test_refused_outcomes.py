@@ -25,54 +25,41 @@ from .test_worker import MakeKit, load, make_kit
 __all__ = ["make_kit"]
 
 
-def refuse_done(kit: AppKit, job_id: int, backend: str) -> None:
-    """An app's trigger that refuses to mark *job_id* done."""
+def refuse_status(kit: AppKit, job_id: int, backend: str, status: str = "done") -> None:
+    """An app's trigger (``refuse_<status>``) that refuses to give *job_id* *status*."""
     table = kit.defer.store.table.name
+    name = f"refuse_{status}"
     if backend == "sqlite":
         statements = [
-            f"CREATE TRIGGER refuse_done BEFORE UPDATE OF status ON {table}"
-            f" WHEN NEW.id = {job_id} AND NEW.status = 'done'"
+            f"CREATE TRIGGER {name} BEFORE UPDATE OF status ON {table}"
+            f" WHEN NEW.id = {job_id} AND NEW.status = '{status}'"
             " BEGIN SELECT RAISE(ABORT, 'refused by the app'); END"
         ]
     else:
         statements = [
-            "CREATE FUNCTION refuse_done() RETURNS trigger LANGUAGE plpgsql AS $$"
-            f" BEGIN IF NEW.id = {job_id} AND NEW.status = 'done' THEN"
+            f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$"
+            f" BEGIN IF NEW.id = {job_id} AND NEW.status = '{status}' THEN"
             " RAISE EXCEPTION 'refused by the app'; END IF; RETURN NEW; END $$",
-            f"CREATE TRIGGER refuse_done BEFORE UPDATE ON {table}"
-            " FOR EACH ROW EXECUTE FUNCTION refuse_done()",
+            f"CREATE TRIGGER {name} BEFORE UPDATE ON {table}"
+            f" FOR EACH ROW EXECUTE FUNCTION {name}()",
         ]
     with kit.defer.store.begin() as conn:
         for statement in statements:
             conn.execute(text(statement))
 
 
-def refuse_settling(kit: AppKit, job_id: int, backend: str) -> None:
-    """An app's trigger that refuses to let *job_id* leave ``running``."""
-    table = kit.defer.store.table.name
-    if backend == "sqlite":
-        statements = [
-            f"CREATE TRIGGER refuse_settling BEFORE UPDATE OF status ON {table}"
-            f" WHEN NEW.id = {job_id} AND OLD.status = 'running' AND NEW.status != 'running'"
-            " BEGIN SELECT RAISE(ABORT, 'refused by the app'); END"
-        ]
-    else:
-        statements = [
-            "CREATE FUNCTION refuse_settling() RETURNS trigger LANGUAGE plpgsql AS $$"
-            f" BEGIN IF NEW.id = {job_id} AND OLD.status = 'running'"
-            " AND NEW.status != 'running' THEN"
-            " RAISE EXCEPTION 'refused by the app'; END IF; RETURN NEW; END $$",
-            f"CREATE TRIGGER refuse_settling BEFORE UPDATE ON {table}"
-            " FOR EACH ROW EXECUTE FUNCTION refuse_settling()",
-        ]
+def drop_trigger(kit: AppKit, name: str, backend: str) -> None:
+    on_table = "" if backend == "sqlite" else f" ON {kit.defer.store.table.name}"
     with kit.defer.store.begin() as conn:
-        for statement in statements:
-            conn.execute(text(statement))
+        conn.execute(text(f"DROP TRIGGER {name}{on_table}"))
 
 
+@pytest.mark.parametrize("returns", [None, "ok"])
 def test_an_outcome_the_database_refuses_holds_none_of_the_others_back(
-    make_kit: MakeKit, backend: str, caplog: pytest.LogCaptureFixture
+    make_kit: MakeKit, backend: str, caplog: pytest.LogCaptureFixture, returns: str | None
 ) -> None:
+    """With or without a result: a refusal that is not for the result's size does not
+    fail the job, which may well be written next time (here: the trigger is gone)."""
     # Outcomes wait 0.3 s for each other, so the four go in one batch; a lease of
     # 1.5 s lapses soon after the refused one is dropped.
     kit = make_kit(DEFER_ACK_FLUSH=0.3, DEFER_LEASE=1.5)
@@ -80,15 +67,16 @@ def test_an_outcome_the_database_refuses_holds_none_of_the_others_back(
     lock = threading.Lock()
 
     @kit.defer.job("note")
-    def note(job: Job) -> None:
+    def note(job: Job) -> str | None:
         with lock:
             ran.append(job.id)
+        return returns
 
     ids = [kit.defer.schedule("note", {"n": n}).id for n in range(4)]
     kit.db.session.commit()
     refused = ids[1]
-    refuse_done(kit, refused, backend)
-    caplog.set_level(logging.WARNING, logger="flask_defer.worker")
+    refuse_status(kit, refused, backend)
+    caplog.set_level(logging.WARNING, logger="flask_defer")
     with kit.app.app_context():
         worker = kit.defer.worker(concurrency=4)
     with worker_thread(worker):
@@ -97,12 +85,12 @@ def test_an_outcome_the_database_refuses_holds_none_of_the_others_back(
         assert load(kit, refused).status is JobStatus.RUNNING  # its outcome was dropped
         assert f"could not write the outcome of job {refused}" in caplog.text
         assert "refused by the app" in caplog.text
-        on_table = "" if backend == "sqlite" else f" ON {kit.defer.store.table.name}"
-        with kit.defer.store.begin() as conn:
-            conn.execute(text(f"DROP TRIGGER refuse_done{on_table}"))
+        drop_trigger(kit, "refuse_done", backend)
         # Nothing lost: the lease lapses and the job runs again, written this time.
         wait_until(lambda: load(kit, refused).status is JobStatus.DONE, timeout=15)
     assert sorted(ran) == sorted(ids + [refused])
+    assert load(kit, refused).result == returns
+    assert "cannot be stored" not in caplog.text
 
 
 #: The size limit the test gives the database: 1 MB, where PostgreSQL's jsonb stops at
@@ -184,6 +172,7 @@ def test_a_result_past_the_databases_size_limit_fails_its_job_once_and_holds_non
     assert sorted(runs) == sorted(ids)  # each ran once: the big one is not run again
     assert [(job_id, retry) for job_id, retry, _ in failed] == [(too_big, False)]
     assert f"could not write the outcome of job {too_big}" not in caplog.text
+    assert caplog.text.count("failed without retry") == 1
     events = [event.event for event in kit.defer.history(too_big)]
     assert events == ["scheduled", "started", "failed"]
 
@@ -191,32 +180,31 @@ def test_a_result_past_the_databases_size_limit_fails_its_job_once_and_holds_non
 def test_a_result_refused_with_its_failure_too_is_dropped_and_runs_again(
     make_kit: MakeKit, backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An app's trigger that refuses every change to the row refuses the failure that
-    stands in for a refused result as well: that outcome is dropped as any other, and
-    the job runs again after its lease (written, once the trigger is gone)."""
+    """When the database refuses the failure that stands in for a refused result too
+    (an app's trigger on failures), that outcome is dropped as any other, unlogged as
+    a failure, and the job runs again after its lease: its failure is written then."""
     kit = make_kit(DEFER_ACK_FLUSH=0.3, DEFER_LEASE=1.5)
     runs: list[int] = []
 
     @kit.defer.job("report")
-    def report(job: Job) -> dict[str, int]:
+    def report(job: Job) -> dict[str, str]:
         runs.append(job.id)
-        return {"n": job.payload["n"]}
+        return {"text": "x" * job.payload["size"]}
 
-    ids = [kit.defer.schedule("report", {"n": n}).id for n in range(2)]
+    big = kit.defer.schedule("report", {"size": 2 * LIMIT}).id
     kit.db.session.commit()
-    refused = ids[0]
-    refuse_settling(kit, refused, backend)
+    limit_result_size(kit, backend)
+    refuse_status(kit, big, backend, "failed")
     caplog.set_level(logging.WARNING, logger="flask_defer")
     with kit.app.app_context():
         worker = kit.defer.worker(concurrency=2)
     with worker_thread(worker):
-        wait_until(lambda: f"could not write the outcome of job {refused}" in caplog.text)
-        assert "the database refused it (" in caplog.text  # the failure was tried
-        assert load(kit, refused).status is JobStatus.RUNNING
-        on_table = "" if backend == "sqlite" else f" ON {kit.defer.store.table.name}"
-        with kit.defer.store.begin() as conn:
-            conn.execute(text(f"DROP TRIGGER refuse_settling{on_table}"))
-        wait_until(lambda: load(kit, refused).status is JobStatus.DONE, timeout=15)
-    assert load(kit, refused).result == {"n": 0}
-    assert load(kit, ids[1]).result == {"n": 1}
-    assert sorted(runs) == sorted(ids + [refused])
+        wait_until(lambda: f"could not write the outcome of job {big}" in caplog.text)
+        assert "refused by the app" in caplog.text  # the stand-in failure was tried
+        assert "failed without retry" not in caplog.text  # and not logged, unwritten
+        assert load(kit, big).status is JobStatus.RUNNING
+        drop_trigger(kit, "refuse_failed", backend)
+        wait_until(lambda: load(kit, big).status is JobStatus.FAILED, timeout=15)
+    assert runs == [big, big]
+    assert "the database refused it (" in (load(kit, big).last_error or "")
+    assert caplog.text.count("failed without retry") == 1

@@ -242,6 +242,38 @@ def _claims_losing_the_first_reply(
     return lost
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_claim_that_raised_with_a_row_spoilt_since_is_not_adopted_and_the_worker_goes_on(
+    make_kit: MakeKit, now: datetime, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """Adopting reads the claim's rows again; one that cannot be read (SQLite text
+    spoilt by hand, here between the claim and its adoption) made the adoption raise
+    a ValueError at every round, which ended the worker's loop. The adoption is given
+    up instead, logged: those jobs come back when their leases lapse."""
+    kit = make_kit()
+    kit.defer.job("note")(lambda job: None)
+    jobs = [kit.defer.schedule("note", {"n": n}, run_at=now) for n in range(2)]
+    kit.db.session.commit()
+    store = kit.defer.store
+
+    def spoil() -> None:
+        with store.begin() as conn:
+            conn.exec_driver_sql(
+                f"UPDATE {store.table.name} SET payload = '{{x' WHERE id = {jobs[0].id}"
+            )
+
+    lost = _claims_losing_the_first_reply(store, monkeypatch, then=spoil)
+
+    with caplog.at_level(logging.ERROR, logger="flask_defer.worker"):
+        summary = burst(kit, at=now)
+
+    assert len(lost) == 2 and summary.ran == 0
+    assert "could not adopt the jobs of a claim that raised" in caplog.text
+    with store.engine.connect() as conn:
+        rows = conn.execute(select(store.table.c.status, store.table.c.claim_token)).all()
+    assert [status for status, _ in rows] == ["running", "running"]  # until their leases
+
+
 @pytest.mark.parametrize("kind", ["plain", "keyed", "coroutine"])
 def test_a_claim_that_raised_after_its_commit_has_its_jobs_adopted_and_run_once(
     make_kit: MakeKit, now: datetime, monkeypatch: pytest.MonkeyPatch, caplog: Any, kind: str

@@ -466,3 +466,34 @@ def test_a_keyed_row_that_cannot_be_read_fails_alone_and_frees_its_key(
     with store.engine.connect() as conn:
         events = [(e.event, e.attempt) for e in store.history(conn, bad)]
     assert events == [("scheduled", 0), ("started", 1), ("failed", 1)]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_claim_whose_failing_of_an_unreadable_row_raises_still_returns_the_others(
+    store: JobStore, new_job: Callable[..., NewJob], now: datetime,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The unreadable row is failed after the claim committed; should that write fail
+    (the database locked, say), the claim does not raise, since its readable jobs are
+    claimed and must start: the row stays running and comes back after its lease."""
+    bad = insert(store, new_job(run_at=now), now)
+    good = insert(store, new_job(run_at=now), now)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE {store.table.name} SET payload = '{{x' WHERE id = {bad}")
+
+    def locked(*_args: Any, **_options: Any) -> set[int]:
+        raise OperationalError("UPDATE", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(store.driver, "acknowledge_many", locked)
+    with caplog.at_level("ERROR", logger="flask_defer"):
+        claimed = claim(store, now, limit=2)
+
+    assert [job.id for job in claimed] == [good]
+    assert "could not fail 1 job(s) whose rows cannot be read (database is locked)" in (
+        caplog.text
+    )
+    with store.engine.connect() as conn:
+        status = conn.execute(
+            select(store.table.c.status).where(store.table.c.id == bad)
+        ).scalar_one()  # fmt: skip
+    assert status == "running"

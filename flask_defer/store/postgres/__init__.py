@@ -216,6 +216,12 @@ class PostgresDriver:
         # as OperationalError, the class of a database that is down or busy.
         return str(getattr(error.orig, "sqlstate", None) or "").startswith("54")
 
+    def too_large(self, error: DBAPIError) -> bool:
+        # Class 54 is where PostgreSQL reports a value past its size limits (jsonb's
+        # 256 MB, a field's 1 GB); its other limits are a statement's, not a value's,
+        # and none of those a single job's outcome reaches.
+        return self.past_a_limit(error)
+
     def key_startswith(self, table: Table, prefix: str) -> ColumnElement[bool]:
         # autoescape escapes % and _ in the bound prefix, so "a_b:" matches only itself.
         return table.c.key.startswith(prefix, autoescape=True)

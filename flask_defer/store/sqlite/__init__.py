@@ -47,7 +47,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import sqlite
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from ...jobs import Job
 from ..chunking import runs_by_size
@@ -188,6 +188,9 @@ class SqliteDriver:
         # A string or blob over SQLite's length limit is DataError (SQLITE_TOOBIG): PEP
         # 249's class for a value, already told apart by the class alone.
         return False
+
+    def too_large(self, error: DBAPIError) -> bool:
+        return getattr(error.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_TOOBIG
 
     def lost_index(self, error: OperationalError) -> bool:
         """After "no such index" (a database migrated without it), stop naming indexes."""
@@ -515,37 +518,45 @@ class SqliteDriver:
             ids = [row[id_at] for row in keyed_rows] + [row[id_at] for row in rows]
             self._record_started(conn, ids, bound["now"], actor)
         jobs = keyed + _built(rows, build, unreadable)
-        for row, error in unreadable:
-            self._fail_unreadable(row, id_at, params, actor, error)
+        if unreadable:
+            self._fail_unreadable(unreadable, id_at, params, actor)
         return jobs
 
     def _fail_unreadable(
-        self, row: Sequence[Any], id_at: int, params: dict[str, Any], actor: str,
-        error: Exception,
+        self, unreadable: list[tuple[Sequence[Any], Exception]], id_at: int,
+        params: dict[str, Any], actor: str,
     ) -> None:
-        """Fail a just-claimed job whose row cannot be read, and log it.
+        """Fail the just-claimed jobs whose rows cannot be read (each with its
+        reader's error), and log them; in one write, after the claim's commit.
 
         SQLite keeps JSON and times as text, so text written into the table by hand
         (PostgreSQL's typed columns refuse it) can be unreadable. Raising would leave
         the claim's other jobs running for a lease, their attempts spent, and every
-        later claim that takes the row would do the same.
+        later claim that takes the row would do the same. Nor does a failed write
+        raise: the claim committed, and its readable jobs must start. Those rows stay
+        running, and come back when their leases lapse, to be failed then.
         """
-        job_id = int(row[id_at])
         names = [c.name for c in self.store.table.c]
-        attempt = int(row[names.index("attempts")])
         readers = self._readers()
-        unread = [
-            name
-            for name, value in zip(names, row, strict=True)
-            if value is not None and name in readers and not _reads(readers[name], value)
-        ]
-        where = f" ({', '.join(unread)})" if unread else ""
-        note = f"its row could not be read{where}: {error}"
-        logger.error("job %d failed without running: %s", job_id, note)
-        self.acknowledge_many(
-            [Ack(job_id, params["token"], "failed", last_error=note, attempt=attempt)],
-            now=params["now"], actor=actor,
-        )  # fmt: skip
+        acks = []
+        for row, error in unreadable:
+            unread = [
+                name
+                for name, value in zip(names, row, strict=True)
+                if value is not None and name in readers and not _reads(readers[name], value)
+            ]
+            where = f" ({', '.join(unread)})" if unread else ""
+            note = f"its row could not be read{where}: {error}"
+            job_id, attempt = int(row[id_at]), int(row[names.index("attempts")])
+            logger.error("job %d failed without running: %s", job_id, note)
+            acks.append(Ack(job_id, params["token"], "failed", last_error=note, attempt=attempt))
+        try:
+            self.acknowledge_many(acks, now=params["now"], actor=actor)
+        except SQLAlchemyError as error:
+            logger.error(
+                "could not fail %d job(s) whose rows cannot be read (%s); they stay "
+                "running until their leases lapse", len(acks), getattr(error, "orig", error),
+            )  # fmt: skip
 
     def _record_started(self, conn: Connection, ids: list[int], at: Any, actor: str) -> None:
         """The claimed jobs' (*ids*) ``started`` events at *at* (as stored), made by
