@@ -3,6 +3,11 @@
 The executor knows nothing of Flask. It is handed a *context factory* (the extension
 passes one that pushes an app context) and an *atomic scope* (a transaction on the
 app's session, for ``atomic=True`` handlers), and a clock.
+
+Over 400 lines because it is one class, the one place where every way a handler can
+end (done, retried, failed, snoozed, aborted, timed out, unknown, a result that cannot
+be stored) becomes its acknowledgement, its log line and its signal; split, each part
+would reach into the other's state.
 """
 
 from __future__ import annotations
