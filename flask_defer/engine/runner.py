@@ -183,6 +183,47 @@ class Runner:
                 self.activity.record(done.job, outcome)
         return outcomes
 
+    def _write_batch(self, pending: Sequence[PendingAck], clock: Clock) -> list[Outcome]:
+        """``run_due``'s write of a claimed batch's outcomes: one statement, or, when the
+        database refuses that for a value in it, each outcome on its own, as the
+        worker's flusher does. A result past the size limit then fails its job
+        (``PendingAck.instead``); any other outcome refused on its own is dropped,
+        logged, and its job runs again after its lease. Any other error raises.
+        """
+        try:
+            return self.flush(pending, clock)
+        except SQLAlchemyError as error:
+            if not self.store.refuses_values(error):
+                raise
+        # Part of the batch may be written all the same (on PostgreSQL, a refusal after
+        # the batch statement), so each write asks whether the first one wrote it.
+        tried = {(p.ack.job_id, p.ack.claim_token) for p in pending}
+        outcomes: list[Outcome] = []
+        for one in pending:
+            try:
+                outcomes += self._write_alone(one, clock, tried)
+            except SQLAlchemyError as error:
+                if not self.store.refuses_values(error):
+                    raise
+                logger.error(
+                    "could not write the outcome of job %s (%s); dropped: the job runs "
+                    "again when its lease lapses", one.ack.job_id, brief(error),
+                )  # fmt: skip
+        return outcomes
+
+    def _write_alone(
+        self, pending: PendingAck, clock: Clock, tried: Collection[tuple[int, str]]
+    ) -> list[Outcome]:
+        """*pending* written on its own, or what stands in for it when the database
+        refuses it (``PendingAck.instead``)."""
+        try:
+            return self.flush([pending], clock, tried=tried)
+        except SQLAlchemyError as error:
+            stand_in = pending.instead(error) if pending.instead is not None else None
+            if stand_in is None:
+                raise
+        return self.flush([stand_in], clock, tried=tried)
+
     def run_due(
         self, clock: Clock, *, limit: int | None = None, deadline: float | None = None
     ) -> RunSummary:
@@ -250,7 +291,7 @@ class Runner:
                         else:
                             summary.add(result)
                 finally:
-                    for outcome in self.flush(pending, clock):
+                    for outcome in self._write_batch(pending, clock):
                         summary.add(outcome)
                 with lock:
                     held[:] = [job for job in held if job.id not in started]

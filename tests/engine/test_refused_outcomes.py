@@ -208,3 +208,35 @@ def test_a_result_refused_with_its_failure_too_is_dropped_and_runs_again(
     assert runs == [big, big]
     assert "the database refused it (" in (load(kit, big).last_error or "")
     assert caplog.text.count("failed without retry") == 1
+
+
+def test_run_due_writes_a_refused_batch_one_by_one_as_the_worker_does(
+    make_kit: MakeKit, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``run_due`` raised the database's refusal of a batch, and every outcome of it
+    was lost (those jobs ran again after their leases). Now, as in the worker: the
+    others are written, a result past the size limit fails its job once, and an
+    outcome refused otherwise (an app's trigger) is dropped and runs again later."""
+    kit = make_kit()
+
+    @kit.defer.job("report")
+    def report(job: Job) -> dict[str, str]:
+        return {"text": "x" * job.payload["size"]}
+
+    sizes = [10, 2 * LIMIT, 10, 10]
+    ids = [kit.defer.schedule("report", {"size": size}).id for size in sizes]
+    kit.db.session.commit()
+    too_big, refused = ids[1], ids[2]
+    limit_result_size(kit, backend)
+    refuse_status(kit, refused, backend)
+    caplog.set_level(logging.WARNING, logger="flask_defer")
+
+    summary = kit.defer.run_due()
+
+    # The dropped outcome is not counted, as in the worker: it has not happened yet.
+    assert (summary.ran, summary.done, summary.failed) == (3, 2, 1)
+    assert load(kit, too_big).status is JobStatus.FAILED
+    assert "the database refused it (" in (load(kit, too_big).last_error or "")
+    assert load(kit, refused).status is JobStatus.RUNNING  # dropped: runs after its lease
+    assert f"could not write the outcome of job {refused}" in caplog.text
+    assert [load(kit, i).result for i in (ids[0], ids[3])] == [{"text": "x" * 10}] * 2
