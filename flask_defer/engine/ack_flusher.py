@@ -16,11 +16,13 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from .execution import Outcome, PendingAck
 from .logs import brief
+from .outcomes import DROPPED, written_alone
 
 logger = logging.getLogger("flask_defer.worker")
 
@@ -211,7 +213,7 @@ class AckFlusher:
         every newer outcome behind it.
 
         A done outcome refused on its own for its result's size fails its job instead
-        (:meth:`_write_alone`): running the handler again would only make the same
+        (``written_alone``): running the handler again would only make the same
         result. Any other outcome refused on its own is dropped, logged with the
         database's reason: its row stays running and its job runs again once its lease
         lapses, as a killed worker's would. Should the database fail otherwise meanwhile
@@ -230,7 +232,8 @@ class AckFlusher:
                 )
             for i, entry in enumerate(batch):
                 try:
-                    outcome, entry = self._write_alone(entry)
+                    write = partial(self._write_one, self._tried_in([entry]))
+                    outcome, pending = written_alone(write, entry[0])
                 except SQLAlchemyError as alone:
                     if not self._refused(alone):
                         self._put_back(batch[i:], alone)  # back before the flusher looks idle
@@ -238,7 +241,7 @@ class AckFlusher:
                     self._drop(entry[0], alone)
                     continue
                 written.append(outcome)
-                entries.append(entry)
+                entries.append((pending, entry[1]))
             return True
         finally:
             try:
@@ -247,29 +250,13 @@ class AckFlusher:
                 with self._cond:
                     self._writing = 0
 
-    def _write_alone(self, entry: Entry) -> tuple[Outcome, Entry]:
-        """Write *entry*'s outcome on its own, or what stands in for it when the
-        database refuses it (``PendingAck.instead``: a result past the database's size
-        limit fails the job); the outcome written, and its entry."""
-        pending, counted = entry
-        try:
-            (outcome,) = self._write([pending], self._tried_in([entry]))
-        except SQLAlchemyError as error:
-            stand_in = pending.instead(error) if pending.instead is not None else None
-            if stand_in is None:
-                raise
-            entry = (stand_in, counted)
-            (outcome,) = self._write([stand_in], self._tried_in([entry]))
-        return outcome, entry
+    def _write_one(self, tried: Collection[tuple[int, str]], pending: PendingAck) -> Outcome:
+        (outcome,) = self._write([pending], tried)
+        return outcome
 
     def _drop(self, pending: PendingAck, error: SQLAlchemyError) -> None:
         self._tried.discard((pending.ack.job_id, pending.ack.claim_token))
-        logger.error(
-            "could not write the outcome of job %s (%s); dropped: the job runs again "
-            "when its lease lapses",
-            pending.ack.job_id,
-            brief(error),
-        )
+        logger.error(DROPPED, pending.ack.job_id, brief(error))
 
 
 def _claims(entries: Iterable[Entry]) -> Iterator[tuple[int, str]]:

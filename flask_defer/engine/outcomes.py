@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from ..errors import InvalidArgument
 from ..jobs import Aborted, Fail, Job
 from ..store import Ack
@@ -42,7 +44,8 @@ class Outcome(enum.StrEnum):
 
 @dataclass
 class RunSummary:
-    """Counts of what a run did, by outcome; ``ran`` is every job claimed."""
+    """Counts of what a run did, by outcome; ``ran`` is every job whose outcome was
+    written (not one dropped after the database refused it: that job runs again)."""
 
     ran: int = 0
     counts: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
@@ -109,6 +112,30 @@ class PendingAck:
     #: or None to drop it: for a done outcome whose result is past the database's size
     #: limit, the failure that result makes (it would be refused again at every run).
     instead: Callable[[Exception], PendingAck | None] | None = None
+
+
+def written_alone(
+    write: Callable[[PendingAck], Outcome], pending: PendingAck
+) -> tuple[Outcome, PendingAck]:
+    """*pending* written on its own by *write*, or what stands in for it when the
+    database refuses it (:attr:`PendingAck.instead`: a result past the size limit
+    fails its job); the outcome, and what was written. A refusal with no stand-in, or
+    of the stand-in too, raises: the caller drops that outcome (:data:`DROPPED`)."""
+    try:
+        return write(pending), pending
+    except SQLAlchemyError as error:
+        stand_in = pending.instead(error) if pending.instead is not None else None
+        if stand_in is None:
+            raise
+    return write(stand_in), stand_in
+
+
+#: The log line of an outcome the database refused on its own, given up: its job id and
+#: the database's reason.
+DROPPED = (
+    "could not write the outcome of job %s (%s); dropped: the job runs again when its "
+    "lease lapses"
+)
 
 
 def asked_again(

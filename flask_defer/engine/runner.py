@@ -29,6 +29,7 @@ from .activity import ActivityCounter
 from .execution import Clock, Executor, Outcome, PendingAck, RunSummary
 from .leases import LeaseHeartbeat
 from .logs import brief
+from .outcomes import DROPPED, written_alone
 from .presence import Presence
 
 logger = logging.getLogger("flask_defer.worker")
@@ -195,34 +196,25 @@ class Runner:
         except SQLAlchemyError as error:
             if not self.store.refuses_values(error):
                 raise
+            refused = error
         # Part of the batch may be written all the same (on PostgreSQL, a refusal after
         # the batch statement), so each write asks whether the first one wrote it.
         tried = {(p.ack.job_id, p.ack.claim_token) for p in pending}
+        logger.warning(
+            "the database refused a batch of %d outcomes (%s); writing them one by one",
+            len(pending), brief(refused),
+        )  # fmt: skip
         outcomes: list[Outcome] = []
         for one in pending:
             try:
-                outcomes += self._write_alone(one, clock, tried)
+                outcome, _ = written_alone(lambda p: self.flush([p], clock, tried=tried)[0], one)
             except SQLAlchemyError as error:
                 if not self.store.refuses_values(error):
                     raise
-                logger.error(
-                    "could not write the outcome of job %s (%s); dropped: the job runs "
-                    "again when its lease lapses", one.ack.job_id, brief(error),
-                )  # fmt: skip
+                logger.error(DROPPED, one.ack.job_id, brief(error))
+                continue
+            outcomes.append(outcome)
         return outcomes
-
-    def _write_alone(
-        self, pending: PendingAck, clock: Clock, tried: Collection[tuple[int, str]]
-    ) -> list[Outcome]:
-        """*pending* written on its own, or what stands in for it when the database
-        refuses it (``PendingAck.instead``)."""
-        try:
-            return self.flush([pending], clock, tried=tried)
-        except SQLAlchemyError as error:
-            stand_in = pending.instead(error) if pending.instead is not None else None
-            if stand_in is None:
-                raise
-        return self.flush([stand_in], clock, tried=tried)
 
     def run_due(
         self, clock: Clock, *, limit: int | None = None, deadline: float | None = None
@@ -258,11 +250,13 @@ class Runner:
             self.store, self.lease, lambda: max(clock(), utcnow()), in_flight, presence=presence
         )
         try:
-            while limit is None or summary.ran < limit:
+            # The limit counts handlers started: an outcome the database refused is not
+            # in the summary, and its job must not make room for another.
+            while limit is None or len(started) < limit:
                 if deadline is not None and time.monotonic() >= deadline:
                     summary.out_of_time = True
                     break
-                batch = self.claim_batch if limit is None else limit - summary.ran
+                batch = self.claim_batch if limit is None else limit - len(started)
                 jobs = self.claim(clock(), batch)
                 # Each job runs at most once per call: a handler that reschedules itself
                 # before the injected *now* (say, by wall-clock time) must not loop forever.

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from sqlalchemy import event, text
 
 from flask_defer import Job, JobStatus
-from flask_defer.signals import job_failed
+from flask_defer.signals import job_failed, job_succeeded
 
 from ..conftest import AppKit
 from ..worker_helpers import wait_until, worker_thread
@@ -230,13 +231,41 @@ def test_run_due_writes_a_refused_batch_one_by_one_as_the_worker_does(
     limit_result_size(kit, backend)
     refuse_status(kit, refused, backend)
     caplog.set_level(logging.WARNING, logger="flask_defer")
+    signalled: list[tuple[str, int]] = []
 
-    summary = kit.defer.run_due()
+    def heard(kind: str) -> Callable[..., None]:
+        return lambda _sender, job, **_data: signalled.append((kind, job.id))
+
+    with job_succeeded.connected_to(heard("done")), job_failed.connected_to(heard("failed")):
+        summary = kit.defer.run_due()
 
     # The dropped outcome is not counted, as in the worker: it has not happened yet.
     assert (summary.ran, summary.done, summary.failed) == (3, 2, 1)
+    assert sorted(signalled) == [("done", ids[0]), ("done", ids[3]), ("failed", too_big)]
     assert load(kit, too_big).status is JobStatus.FAILED
     assert "the database refused it (" in (load(kit, too_big).last_error or "")
     assert load(kit, refused).status is JobStatus.RUNNING  # dropped: runs after its lease
     assert f"could not write the outcome of job {refused}" in caplog.text
     assert [load(kit, i).result for i in (ids[0], ids[3])] == [{"text": "x" * 10}] * 2
+
+
+def test_run_due_counts_a_dropped_outcome_against_its_limit(
+    make_kit: MakeKit, backend: str
+) -> None:
+    """``limit`` counts handlers started: a dropped outcome, absent from the summary,
+    does not make room for one more job."""
+    kit = make_kit()
+    runs: list[int] = []
+
+    @kit.defer.job("note")
+    def note(job: Job) -> None:
+        runs.append(job.id)
+
+    ids = [kit.defer.schedule("note", {"n": n}).id for n in range(3)]
+    kit.db.session.commit()
+    refuse_status(kit, ids[0], backend)
+
+    summary = kit.defer.run_due(limit=2)
+
+    assert len(runs) == 2 and summary.ran == 1
+    assert load(kit, ids[2]).status is JobStatus.PENDING
