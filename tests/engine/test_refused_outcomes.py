@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event, text
+from sqlalchemy.exc import IntegrityError
 
 from flask_defer import Job, JobStatus
 from flask_defer.signals import job_failed, job_succeeded
@@ -269,3 +270,37 @@ def test_run_due_counts_a_dropped_outcome_against_its_limit(
 
     assert len(runs) == 2 and summary.ran == 1
     assert load(kit, ids[2]).status is JobStatus.PENDING
+
+
+@pytest.mark.parametrize("history", [True, False], ids=["history", "no_history"])
+def test_run_due_counts_a_refused_batch_that_committed_as_written_once(
+    make_kit: MakeKit, backend: str, monkeypatch: pytest.MonkeyPatch, history: bool
+) -> None:
+    """A refusal can come after the batch's statement committed (on PostgreSQL, the
+    release of children): ``run_due``'s one-by-one writes then find the rows settled,
+    and ask whether the first write was theirs, so each job is done and signalled
+    once, not reported lost."""
+    kit = make_kit(DEFER_HISTORY=history)
+    kit.defer.job("note")(lambda job: None)
+    ids = [kit.defer.schedule("note", {"n": n}).id for n in range(3)]
+    kit.db.session.commit()
+    store = kit.defer.store
+    real = store.acknowledge_many
+    refusals: list[int] = []
+
+    def commit_then_refuse(acks: Any, **options: Any) -> set[int]:
+        owned: set[int] = real(acks, **options)
+        if not refusals:
+            refusals.append(len(owned))
+            raise IntegrityError("the acknowledgement", {}, Exception("refused after"))
+        return owned
+
+    monkeypatch.setattr(store, "acknowledge_many", commit_then_refuse)
+    succeeded: list[int] = []
+    with job_succeeded.connected_to(lambda _sender, job, **_data: succeeded.append(job.id)):
+        summary = kit.defer.run_due()
+
+    assert refusals == [3]  # the batch committed all three, then raised
+    assert (summary.done, summary.lost) == (3, 0)
+    assert sorted(succeeded) == sorted(ids)
+    assert {load(kit, i).status for i in ids} == {JobStatus.DONE}
