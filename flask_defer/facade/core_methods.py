@@ -331,7 +331,9 @@ class CoreMethods(FacadeBase):
         jobs with lapsed leases to pending (a run that was killed, with no worker
         anywhere to notice), and while it runs it renews the leases of the jobs it
         holds, so a worker beside it never starts one of them a second time.
-        ``max_seconds`` stops claiming and starting jobs once that much time has
+        ``limit`` caps the handlers it starts (the summary counts the outcomes written:
+        one the database refused and dropped runs again after its lease, and is not
+        counted). ``max_seconds`` stops claiming and starting jobs once that much time has
         passed (claimed jobs not started yet go back to pending): a cron run cannot
         overlap the next, except for the handler running at the limit. ``actor`` is
         who the job history says ran the jobs (default ``app``; the CLI passes ``cli``).
