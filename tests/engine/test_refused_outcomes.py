@@ -22,7 +22,7 @@ from flask_defer.signals import job_failed, job_succeeded
 
 from ..conftest import AppKit
 from ..worker_helpers import wait_until, worker_thread
-from .test_worker import MakeKit, load, make_kit
+from .test_worker import MakeKit, acknowledgements_raising_once_after_commit, load, make_kit
 
 __all__ = ["make_kit"]
 
@@ -284,18 +284,9 @@ def test_run_due_counts_a_refused_batch_that_committed_as_written_once(
     kit.defer.job("note")(lambda job: None)
     ids = [kit.defer.schedule("note", {"n": n}).id for n in range(3)]
     kit.db.session.commit()
-    store = kit.defer.store
-    real = store.acknowledge_many
-    refusals: list[int] = []
-
-    def commit_then_refuse(acks: Any, **options: Any) -> set[int]:
-        owned: set[int] = real(acks, **options)
-        if not refusals:
-            refusals.append(len(owned))
-            raise IntegrityError("the acknowledgement", {}, Exception("refused after"))
-        return owned
-
-    monkeypatch.setattr(store, "acknowledge_many", commit_then_refuse)
+    refusals = acknowledgements_raising_once_after_commit(
+        kit.defer.store, monkeypatch, IntegrityError
+    )
     succeeded: list[int] = []
     with job_succeeded.connected_to(lambda _sender, job, **_data: succeeded.append(job.id)):
         summary = kit.defer.run_due()

@@ -221,6 +221,26 @@ def test_unknown_handler_stays_pending_and_counts_in_health(
     assert web.defer.health(now=now).unknown_handlers == 1
 
 
+def acknowledgements_raising_once_after_commit(
+    store: Any, monkeypatch: pytest.MonkeyPatch, error: type[DBAPIError]
+) -> list[int]:
+    """The store's batch acknowledgement commits as ever; the first one then raises
+    *error*, as a lost reply or a refusal after the statement would. Returns how many
+    rows that first one owned (empty until it ran)."""
+    real = store.acknowledge_many
+    raised: list[int] = []
+
+    def acknowledge_then_raise(acks: Any, **options: Any) -> set[int]:
+        owned: set[int] = real(acks, **options)
+        if not raised:
+            raised.append(len(owned))
+            raise error("the acknowledgement", {}, Exception("lost, or refused"))
+        return owned
+
+    monkeypatch.setattr(store, "acknowledge_many", acknowledge_then_raise)
+    return raised
+
+
 def _claims_losing_the_first_reply(
     store: Any, monkeypatch: pytest.MonkeyPatch, then: Callable[[], None] = lambda: None
 ) -> list[Job]:
@@ -384,18 +404,7 @@ def test_a_batch_of_outcomes_that_raised_after_its_commit_is_not_reported_lost(
     kit.defer.job("note")(lambda job: None)
     jobs = [kit.defer.schedule("note", {"n": n}, run_at=now) for n in range(3)]
     kit.db.session.commit()
-    store = kit.defer.store
-    real = store.acknowledge_many
-    raised: list[int] = []
-
-    def acknowledge_then_lose_the_reply(acks: Any, **options: Any) -> set[int]:
-        owned: set[int] = real(acks, **options)
-        if not raised:
-            raised.append(len(owned))
-            raise error("the acknowledgement", {}, Exception("lost, or refused"))
-        return owned
-
-    monkeypatch.setattr(store, "acknowledge_many", acknowledge_then_lose_the_reply)
+    raised = acknowledgements_raising_once_after_commit(kit.defer.store, monkeypatch, error)
     succeeded: list[int] = []
     with (
         signals.job_succeeded.connected_to(
