@@ -548,7 +548,6 @@ class SqliteDriver:
             where = f" ({', '.join(unread)})" if unread else ""
             note = f"its row could not be read{where}: {error}"
             job_id, attempt = int(row[id_at]), int(row[names.index("attempts")])
-            logger.error("job %d failed without running: %s", job_id, note)
             acks.append(Ack(job_id, params["token"], "failed", last_error=note, attempt=attempt))
         try:
             self.acknowledge_many(acks, now=params["now"], actor=actor)
@@ -557,6 +556,9 @@ class SqliteDriver:
                 "could not fail %d job(s) whose rows cannot be read (%s); they stay "
                 "running until their leases lapse", len(acks), getattr(error, "orig", error),
             )  # fmt: skip
+            return
+        for ack in acks:  # logged once written, like any outcome
+            logger.error("job %d failed without running: %s", ack.job_id, ack.last_error)
 
     def _record_started(self, conn: Connection, ids: list[int], at: Any, actor: str) -> None:
         """The claimed jobs' (*ids*) ``started`` events at *at* (as stored), made by
@@ -580,7 +582,12 @@ class SqliteDriver:
         """The claim of *kind* (``due`` or ``keyed``): one UPDATE inside the caller's
         ``BEGIN IMMEDIATE``, returning the table's columns; every value a named bind
         (``:now``), the queues one JSON array. Built once per (kind, queues), with the
-        builder of its rows and the position of their ``id``."""
+        builder of its rows and the position of their ``id``.
+
+        It runs on sqlite3's own connection (:func:`_run`) and its rows are built here,
+        each column read with the result processor SQLAlchemy's type would use:
+        SQLAlchemy's execution and row handling were a fifth of a claim (a claim of 20
+        in one process: 721-771 against 604-636 µs this way)."""
         key = ("claim", kind, queues)
         cached = self._sql.get(key)
         if cached is not None:
