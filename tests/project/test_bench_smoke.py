@@ -71,3 +71,38 @@ def test_quick_enqueue_run_writes_the_expected_markdown(tmp_path: Path) -> None:
             assert "jobs/s" in row or "not measured:" in row, row
     assert "| Bulk enqueue, postgresql: ≥ 0.8× raw executemany |" in text
     assert "## What remains and why" in text
+
+
+@pytest.mark.long
+def test_quick_undo_run_measures_both_routes_in_turn_and_judges_the_target_on_them(
+    tmp_path: Path,
+) -> None:
+    """The undo target compares flask_defer's routes with the raw ones measured at the same
+    moments: each client alternates between them, and each gets as many requests as in a
+    round of its own."""
+    output = tmp_path / "benchmarks.md"
+    command = ["--quick", "--only", "undo", "--backend", "sqlite", "--output", str(output)]
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", *command],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = output.read_text()
+    rows = {
+        cells[2]: cells
+        for line in text.splitlines()
+        if line.startswith("| undo under load | sqlite |")
+        for cells in [[cell.strip() for cell in line.strip("|").split("|")]]
+    }
+    apart = rows["flask_defer, 100 ms pauses"]
+    for contender in ("flask_defer, 100 ms pauses, in turn", "raw SQL, 100 ms pauses, in turn"):
+        cells = rows[contender]
+        assert "errors 0" in cells[4], cells
+        assert cells[7] == apart[7], (cells, apart)  # as many requests as in its own rounds
+    assert rows["raw SQL, 100 ms pauses, in turn"][5] == "1.00×"
+    (target,) = [line for line in text.splitlines() if line.startswith("| Undo under load, sqlite")]
+    assert "in turn, at the same moments" in target, target
