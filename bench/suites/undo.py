@@ -67,8 +67,13 @@ RAW = Routes("raw SQL", "/bench/raw/undoable", "/bench/raw/undo/{id}")
 
 @dataclass
 class Tally:
+    """What one route set's requests measured: one per row, so that routes timed in the
+    same run (in turn) keep their latencies apart."""
+
     schedule_ms: list[float] = field(default_factory=list)
     undo_ms: list[float] = field(default_factory=list)
+    #: Pairs whose schedule and undo both answered as they should.
+    completed: int = 0
     errors: int = 0
     first_error: str = ""
 
@@ -104,11 +109,12 @@ def run(ctx: Context) -> Section:
             f"flask_defer: {note}; also served by a second process with `{NO_HISTORY}` "
             "(the raw route writes no history event). Each route set runs in rounds of its "
             "own, and flask_defer's routes and the raw ones also run *in turn*: each client's "
-            "pairs alternate between them on the same server, twice as many pairs, so both "
-            "get as many requests as in their own rounds, under the same load and at the "
-            "same moments (the target is judged on these: a stall of the host slows both "
-            "alike). “vs raw” divides the raw route's p99 by flask_defer's, measured the "
-            "same way (below 1: flask_defer is slower)."
+            "pairs alternate between them, twice as many pairs, so both get as many requests "
+            "as in their own rounds at the same moments, the raw routes served by a third "
+            "process on a database of their own (the target is judged on these: a stall of "
+            "the host slows both alike, and neither waits for the other's locks). “vs raw” "
+            "divides the raw route's p99 by flask_defer's, measured the same way (below 1: "
+            "flask_defer is slower)."
         ),
     )
     for backend in ctx.backends:
@@ -118,6 +124,8 @@ def run(ctx: Context) -> Section:
 
 @dataclass(frozen=True)
 class _Mode:
+    """How the clients pace their requests, and how many pairs each does per round."""
+
     label: str
     think_ms: float
     pairs: int
@@ -139,12 +147,21 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
     ]
     if sizes.undo_closed_loop:
         modes.insert(0, _Mode("closed loop", 0.0, sizes.undo_pairs_per_client, "undo"))
+    servers: list[_Server] = []
     try:
         server = _Server(database, ctx.env.tmp)
+        servers.append(server)
         # The same routes without the job history (each request writes one row fewer,
         # its event), so the report can show what the history costs under load.
         bare = _Server(database, ctx.env.tmp, history=False)
+        servers.append(bare)
+        # The raw routes on a server and a database of their own, for the routes in turn
+        # (below): neither pays for the other's garbage collections, threads or locks.
+        apart = _Server(ctx.env.database(backend, f"undo raw {backend}"), ctx.env.tmp)
+        servers.append(apart)
     except Exception as error:  # noqa: BLE001
+        for started in servers:
+            started.stop()
         return [
             Row(
                 "undo under load",
@@ -164,9 +181,12 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
     contenders = []
 
     def timed_run(plan: list[tuple[Routes, int, Tally]], mode: _Mode) -> Sample:
-        # The clients' own garbage collections stay out of the latencies they time, as
-        # timeit keeps them out of its loops: full ones in this process took 7-16 ms,
-        # about twenty a run, and landed on whichever contender was running.
+        """One round of *plan*'s clients, timed, the clients' collector off.
+
+        The clients' own garbage collections stay out of the latencies they time, as
+        timeit keeps them out of its loops: full ones in this process took 7-16 ms,
+        about twenty a run, and landed on whichever contender was running.
+        """
         gc.disable()
         try:
             start = time.perf_counter()
@@ -191,19 +211,23 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
             contenders.append(
                 Contender(name, run=partial(timed_run, [(r, port, tallies[name])], mode))
             )
-    # The target's measurement: flask_defer's routes and the raw ones on the same server
-    # at the same moments, each client's pairs taking them in turn, twice as many pairs
-    # so that each gets as many requests as in a round of its own, under the same load
-    # (50 clients on one server). A stall of this host (a slow fsync, another process)
-    # then slows requests of both alike, where in rounds of their own it landed on
-    # whichever ran then: the same code measured 0.25× to 1.65× the raw route's p99 from
-    # run to run. (The no-history routes live in a server of their own, which would take
-    # part of the load off this one; they keep their own rounds.)
+    # The target's measurement: flask_defer's routes and the raw ones at the same
+    # moments, each client's pairs taking them in turn, twice as many pairs so that each
+    # gets as many requests as in a round of its own. A stall of this host (a slow
+    # fsync, another process) then slows requests of both alike, where in rounds of
+    # their own it landed on whichever ran then: the same code measured 0.25× to 1.65×
+    # the raw route's p99 from run to run. The raw routes are served by a server of
+    # their own on a database of its own: on one server they would also wait for
+    # flask_defer's requests (its write lock on SQLite, its garbage collections), which
+    # would flatter the ratio. Each server then has half the clients at a time.
     paced = modes[-1]
     mixed = f"flask_defer and raw SQL in turn, {paced.label}"
     turns: list[tuple[Routes, int, Tally]] = []
     runs_of[mixed] = []
-    for r, port, label, suffix in (sets[0], sets[2]):
+    for r, port, label, suffix in (
+        (routes, server.port, routes.label, ""),
+        (RAW, apart.port, RAW.label, "-raw"),
+    ):
         name = f"{label}, {paced.label}, in turn"
         tallies[name], tag_of[name] = Tally(), "undo-mixed" + suffix
         raw_of[name] = f"{RAW.label}, {paced.label}, in turn"
@@ -217,28 +241,26 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
         # first measured contender on a server (flask_defer's routes) paid for opening
         # the rest of the pool, and the raw routes, measured after them on the same
         # server, never did.
-        for r, port, _, _ in sets:
+        for r, port in [(r, port) for r, port, _, _ in sets] + [(RAW, apart.port)]:
             asyncio.run(_load(port, r, sizes.undo_clients, 5, Tally(), 0.0))
         outcomes = interleave(f"undo/{backend}", contenders, sizes.undo_rounds)
     finally:
-        server.stop()
-        bare.stop()
+        for started in servers:
+            started.stop()
     rows = []
     for outcome in outcomes:
-        seconds = sum(sample.seconds for sample in outcome.samples)
-        for name in runs_of[outcome.contender.name]:
+        names = runs_of[outcome.contender.name]
+        for name in names:
+            tally = tallies[name]
+            if len(names) == 1:
+                rate = outcome.median_rate or 0.0
+            else:  # the routes in turn shared their rounds: pairs over all of their time
+                seconds = sum(sample.seconds for sample in outcome.samples)
+                rate = tally.completed / seconds if seconds else 0.0
             rows.append(
-                _row(
-                    backend,
-                    name,
-                    outcome,
-                    tallies,
-                    raw_of[name],
-                    tag_of[name],
-                    seconds,
-                    sizes.undo_clients,
-                )
-            )
+                _row(backend, name, outcome, tally, tallies.get(raw_of[name]), tag_of[name],
+                     rate, sizes.undo_clients, shared=len(names) > 1)
+            )  # fmt: skip
     return rows
 
 
@@ -246,14 +268,16 @@ def _row(
     backend: str,
     name: str,
     outcome: Outcome,
-    tallies: dict[str, Tally],
-    raw_name: str,
+    tally: Tally,
+    raw_tally: Tally | None,
     tag: str,
-    seconds: float,
+    rate: float,
     clients: int,
+    *,
+    shared: bool,
 ) -> Row:
-    """The row of one route set's requests (*seconds*: the time of all its rounds)."""
-    tally = tallies[name]
+    """The row of one route set's requests; *rate* is its pairs per second, over rounds
+    it *shared* with another route set when it ran in turn with one."""
     everything = tally.schedule_ms + tally.undo_ms
     if not everything:
         return Row(
@@ -266,15 +290,14 @@ def _row(
             tag=tag,
         )
     p99 = percentile(everything, 0.99)
-    raw_tally = tallies.get(raw_name)
     raw_all = (raw_tally.schedule_ms + raw_tally.undo_ms) if raw_tally else []
     ratio = percentile(raw_all, 0.99) / p99 if raw_all else None
-    pairs = len(tally.undo_ms) - tally.errors
     figure = (
         f"p50 {percentile(everything, 0.5):.1f} / p99 {p99:.1f} ms "
         f"(schedule p99 {percentile(tally.schedule_ms, 0.99):.1f}, "
         f"undo p99 {percentile(tally.undo_ms, 0.99):.1f}); "
-        f"{pairs / seconds if seconds else 0:,.0f} pairs/s; errors {tally.errors}"
+        f"{rate:,.0f} pairs/s{' (rounds shared in turn)' if shared else ''}; "
+        f"errors {tally.errors}"
     )
     note = f"{len(everything):,} requests"
     if tally.first_error:
@@ -290,7 +313,11 @@ def _row(
         value=p99,
         ratio=ratio,
         tag=tag,
-        data={"errors": float(tally.errors), "p50": percentile(everything, 0.5)},
+        data={
+            "errors": float(tally.errors),
+            "requests": float(len(everything)),
+            "p50": percentile(everything, 0.5),
+        },
     )
 
 
@@ -306,7 +333,10 @@ async def _load_mixed(
 ) -> int:
     """Like :func:`_load`, each client's pairs rotating through the route sets of
     *plan* (client *n*'s pair *k* on ``plan[(n + k) % len(plan)]``), each timed into
-    its own tally: every route set is measured at the same moments, under the same load."""
+    its own tally: every route set is measured at the same moments, under the same load.
+    Each gets the same share of the pairs when *pairs* is a multiple of ``len(plan)``,
+    and starts as many clients' runs when *clients* is too. A client that meets an error
+    charges it to the route it was on and stops, for every route."""
     done = await asyncio.gather(
         *(
             _client(plan, f"client-{n}", pairs, think_ms, first=n, offset=n / clients)
@@ -354,6 +384,7 @@ async def _client(
                 tally.error(f"undo → {status} {body[:80]!r}")
                 continue
             completed += 1
+            tally.completed += 1
     except (OSError, asyncio.IncompleteReadError, ValueError) as error:
         tally.error(f"{type(error).__name__}: {error}")
     finally:

@@ -99,10 +99,18 @@ def test_quick_undo_run_measures_both_routes_in_turn_and_judges_the_target_on_th
         for cells in [[cell.strip() for cell in line.strip("|").split("|")]]
     }
     apart = rows["flask_defer, 100 ms pauses"]
-    for contender in ("flask_defer, 100 ms pauses, in turn", "raw SQL, 100 ms pauses, in turn"):
-        cells = rows[contender]
-        assert "errors 0" in cells[4], cells
+    ours = rows["flask_defer, 100 ms pauses, in turn"]
+    raw = rows["raw SQL, 100 ms pauses, in turn"]
+    for cells in (ours, raw):
+        assert "errors 0" in cells[4] and "(rounds shared in turn)" in cells[4], cells
         assert cells[7] == apart[7], (cells, apart)  # as many requests as in its own rounds
-    assert rows["raw SQL, 100 ms pauses, in turn"][5] == "1.00×"
+
+    def p99(cells: list[str]) -> str:
+        return cells[4].split("/ p99 ", 1)[1].split(" ms", 1)[0]
+
+    # The target is judged on the rows in turn, and its ratio is theirs.
     (target,) = [line for line in text.splitlines() if line.startswith("| Undo under load, sqlite")]
-    assert "in turn, at the same moments" in target, target
+    assert f"p99 {p99(ours)} vs raw {p99(raw)} ms" in target, (target, ours, raw)
+    ratio = float(target.split(" ms (", 1)[1].split("×, in turn, at the same moments)")[0])
+    assert abs(ratio - float(p99(ours)) / float(p99(raw))) < 0.05, (target, ours, raw)
+    assert abs(float(ours[5].rstrip("×")) * ratio - 1) < 0.02, (ours, target)  # raw ÷ ours
