@@ -156,6 +156,35 @@ def test_the_list_refreshes_itself_without_a_reload(
     assert page.evaluate("window.__notReloaded === true")
 
 
+def test_a_refresh_leaves_the_keyboard_focus_where_the_operator_put_it(
+    live: Live, operator_page: Callable[..., Page]
+) -> None:
+    """The list and a live job's page replace themselves every DEFER_DASHBOARD_REFRESH (a
+    second here): the focused link's new copy takes the focus, so a keyboard user is not
+    thrown back to the top of the page mid-table."""
+    page = operator_page()
+
+    def stays_focused_through_a_refresh(selector: str) -> None:
+        element = page.locator(selector)
+        element.focus()
+        expect(element).to_be_focused()
+        page.evaluate("document.activeElement.dataset.beforeRefresh = '1'")
+        # The mark goes with the old element: its absence proves a refresh replaced it.
+        expect(page.locator(f"{selector}:not([data-before-refresh])")).to_be_attached()
+        expect(element).to_be_focused()
+        page.keyboard.press("Tab")  # and the keyboard goes on from there
+        expect(element).not_to_be_focused()
+
+    (running_id,) = live.jobs.running
+    stays_focused_through_a_refresh(f"#defer-row-{running_id}-name")
+
+    with live.ops.context():
+        group = live.ops.defer.group("send_email", [{"to": "a@example.com"}], then="send_digest")
+        live.ops.db.session.commit()
+    page.goto(f"{live.url}/defer/jobs/{group.id}")
+    stays_focused_through_a_refresh(f"#defer-related-parents-{group.jobs[0].id}")
+
+
 def test_run_now_asks_first_and_acts_only_once_confirmed(
     live: Live, operator_page: Callable[..., Page]
 ) -> None:
@@ -317,6 +346,7 @@ def test_queues_page_pauses_and_resumes_a_queue_from_the_keyboard(
 
 # -- the job's history timeline ------------------------------------------------------------
 
+
 def screenshot_of_a_refreshing(element: Locator, path: Path, attempts: int = 5) -> None:
     """Screenshot *element* of a page that swaps it for a fresh copy every second.
 
@@ -400,9 +430,7 @@ def test_the_job_history_timeline(
 
     # The screenshot scrolls the timeline into view itself, retrying when a refresh
     # swapped it meanwhile (a separate scroll first raced that swap and failed).
-    name = "job-history" + ("-dark" if scheme == "dark" else "") + (
-        "-375" if width == 375 else ""
-    )
+    name = "job-history" + ("-dark" if scheme == "dark" else "") + ("-375" if width == 375 else "")
     shot = artifacts / f"{name}.png"
     screenshot_of_a_refreshing(timeline, shot)
     assert shot.stat().st_size > 20_000
@@ -460,9 +488,7 @@ def test_a_groups_pages_link_members_and_callback_and_abort_works_from_the_keybo
     abort_button = page.get_by_role("button", name="Abort")
     abort_button.focus()
     page.keyboard.press("Enter")
-    expect(page.locator("#defer-outcome")).to_contain_text(
-        f"Abort of job {running_id} requested"
-    )
+    expect(page.locator("#defer-outcome")).to_contain_text(f"Abort of job {running_id} requested")
     expect(page.locator("[data-defer-abort-requested]")).to_be_visible()
     assert axe_violations(page) == []
     page.screenshot(path=str(artifacts / f"abort-requested{suffix}.png"), full_page=True)
