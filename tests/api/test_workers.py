@@ -190,6 +190,6 @@ def test_the_workers_page_lists_them_for_operators_only(kit: AppKit) -> None:
     presence.beat(utcnow(), [41, 42])
     page = client.get("/defer/workers").get_data(as_text=True)
     assert f'data-defer-worker="{presence.id}"' in page and 'data-defer-state="live"' in page
-    assert '<a href="/defer/jobs/41">#41</a>' in page
+    assert f'<a id="defer-worker-{presence.id}-job-41" href="/defer/jobs/41">#41</a>' in page
     fragment = client.get("/defer/workers", headers={"HX-Request": "true"}).get_data(as_text=True)
     assert fragment.lstrip().startswith('<div id="defer-workers"')
