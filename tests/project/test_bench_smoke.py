@@ -1,7 +1,7 @@
 """The benchmark suite runs end to end and writes the table it promises (tiny sizes).
 
-Runs ``python -m bench --quick --only enqueue`` in a subprocess, as ``make bench``
-would (its own throwaway PostgreSQL, SQLite files in a temp directory), and reads the
+Runs ``python -m bench --quick --only enqueue`` (and ``--only undo`` on SQLite) in a
+subprocess, as ``make bench`` would (its own throwaway PostgreSQL, SQLite files in a temp directory), and reads the
 Markdown back. The figures of a smoke run mean nothing; the rows and facts must be there.
 """
 
@@ -17,19 +17,25 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-@pytest.mark.long
-def test_quick_enqueue_run_writes_the_expected_markdown(tmp_path: Path) -> None:
+def quick_run(tmp_path: Path, *options: str, timeout: float) -> str:
+    """The Markdown ``python -m bench --quick *options*`` writes, run as ``make bench``
+    would (a subprocess with the repository on its path)."""
     output = tmp_path / "benchmarks.md"
     result = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--only", "enqueue", "--output", str(output)],
+        [sys.executable, "-m", "bench", "--quick", *options, "--output", str(output)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    text = output.read_text()
+    return output.read_text()
+
+
+@pytest.mark.long
+def test_quick_enqueue_run_writes_the_expected_markdown(tmp_path: Path) -> None:
+    text = quick_run(tmp_path, "--only", "enqueue", timeout=120)
 
     # The facts a reader needs to judge the figures.
     for fact in (
@@ -80,18 +86,7 @@ def test_quick_undo_run_measures_both_routes_in_turn_and_judges_the_target_on_th
     """The undo target compares flask_defer's routes with the raw ones measured at the same
     moments: each client alternates between them, and each gets as many requests as in a
     round of its own."""
-    output = tmp_path / "benchmarks.md"
-    command = ["--quick", "--only", "undo", "--backend", "sqlite", "--output", str(output)]
-    result = subprocess.run(
-        [sys.executable, "-m", "bench", *command],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    text = output.read_text()
+    text = quick_run(tmp_path, "--only", "undo", "--backend", "sqlite", timeout=180)
     rows = {
         cells[2]: cells
         for line in text.splitlines()
