@@ -112,7 +112,9 @@ def run(ctx: Context) -> Section:
             "pairs alternate between them, twice as many pairs, so both get as many requests "
             "as in their own rounds at the same moments, the raw routes served by a third "
             "process on a database of their own (the target is judged on these: a stall of "
-            "the host slows both alike, and neither waits for the other's locks). “vs raw” "
+            "the host slows both alike, and neither waits for the other's locks; each "
+            "server has about half the clients at any moment, so both run less loaded than "
+            "in their own rounds, and the ratio is what compares them). “vs raw” "
             "divides the raw route's p99 by flask_defer's, measured the same way (below 1: "
             "flask_defer is slower)."
         ),
