@@ -1,8 +1,9 @@
 """The benchmark suite runs end to end and writes the table it promises (tiny sizes).
 
 Runs ``python -m bench --quick --only enqueue`` (and ``--only undo`` on SQLite) in a
-subprocess, as ``make bench`` would (its own throwaway PostgreSQL, SQLite files in a temp directory), and reads the
-Markdown back. The figures of a smoke run mean nothing; the rows and facts must be there.
+subprocess, as ``make bench`` would (its own throwaway PostgreSQL, SQLite files in a
+temp directory), and reads the Markdown back. The figures of a smoke run mean nothing;
+the rows and facts must be there.
 """
 
 from __future__ import annotations
