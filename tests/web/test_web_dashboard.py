@@ -459,7 +459,9 @@ def test_the_list_is_newest_first_with_the_health_figures_on_top(ops: OpsApp, jo
     assert re.search(r'data-defer-figure="scheduled">3<', html)
     assert re.search(r'data-defer-figure="failed">1<', html)
     assert "oldest 4 min" in html
-    names = re.findall(r'<th scope="row"><a href="/defer/\?name=(\w+)"', html)
+    names = re.findall(
+        r'<th scope="row"><a id="defer-health-name-\d+" href="/defer/\?name=(\w+)"', html
+    )
     assert names == ["send_email", "publish_post", "close_booking", "sync_invoices"]
     assert 'hx-trigger="every 5s, defer-jobs-changed from:body"' in html
 
@@ -548,12 +550,13 @@ def test_the_job_page_of_a_failed_job_shows_its_traceback_and_payload(
     html = signed_in(ops).get(f"/defer/jobs/{jobs.failed[0]}").get_data(as_text=True)
     # Focusable, with a name: a keyboard user can scroll a long traceback.
     assert (
-        '<pre class="defer-code defer-traceback" tabindex="0" '
+        '<pre class="defer-code defer-traceback" id="defer-job-error-text" tabindex="0" '
         'aria-label="Traceback of the last error">Traceback (most recent call last):'
     ) in html
     assert "BillingUnavailable: billing API refused the connection (account 4711)" in html
     assert (
-        '<pre class="defer-code" tabindex="0" aria-labelledby="defer-job-payload">'
+        '<pre class="defer-code" id="defer-job-payload-text" tabindex="0"'
+        ' aria-labelledby="defer-job-payload">'
         "{\n  &#34;account&#34;: 4711,\n  &#34;period&#34;: "
     ) in html
     assert "<dt>Attempts</dt><dd>3 of 3</dd>" in html
