@@ -460,6 +460,9 @@ def _undo(rows: Sequence[Row]) -> list[TargetResult]:
             out.append(TargetResult(target, "not measured", None, "The measurement did not run."))
             continue
         errors = int(row.data.get("errors", 0) + raw_row.data.get("errors", 0))
+        per = ""
+        if how.startswith("in turn") and "clients" in row.data:
+            per = f", about {row.data['clients']:.0f} clients per server"
         requests = (row.data.get("requests"), raw_row.data.get("requests"))
         ratio = row.value / raw_row.value
         met = ratio <= 1.2 and errors == 0 and requests[0] == requests[1]
@@ -469,7 +472,8 @@ def _undo(rows: Sequence[Row]) -> list[TargetResult]:
         if requests[0] != requests[1]:
             notes.append(
                 f"The routes answered {requests[0]:,.0f} and {requests[1]:,.0f} requests:"
-                " a client stopped early, so they were not measured alike."
+                " a client stopped early (its connection broke), so they were not measured"
+                " alike."
             )
         if ratio > 1.2:
             notes.append(f"Over by {(ratio - 1.2) / 1.2:.0%}.")
@@ -492,7 +496,7 @@ def _undo(rows: Sequence[Row]) -> list[TargetResult]:
         out.append(
             TargetResult(
                 target,
-                f"p99 {row.value:.1f} vs raw {raw_row.value:.1f} ms ({ratio:.2f}×, {how});"
+                f"p99 {row.value:.1f} vs raw {raw_row.value:.1f} ms ({ratio:.2f}×, {how}{per});"
                 f" errors {errors}",
                 met,
                 " ".join(notes),

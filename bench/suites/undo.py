@@ -109,14 +109,12 @@ def run(ctx: Context) -> Section:
             f"flask_defer: {note}; also served by a second process with `{NO_HISTORY}` "
             "(the raw route writes no history event). Each route set runs in rounds of its "
             "own, and flask_defer's routes and the raw ones also run *in turn*: each client's "
-            "pairs alternate between them, twice as many pairs, so both get as many requests "
-            "as in their own rounds at the same moments, the raw routes served by a third "
-            "process on a database of their own (the target is judged on these: a stall of "
-            "the host slows both alike, and neither waits for the other's locks; each "
-            "server has about half the clients at any moment, so both run less loaded than "
-            "in their own rounds, and the ratio is what compares them). “vs raw” "
-            "divides the raw route's p99 by flask_defer's, measured the same way (below 1: "
-            "flask_defer is slower)."
+            "pairs alternate between them, with twice the clients, so that each route gets "
+            "as many requests as in its own rounds, at the same moments, from about as many "
+            "clients per server; each is served by a process and a fresh database of its "
+            "own (the target is judged on these: a stall of the host slows both alike, and "
+            "neither waits for the other's locks). “vs raw” divides the raw route's p99 by "
+            "flask_defer's, measured the same way (below 1: flask_defer is slower)."
         ),
     )
     for backend in ctx.backends:
@@ -157,8 +155,11 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
         # its event), so the report can show what the history costs under load.
         bare = _Server(database, ctx.env.tmp, history=False)
         servers.append(bare)
-        # The raw routes on a server and a database of their own, for the routes in turn
-        # (below): neither pays for the other's garbage collections, threads or locks.
+        # flask_defer's routes and the raw ones, each on a server and a fresh database of
+        # its own, for the routes in turn (below): neither pays for the other's garbage
+        # collections, threads or locks, nor for rows the other rounds left.
+        ours = _Server(ctx.env.database(backend, f"undo in turn {backend}"), ctx.env.tmp)
+        servers.append(ours)
         apart = _Server(ctx.env.database(backend, f"undo raw {backend}"), ctx.env.tmp)
         servers.append(apart)
     except Exception as error:  # noqa: BLE001
@@ -182,8 +183,10 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
     runs_of: dict[str, list[str]] = {}  # contender → its rows
     contenders = []
 
-    def timed_run(plan: list[tuple[Routes, int, Tally]], mode: _Mode) -> Sample:
-        """One round of *plan*'s clients, timed, the clients' collector off.
+    def timed_run(
+        plan: list[tuple[Routes, int, Tally]], mode: _Mode, clients: int = sizes.undo_clients
+    ) -> Sample:
+        """One round of *clients* clients over *plan*, timed, the clients' collector off.
 
         The clients' own garbage collections stay out of the latencies they time, as
         timeit keeps them out of its loops: full ones in this process took 7-16 ms,
@@ -192,7 +195,7 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
         gc.disable()
         try:
             start = time.perf_counter()
-            pairs = asyncio.run(_load_mixed(plan, sizes.undo_clients, mode.pairs, mode.think_ms))
+            pairs = asyncio.run(_load_mixed(plan, clients, mode.pairs, mode.think_ms))
             took = time.perf_counter() - start
         finally:
             gc.enable()
@@ -214,20 +217,20 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
                 Contender(name, run=partial(timed_run, [(r, port, tallies[name])], mode))
             )
     # The target's measurement: flask_defer's routes and the raw ones at the same
-    # moments, each client's pairs taking them in turn, twice as many pairs so that each
-    # gets as many requests as in a round of its own. A stall of this host (a slow
-    # fsync, another process) then slows requests of both alike, where in rounds of
-    # their own it landed on whichever ran then: the same code measured 0.25× to 1.65×
-    # the raw route's p99 from run to run. The raw routes are served by a server of
-    # their own on a database of its own: on one server they would also wait for
-    # flask_defer's requests (its write lock on SQLite, its garbage collections), which
-    # would flatter the ratio. Each server then has half the clients at a time.
+    # moments, each client's pairs taking them in turn, with twice the clients, so that
+    # each server has about as many at a time as in a round of its own and each route
+    # gets as many requests. A stall of this host (a slow fsync, another process) then
+    # slows requests of both alike, where in rounds of their own it landed on whichever
+    # ran then: the same code measured 0.25× to 1.70× the raw route's p99 from run to
+    # run. Each has a server and a fresh database of its own: on one server the raw
+    # requests would also wait for flask_defer's (its write lock on SQLite, its garbage
+    # collections), which would flatter the ratio.
     paced = modes[-1]
     mixed = f"flask_defer and raw SQL in turn, {paced.label}"
     turns: list[tuple[Routes, int, Tally]] = []
     runs_of[mixed] = []
     for r, port, label, suffix in (
-        (routes, server.port, routes.label, ""),
+        (routes, ours.port, routes.label, ""),
         (RAW, apart.port, RAW.label, "-raw"),
     ):
         name = f"{label}, {paced.label}, in turn"
@@ -235,15 +238,19 @@ def _backend(ctx: Context, backend: str, routes: Routes) -> list[Row]:
         raw_of[name] = f"{RAW.label}, {paced.label}, in turn"
         runs_of[mixed].append(name)
         turns.append((r, port, tallies[name]))
-    both = _Mode(paced.label, paced.think_ms, 2 * paced.pairs, "undo-mixed")
-    contenders.append(Contender(mixed, run=partial(timed_run, turns, both)))
+    contenders.append(
+        Contender(mixed, run=partial(timed_run, turns, paced, 2 * sizes.undo_clients))
+    )
     try:
         # Warm-up, not counted: imports, pools, statement caches. With every client at
         # once, so each server thread opens its pooled connection now: with four, the
         # first measured contender on a server (flask_defer's routes) paid for opening
         # the rest of the pool, and the raw routes, measured after them on the same
         # server, never did.
-        for r, port in [(r, port) for r, port, _, _ in sets] + [(RAW, apart.port)]:
+        for r, port in [(r, port) for r, port, _, _ in sets] + [
+            (routes, ours.port),
+            (RAW, apart.port),
+        ]:
             asyncio.run(_load(port, r, sizes.undo_clients, 5, Tally(), 0.0))
         outcomes = interleave(f"undo/{backend}", contenders, sizes.undo_rounds)
     finally:
@@ -279,7 +286,8 @@ def _row(
     shared: bool,
 ) -> Row:
     """The row of one route set's requests; *rate* is its pairs per second, over rounds
-    it *shared* with another route set when it ran in turn with one."""
+    it *shared* with another route set when it ran in turn with one (then with twice
+    *clients*, about *clients* on each server)."""
     everything = tally.schedule_ms + tally.undo_ms
     if not everything:
         return Row(
@@ -308,7 +316,9 @@ def _row(
         "undo under load",
         backend,
         name,
-        f"{clients} clients",
+        f"{2 * clients} clients in turn, about {clients} per server"
+        if shared
+        else f"{clients} clients",
         figure,
         vs_raw=f"{ratio:.2f}×" if ratio is not None else "",
         note=note,
@@ -318,6 +328,7 @@ def _row(
         data={
             "errors": float(tally.errors),
             "requests": float(len(everything)),
+            "clients": float(clients),
             "p50": percentile(everything, 0.5),
         },
     )
@@ -336,9 +347,11 @@ async def _load_mixed(
     """Like :func:`_load`, each client's pairs rotating through the route sets of
     *plan* (client *n*'s pair *k* on ``plan[(n + k) % len(plan)]``), each timed into
     its own tally: every route set is measured at the same moments, under the same load.
-    Each gets the same share of the pairs when *pairs* is a multiple of ``len(plan)``,
-    and starts as many clients' runs when *clients* is too. A client that meets an error
-    charges it to the route it was on and stops, for every route."""
+    Each gets the same share of the pairs when *pairs* or *clients* is a multiple of
+    ``len(plan)``.
+    A failed request is charged to its route and the client goes on; an exception (a
+    broken connection) is charged to the route it was on and stops the client, for
+    every route."""
     done = await asyncio.gather(
         *(
             _client(plan, f"client-{n}", pairs, think_ms, first=n, offset=n / clients)
