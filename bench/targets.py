@@ -453,8 +453,10 @@ def _undo(rows: Sequence[Row]) -> list[TargetResult]:
         if row is None or raw_row is None or row.value is None or raw_row.value is None:
             row, raw_row, how = apart, raw_apart, "in rounds of their own"
             apart = raw_apart = None
-        clients = (row.size if row is not None and row.size else "").replace(" clients", "")
-        clients = f"{clients} paced clients".strip()
+        # Clients per server: the row's own count (in turn, each server has about half
+        # of twice as many).
+        per_server = row.data.get("clients") if row is not None else None
+        clients = f"{per_server:.0f} paced clients" if per_server else "paced clients"
         target = f"Undo under load, {backend}, {clients}: p99 ≤ 1.2× the raw-SQL route's p99"
         if row is None or raw_row is None or row.value is None or raw_row.value is None:
             out.append(TargetResult(target, "not measured", None, "The measurement did not run."))
