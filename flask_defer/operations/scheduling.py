@@ -109,13 +109,18 @@ def insert(
     Raises :class:`~flask_defer.JobExists` when a live job holds the key and
     *replace* is False. *actor* is who the ``scheduled`` event names. *after*
     (:func:`checked_after`'s answer) makes it wait for those parents, in the same
-    transaction; :class:`~flask_defer.JobNotFound` for a parent that does not exist.
+    transaction; :class:`~flask_defer.JobNotFound` for a parent that does not exist,
+    raised before anything is written.
     """
     if conn is None:
         with state.transactions.joined(writes=True) as joined:
             return insert(
                 state, new, now=now, replace=replace, conn=joined, actor=actor, after=after
             )
+    if after is not None:
+        # Before the insert: an unknown parent must leave nothing written, even in a
+        # transaction the caller goes on to commit.
+        state.store.check_parents(conn, after[0])
     job = state.store.insert(conn, new, now=now, replace=replace, actor=actor)
     if after is not None:
         parents, policy = after

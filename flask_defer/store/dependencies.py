@@ -61,6 +61,29 @@ MAX_PARENTS = 1000
 class DependencyStatements(HistoryStatements):
     """Attach children to parents, release them as parents settle, and read the edges."""
 
+    def check_parents(self, conn: Connection, parents: Sequence[int]) -> None:
+        """Raise :class:`~flask_defer.JobNotFound` for a parent id no row has, before
+        the child is written: a caller that catches the error and commits anyway must
+        not commit a child that waits for nothing and runs at once.
+
+        The parents found are held until *conn*'s transaction ends, so that none is
+        pruned before :meth:`attach` links the child to it: ``FOR KEY SHARE`` on
+        PostgreSQL (which blocks a delete, not a claim's or an outcome's update of the
+        row), and on SQLite the write lock, taken here first (SQLAlchemy renders no
+        ``FOR`` clause there).
+        """
+        t = self.table
+        wanted = list(dict.fromkeys(parents))
+        self.driver.begin_write(conn)
+        found = set(
+            conn.execute(
+                select(t.c.id).where(t.c.id.in_(wanted)).with_for_update(key_share=True)
+            ).scalars()
+        )
+        for parent in wanted:
+            if parent not in found:
+                raise JobNotFound(parent)
+
     def attach(
         self,
         conn: Connection,
@@ -73,8 +96,9 @@ class DependencyStatements(HistoryStatements):
     ) -> Job:
         """Make the just-inserted *child* wait for *parents* (in *conn*'s transaction).
 
-        Raises :class:`~flask_defer.JobNotFound` for a parent id no row has (the
-        caller's transaction should then roll back, as any failed ``schedule``). A parent
+        The caller checked the parents first (:meth:`check_parents`), which holds
+        them; :class:`~flask_defer.JobNotFound` here for a parent no row has would mean
+        it did not, and the caller's transaction must then roll back. A parent
         already settled counts as settled: with the ``done`` policy, one that did not end
         ``done`` cancels the child at once. Returns the child as it now is.
         """

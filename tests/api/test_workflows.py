@@ -236,8 +236,12 @@ def test_an_unknown_parent_raises_job_not_found_and_writes_nothing(kit: AppKit) 
     with pytest.raises(JobNotFound) as raised:
         kit.defer.schedule("collect", after=[parent, 987654])
     assert "987654" in str(raised.value)
-    kit.db.session.rollback()
+    # The caller commits anyway: the child must not be in that commit, waiting for
+    # nothing and run at once.
+    kit.db.session.commit()
     assert [job.name for job in kit.defer.list()] == ["step"]
+    kit.defer.run_due()
+    assert ran(kit) == [("step", {"n": 1})]
 
 
 @pytest.mark.parametrize(
