@@ -140,7 +140,11 @@ def cancel_with_hooks(
 def cancel_many(
     state: DeferState, filters: Filters, actor: str = DEFAULT_ACTOR, *, commit: bool = True
 ) -> dict[str, int]:
-    """Cancel matching pending jobs; ``{"cancelled": n, "in_flight": m}``."""
+    """Cancel matching pending jobs; ``{"cancelled": n, "in_flight": m}``.
+
+    Each cancelled job sends ``job_cancelled``, as one :func:`cancel` does: after the
+    commit, and never if the caller's transaction (``commit=False``) rolls back.
+    """
     if all(filters.get(name) is None for name in ("key_prefix", "name", "owner")):
         raise InvalidArgument(
             "key_prefix", "give key_prefix, name or owner; refusing to cancel every job"
@@ -157,10 +161,14 @@ def cancel_many(
             for job in jobs:
                 for hook in state.undo_hooks.for_name(job.name):
                     hook(job)
-        return {"cancelled": len(jobs), "in_flight": in_flight}
-    with state.transactions.control("cancel_many", commit=commit) as conn:
-        cancelled, in_flight = state.store.cancel_many(conn, where, now=utcnow(), actor=actor)
-    return {"cancelled": cancelled, "in_flight": in_flight}
+    else:
+        with state.transactions.control("cancel_many", commit=commit) as conn:
+            jobs, in_flight = state.store.cancel_many_jobs(
+                conn, where, now=utcnow(), actor=actor
+            )
+    for job in jobs:
+        state.send_when_committed(signals.job_cancelled, commit=commit, job=job)
+    return {"cancelled": len(jobs), "in_flight": in_flight}
 
 
 def undo(

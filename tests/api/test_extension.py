@@ -315,6 +315,32 @@ def test_signals_announce_scheduling_and_cancelling(kit: AppKit, ran: list[Job])
     assert heard == [("scheduled", job.id), ("cancelled", job.id)]
 
 
+def test_cancel_many_announces_each_job_it_cancelled_after_the_commit(
+    kit: AppKit, ran: list[Job]
+) -> None:
+    heard: list[int] = []
+    first = kit.defer.schedule("send_email", delay=60, key="booking:1:a")
+    second = kit.defer.schedule("send_email", delay=60, key="booking:1:b")
+    kept = kit.defer.schedule("send_email", delay=60, key="booking:2:a")
+    operators = kit.defer.schedule("send_email", delay=60, key="booking:3:a")
+    kit.db.session.commit()
+    with job_cancelled.connected_to(lambda app, job: heard.append(job.id)):
+        assert kit.defer.cancel_many(key_prefix="booking:2:", commit=False)["cancelled"] == 1
+        kit.db.session.rollback()
+        assert heard == []  # rolled back: never cancelled, never announced
+
+        answer = kit.defer.cancel_many(key_prefix="booking:1:", commit=False)
+        assert answer == {"cancelled": 2, "in_flight": 0}
+        assert heard == []  # not real until the caller commits
+        kit.db.session.commit()
+        assert sorted(heard) == sorted([first.id, second.id])
+
+        kit.defer.cancel_many(key_prefix="booking:3:", actor="ops")  # an operator's
+        assert heard[-1] == operators.id
+    assert kit.defer.get(kept.id).status is JobStatus.PENDING  # type: ignore[union-attr]
+    assert len(heard) == 3
+
+
 # -- control ----------------------------------------------------------------------
 
 
