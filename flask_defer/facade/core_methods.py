@@ -368,7 +368,7 @@ class CoreMethods(FacadeBase):
     def prune(self, now: datetime | None = None) -> int:
         """Delete settled jobs past their retention now; return how many.
 
-        done and cancelled rows older than ``DEFER_RETENTION``, failed ones older than
-        ``DEFER_FAILED_RETENTION``. Workers do this periodically by themselves.
+        done, cancelled and expired rows older than ``DEFER_RETENTION``, failed ones
+        older than ``DEFER_FAILED_RETENTION``. Workers do this periodically by themselves.
         """
         return running.prune(self._state(), now)

@@ -86,10 +86,11 @@ class UndoMethods(FacadeBase):
         The owner sees the toast for ``window`` (default ``DEFER_UNDO_WINDOW``, 5 s);
         the job runs ``DEFER_UNDO_MARGIN`` (1 s) after the window closes, so an Undo
         clicked in the last moment still lands. ``owner`` defaults to the current owner
-        (see :meth:`owner_loader`); ``label`` is the toast's text ("Message sent"; without
-        one the toast says "Action scheduled"). The other options are
-        :meth:`schedule`'s (``key``, ``replace``, the queue controls ...), but not
-        ``run_at`` or ``delay``: the window decides when it runs.
+        (see :meth:`owner_loader`); ``label`` is the toast's text while the action is
+        pending: name it in progress ("Sending message"), since the outcome is
+        ``done_label``'s to say (without one the toast says "Action scheduled"). The
+        other options are :meth:`schedule`'s (``key``, ``replace``, the queue controls
+        ...), but not ``run_at`` or ``delay``: the window decides when it runs.
 
         The toast only says what the server knows, in the texts given for each state:
         ``waiting_label`` once the window closed ("Sending…"), ``done_label`` when the
