@@ -257,10 +257,8 @@ def soft_delete(
         existing = reads.get(state, key=key)
         if existing is not None and existing.is_live:
             return existing
-    else:
-        obj.deleted_at = now
     undo_until = now + grace - state.config.undo_margin
-    return scheduling.schedule(
+    purge = scheduling.schedule(
         state,
         PURGE_JOB,
         {"table": _table_name(mapper), "pk": pk},
@@ -270,6 +268,11 @@ def soft_delete(
         label=label,
         undo_until=undo_until if undo_until > now else None,
     )
+    # Marked only once its purge is scheduled: a schedule() that refuses (a bad label
+    # or owner, a key taken) leaves the row as it was, even if the caller commits.
+    if obj.deleted_at is None:
+        obj.deleted_at = now
+    return purge
 
 
 def restore(state: DeferState, obj: Any) -> RestoreOutcome:

@@ -184,6 +184,20 @@ def test_soft_delete_refuses_objects_it_cannot_handle(sk: SoftKit) -> None:
     assert raised.value.argument == "grace"
 
 
+def test_a_refused_soft_delete_leaves_the_row_visible_even_if_the_caller_commits(
+    sk: SoftKit,
+) -> None:
+    project = sk.new_project()
+    with pytest.raises(InvalidArgument) as raised:
+        sk.defer.soft_delete(project, label="x" * 10_000)
+    assert raised.value.argument == "label"
+    sk.db.session.commit()  # a caller that reports the error and carries on
+    assert project.deleted_at is None
+    sk.db.session.expunge_all()
+    assert sk.load(project.id).deleted_at is None  # not hidden without a purge
+    assert sk.defer.list(name=PURGE_JOB) == []
+
+
 def test_a_new_object_is_flushed_to_get_its_key(sk: SoftKit) -> None:
     project = sk.Project(name="fresh")
     sk.db.session.add(project)
