@@ -28,7 +28,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, cast
 
@@ -350,6 +350,7 @@ class SqliteDriver:
         assert dbapi is not None
         cursor = dbapi.cursor()
         statement, params = sql, tuple(row)
+        job_id: int | None = None
         try:
             found = cursor.execute(statement, params).fetchone()
             if found is None:  # keyed, and a live job holds the key
@@ -362,10 +363,21 @@ class SqliteDriver:
                 params = (job_id, at, actor, run_at)
                 cursor.execute(statement, params)
         except sqlite3.Error as error:
+            if job_id is not None:
+                # The event was refused after the row was written: SQLite keeps the
+                # caller's transaction open, so a caller that commits anyway would
+                # commit a job without its event. Take the row back out (without a
+                # savepoint, which every schedule() would pay for).
+                with suppress(sqlite3.Error):  # the error raised is the event's
+                    cursor.execute(self._delete_job_sql(), (job_id,))
             raise sqlalchemy_error(conn, statement, params, error) from error
         finally:
             cursor.close()
         return job_id
+
+    def _delete_job_sql(self) -> str:
+        """The DELETE of one job by id, for :meth:`insert_one`'s refused event."""
+        return f"DELETE FROM {self.store.quoted_table} WHERE id = ?"
 
     def _scheduled_event_sql(self, conn: Connection) -> str:
         """The INSERT of a new job's ``scheduled`` event, binding its job id, time, actor
