@@ -197,10 +197,12 @@ def test_a_worker_settles_an_expired_job_in_its_claim_loop_not_at_the_next_recla
     kit = make_kit(DEFER_RECLAIM_INTERVAL=600)  # the maintenance round will not come
     kit.defer.job("send")(lambda job: None)
     kit.defer.pause(name="send")  # nothing may start it: it can only expire
-    job = kit.defer.schedule("send", ttl=0.3)
-    kit.db.session.commit()
     with worker_thread(kit.defer.worker()):
-        time.sleep(0.6)  # the first maintenance round at start found nothing expired
+        wait_until(lambda: kit.defer.workers() != [], timeout=10)
+        time.sleep(0.5)  # past the maintenance round at its start
+        # Scheduled only now, so that round cannot be what expires it.
+        job = kit.defer.schedule("send", ttl=0.3)
+        kit.db.session.commit()
         wait_until(lambda: stored(kit, job.id).status is JobStatus.EXPIRED, timeout=3)
 
 

@@ -94,6 +94,29 @@ def test_rate_limited_jobs_scheduled_in_bulk_recurring_or_batched_count_too(
     assert kit.defer.run_due().ran == 2
 
 
+def test_recurring_ticks_and_batches_of_a_rate_limited_handler_take_its_limit(
+    kit: AppKit,
+) -> None:
+    kit.defer.recurring("reports", "report", every=timedelta(minutes=1))
+    start = utcnow()
+    kit.defer.run_due(now=start)  # the first sync: the next tick is a minute on
+    kit.defer.pause(name="report")  # so the tick is written but not run
+    kit.defer.run_due(now=start + timedelta(minutes=1, seconds=1))
+    kit.defer.run_recurring_now("reports")
+    for n in range(2):
+        kit.defer.batch("report", key=f"digest:{n}", item={"n": n}, window=60)
+    kit.db.session.commit()
+    pending = kit.defer.list(status="pending", name="report")
+    keys = sorted((job.key or "").split(":")[0] for job in pending)
+    assert keys == ["digest", "digest", "recurring", "recurring"], keys
+    assert {(job.concurrency_key, job.rate_limit, job.rate_period) for job in pending} == {
+        ("rate:report", 2, 60.0)
+    }
+    kit.defer.resume(name="report")
+    # All four due, one bucket of 2 a minute: two start, two wait.
+    assert kit.defer.run_due(now=utcnow() + timedelta(minutes=3)).ran == 2
+
+
 @pytest.mark.parametrize(
     ("limit", "named"),
     [("10", "rate_limit"), ("0/s", "rate_limit"), ("10/d", "rate_limit"),

@@ -386,13 +386,13 @@ def test_toasts_limit_defaults_to_the_config(make_app: Callable[..., AppKit]) ->
 
 def test_pending_for_lists_the_owners_pending_jobs_soonest_first(mail: AppKit) -> None:
     later = mail.defer.schedule("send_email", delay=3600, owner="alice", label="Publish post")
-    soon = undoable(mail)
+    soon = mail.defer.schedule("send_email", delay=600, owner="alice")
+    soonest = undoable(mail, window=120)
     mail.defer.schedule("send_email", delay=10, owner="bob")
     ran = undoable(mail)
     mail.db.session.commit()
-    mail.defer.run_due(now=ran.run_at)
-    assert [j.id for j in mail.defer.pending_for("alice")] == [later.id]
-    assert soon.id != later.id
+    mail.defer.run_due(now=ran.run_at)  # ran is settled; bob's is not alice's
+    assert [j.id for j in mail.defer.pending_for("alice")] == [soonest.id, soon.id, later.id]
 
 
 def test_undo_outcome_sentences_are_built_from_the_state_texts_without_quotes(
