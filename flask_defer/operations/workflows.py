@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import InvalidArgument
 from ..jobs import Group, Job
 from ..store.dependencies import MAX_PARENTS
+from ..validation import payload_text
 from .scheduling import checked_after, schedule, spec_for
 from .state import DeferState
 
@@ -51,9 +52,17 @@ def group(
     if not isinstance(then, str):
         raise InvalidArgument("then", f"expected the name of a registered job, got {then!r}")
     checked_after(None, on, name="on")
-    # Both names first: nothing is written for a group that cannot be whole.
+    # Both names and every payload first: nothing is written for a group that cannot
+    # be whole (a bad payload met at member k would leave the members before it in
+    # the caller's transaction, to run without their callback if it commits).
     spec_for(state, name)
     spec_for(state, then)
+    limit = state.config.max_payload_bytes
+    for index, payload in enumerate(items):
+        if payload is not None:
+            payload_text(payload, f"payloads[{index}]", max_bytes=limit)
+    if then_payload is not None:
+        payload_text(then_payload, "then_payload", max_bytes=limit)
     members = [
         schedule(state, name, payload, queue=queue, priority=priority, actor=actor)
         for payload in items

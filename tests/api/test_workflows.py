@@ -320,6 +320,10 @@ def test_a_group_on_done_is_cancelled_by_a_failed_member_and_on_settled_is_not(
         ({"payloads": [{}] * 1001}, "payloads"),
         ({"on": "maybe"}, "on"),
         ({"then": 7}, "then"),
+        # Found after the members before it would have been written:
+        ({"payloads": [{"n": 1}, {"at": datetime.now(UTC)}]}, "payloads[1]"),
+        ({"payloads": [{"n": 1}, {"n": "x" * 1_000_001}]}, "payloads[1]"),
+        ({"then_payload": {"at": datetime.now(UTC)}}, "then_payload"),
     ],
 )
 def test_bad_group_arguments_name_the_argument_and_write_nothing(
@@ -329,6 +333,7 @@ def test_bad_group_arguments_name_the_argument_and_write_nothing(
     with pytest.raises(InvalidArgument) as raised:
         kit.defer.group("step", call.pop("payloads"), **call)
     assert raised.value.argument == named
+    kit.db.session.commit()  # a caller that carries on: no member may be in it
     assert kit.defer.list() == []
 
 
