@@ -4,7 +4,8 @@
 ``@defer.on_undo("name")`` records a hook that runs in the transaction that cancels a
 job of that name: cancelling "send this email" needs nothing more than the guarded
 cancel, but cancelling "purge this project" must also bring the project back, and
-both must happen together or not at all (a hook that raises rolls the cancel back).
+both must happen together or not at all (a hook that raises rolls the cancel back;
+with ``commit=False`` the caller's transaction holds both, and the caller rolls back).
 An operator's cancel (``defer.cancel(..., actor=...)``: the dashboard, ``flask defer
 cancel``) runs the same hooks: for the app, a job an operator stopped is as undone as
 one its owner took back. The app's own ``defer.cancel()`` without an actor runs none.

@@ -183,7 +183,8 @@ class CoreMethods(FacadeBase):
         ``actor`` says who cancels, for the history. With one (an operator: the
         dashboard passes the signed-in operator, ``flask defer cancel`` passes
         ``cli``), the cancel takes the owner's Undo path: the job's :meth:`on_undo`
-        hooks run in the cancel's transaction (a hook that raises rolls it back), and
+        hooks run in the cancel's transaction (a hook that raises rolls it back; with
+        ``commit=False`` it is your transaction, which you then roll back), and
         the owner's open toast says "Cancelled by an operator." Without one, the
         cancel is the app's own (``app``) and runs no hooks: the code that cancels
         does its own bookkeeping.
@@ -243,7 +244,8 @@ class CoreMethods(FacadeBase):
         ``commit=False`` joins the caller's transaction, as for :meth:`cancel`. With an
         ``actor`` (an operator, as for :meth:`cancel`), every cancelled job's
         :meth:`on_undo` hooks run in the same transaction; one that raises rolls back
-        the whole bulk cancel.
+        the whole bulk cancel (with ``commit=False``, roll your transaction back: it
+        holds the cancels and the hooks' writes up to the one that raised).
         """
         return control.cancel_many(
             self._state(), filters, checked_actor(actor), commit=commit

@@ -58,7 +58,8 @@ class UndoMethods(FacadeBase):
         The hook runs in the Undo's transaction, after the cancel and before the
         commit (with a ``db``, that is ``db.session``'s transaction): restoring a
         soft-deleted row and cancelling its purge commit together or not at all. If
-        the hook raises, the Undo is rolled back and the error propagates.
+        the hook raises, the error propagates and the Undo is rolled back (with
+        ``commit=False``, your transaction holds it: roll it back).
         """
         if not isinstance(name, str) or not name:
             raise InvalidArgument("name", f"expected a job name string, got {name!r}")

@@ -105,10 +105,12 @@ def cancel_with_hooks(
 
     Guarded cancel, then every hook of the job's name, in one transaction on
     ``db.session`` (its own, committed here, or with ``commit=False`` the caller's); a
-    hook that raises rolls the cancel back with it. Returns the cancelled job, or the
-    status that refused the cancel (``RUNNING`` while a failed attempt keeps putting
-    the job back). *event* names it in the history (``undone`` or ``cancelled``) and
-    *actor* says who. Unknown (or, with *owner*, another owner's) → :class:`JobNotFound`.
+    hook that raises rolls the cancel back with it in the call's own transaction, and
+    with ``commit=False`` leaves both in the caller's, to roll back. Returns the
+    cancelled job, or the status that refused the cancel (``RUNNING`` while a failed
+    attempt keeps putting the job back). *event* names it in the history (``undone``
+    or ``cancelled``) and *actor* says who. Unknown (or, with *owner*, another
+    owner's) → :class:`JobNotFound`.
     """
     with state.transactions.hooked(operation, commit=commit) as conn:
         cancelled: Job | None = None
@@ -153,7 +155,8 @@ def cancel_many(
     commit = checked_commit(commit)
     if is_operator(actor):
         # An operator's bulk cancel runs each job's on_undo hooks, as one cancel does,
-        # all in one transaction: a hook that raises leaves every job pending.
+        # all in one transaction: a hook that raises rolls it back (with commit=False,
+        # the caller's transaction holds it all, and the caller rolls it back).
         with state.transactions.hooked("cancel_many", commit=commit) as conn:
             jobs, in_flight = state.store.cancel_many_jobs(
                 conn, where, now=utcnow(), actor=actor
