@@ -21,6 +21,7 @@ from ..undo import MAX_JOB_ID
 from .access import current_defer, require_operator
 from .csrf import csrf_token, field_name
 from .job_query import JobQuery
+from .pages import uncached_page
 from .redirects import safe_local_target
 
 
@@ -197,17 +198,20 @@ def _page(
     *, question: str, detail: str, action: str, button: str, danger: bool, query: JobQuery | None
 ) -> ResponseReturnValue:
     back = safe_local_target(request.args.get("next")) or url_for("defer.dashboard")
-    return render_template(
-        "defer/dashboard_confirm.html",
-        question=question,
-        detail=detail,
-        action=action,
-        button=button,
-        danger=danger,
-        query=query,
-        back_url=back,
-        here=back,
-        csrf_token=csrf_token(),
-        csrf_field=field_name(),
-        home_url=current_defer().config.dashboard_home_url,
+    # Never cached, as every dashboard page: it carries the CSRF token and the job.
+    return uncached_page(
+        render_template(
+            "defer/dashboard_confirm.html",
+            question=question,
+            detail=detail,
+            action=action,
+            button=button,
+            danger=danger,
+            query=query,
+            back_url=back,
+            here=back,
+            csrf_token=csrf_token(),
+            csrf_field=field_name(),
+            home_url=current_defer().config.dashboard_home_url,
+        )
     )

@@ -351,7 +351,27 @@ def test_a_get_never_acts_destructive_ones_answer_with_a_confirm_page(
     for path in ACTION_PATHS:
         response = client.get(path.format(id=jobs.scheduled[0]) + "?name=publish_post")
         assert response.status_code == (200 if path in CONFIRMED_PATHS else 405), path
+        if path in CONFIRMED_PATHS:  # it carries the CSRF token and the job: never cached
+            assert response.headers["Cache-Control"] == "no-store", path
     assert {job_id: ops.job(job_id) for job_id in before} == before
+
+
+def test_no_dashboard_page_lets_htmx_keep_a_copy_in_the_tabs_storage(
+    ops: OpsApp, jobs: Seeded
+) -> None:
+    # htmx saves the page (its CSRF token and the rows) to the tab's sessionStorage
+    # before it pushes a URL, and restores it on Back without asking the server;
+    # hx-history="false" makes it ask instead.
+    client = signed_in(ops)
+    pages = [
+        "/defer/", f"/defer/jobs/{jobs.scheduled[0]}", "/defer/activity", "/defer/queues",
+        "/defer/schedules", "/defer/workers", f"/defer/jobs/{jobs.scheduled[0]}/cancel",
+    ]  # fmt: skip
+    for page in pages:
+        response = client.get(page)
+        assert response.status_code == 200, page
+        root = re.search(r'<div class="defer-dash__root"[^>]*>', response.get_data(as_text=True))
+        assert root and 'hx-history="false"' in root.group(0), page
 
 
 def test_cancel_without_javascript_asks_first_then_cancels_from_the_confirm_form(
