@@ -59,10 +59,18 @@ from .http_checks import (
 from .http_signing import Redactor, Secret, SecretMissing
 from .http_transport import EXCERPT_CHARS
 
-__all__ = ["EXCERPT_CHARS", "HTTP_JOB", "METHODS", "HttpCallFailed", "check_url", "schedule_http"]
+__all__ = [
+    "EXCERPT_CHARS", "HTTP_JOB", "METHODS", "HttpCallFailed", "check_url", "schedule_http",
+    "shown_payload",
+]  # fmt: skip
 
 #: Name of the built-in job that performs a scheduled HTTP request.
 HTTP_JOB = "flask_defer.http"
+
+#: Headers whose plain values are credentials: the dashboard never shows them.
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+#: What the dashboard shows instead of a credential or a query string.
+HIDDEN = "(hidden)"
 
 _RETRYABLE = frozenset({408, 429})
 _USER_AGENT = "flask_defer"
@@ -70,6 +78,30 @@ _USER_AGENT = "flask_defer"
 
 class HttpCallFailed(Exception):  # noqa: N818 - reads as what happened
     """A scheduled HTTP call failed in a way that is worth retrying."""
+
+
+def shown_payload(name: str, payload: Any) -> Any:
+    """*payload* as the dashboard shows it: for a scheduled HTTP call, without the values
+    of credential headers passed as plain text (``Authorization``, ``Proxy-Authorization``,
+    ``Cookie``) or the URL's query string, which may hold a token (messages never show
+    it either). Everything else, and every other job's payload, as stored.
+
+    Plain values are stored as given (``secret("name")`` stores only the name); this
+    keeps them off the pages every operator can open.
+    """
+    if name != HTTP_JOB or not isinstance(payload, dict):
+        return payload
+    shown = dict(payload)
+    url = shown.get("url")
+    if isinstance(url, str) and "?" in url:
+        shown["url"] = url.split("?", 1)[0] + "?" + HIDDEN
+    headers = shown.get("headers")
+    if isinstance(headers, dict):
+        shown["headers"] = {
+            key: HIDDEN if str(key).lower() in CREDENTIAL_HEADERS else value
+            for key, value in headers.items()
+        }
+    return shown
 
 
 # -- scheduling --------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 
 from flask import Blueprint
 
+from ..features.http_jobs import shown_payload
 from ..i18n import N_, format_number, format_seconds, gettext, ngettext, pgettext
 from ..recurring_rules import Rule
 
@@ -26,6 +27,7 @@ def register(blueprint: Blueprint) -> None:
     blueprint.add_app_template_filter(utc_text, "defer_utc")
     blueprint.add_app_template_filter(relative, "defer_relative")
     blueprint.add_app_template_filter(pretty_json, "defer_json")
+    blueprint.add_app_template_filter(payload_json, "defer_payload_json")
     blueprint.add_app_template_filter(error_summary, "defer_error_summary")
     blueprint.add_app_template_filter(age_text, "defer_age")
     blueprint.add_app_template_filter(event_label, "defer_event_label")
@@ -155,6 +157,12 @@ def age_text(seconds: float | None) -> str:
 def pretty_json(value: Any) -> str:
     """*value* as indented JSON (plain text: the template escapes it)."""
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def payload_json(job: Any) -> str:
+    """*job*'s payload as :func:`pretty_json`, with a scheduled HTTP call's credentials
+    and query string hidden (:func:`~flask_defer.features.http_jobs.shown_payload`)."""
+    return pretty_json(shown_payload(job.name, job.payload))
 
 
 def error_summary(error: str | None) -> str:

@@ -356,6 +356,26 @@ def test_a_get_never_acts_destructive_ones_answer_with_a_confirm_page(
     assert {job_id: ops.job(job_id) for job_id in before} == before
 
 
+def test_the_job_page_hides_an_http_calls_plain_credentials_and_query_string(
+    ops: OpsApp,
+) -> None:
+    call = {
+        "url": "https://api.example.com/hooks/order?token=abc123&n=7",
+        "method": "POST",
+        "id": "order-7",
+        "headers": {"authorization": "Bearer sekrit", "Cookie": "sid=s3", "X-Source": "shop"},
+    }
+    with ops.context():
+        job = ops.defer.schedule("flask_defer.http", call, delay=3600)
+        ops.db.session.commit()
+    page = signed_in(ops).get(f"/defer/jobs/{job.id}").get_data(as_text=True)
+    for secret in ("sekrit", "s3", "abc123", "n=7"):
+        assert secret not in page, secret
+    assert "https://api.example.com/hooks/order?(hidden)" in page
+    assert "X-Source" in page and "shop" in page and "order-7" in page
+    assert ops.job(job.id).payload == call  # stored as given; only the page hides it
+
+
 def test_no_dashboard_page_lets_htmx_keep_a_copy_in_the_tabs_storage(
     ops: OpsApp, jobs: Seeded
 ) -> None:
