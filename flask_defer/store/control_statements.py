@@ -148,18 +148,12 @@ class ControlStatements(DependencyStatements):
         self.record_events(conn, [HistoryEvent(job_id, "abort_requested", now, actor, row[0])])
         return True
 
-    def cancel_many(
-        self, conn: Connection, where: JobFilter, *, now: datetime, actor: str = "app"
-    ) -> tuple[int, int]:
-        """Cancel every pending job matching *where*; return (cancelled, still running)."""
-        cancelled, in_flight = self.cancel_many_jobs(conn, where, now=now, actor=actor)
-        return len(cancelled), in_flight
-
     def cancel_many_jobs(
         self, conn: Connection, where: JobFilter, *, now: datetime, actor: str = "app"
     ) -> tuple[list[Job], int]:
-        """Like :meth:`cancel_many`, with the cancelled jobs as they now are (for the
-        ``on_undo`` hooks an operator's bulk cancel runs)."""
+        """Cancel every pending job matching *where*; return the cancelled jobs as they
+        now are (for the ``on_undo`` hooks and the ``job_cancelled`` signals) and how
+        many matching jobs are still running."""
         t = self.table
         condition = self._filter(where)
         rows = conn.execute(

@@ -317,8 +317,10 @@ def test_cancel_many_counts_what_was_already_running(
     running = store.claim(now=now, limit=1, token="t", lease_until=now + timedelta(minutes=1))
     assert running[0].key == "booking:42:remind"
     with store.begin() as conn:
-        result = store.cancel_many(conn, JobFilter(key_prefix="booking:42:"), now=now)
-    assert result == (1, 1)
+        cancelled, in_flight = store.cancel_many_jobs(
+            conn, JobFilter(key_prefix="booking:42:"), now=now
+        )
+    assert [job.key for job in cancelled] == ["booking:42:close"] and in_flight == 1
 
 
 def test_status_counts_split_scheduled_from_owed(

@@ -567,10 +567,10 @@ def test_bulk_cancel_records_one_event_per_job(
     a = one_job(history_store, new_job, now, key="b:1")
     b = one_job(history_store, new_job, now, key="b:2")
     with history_store.begin() as conn:
-        cancelled, running = history_store.cancel_many(
+        cancelled, running = history_store.cancel_many_jobs(
             conn, JobFilter(key_prefix="b:"), now=now, actor="ops"
         )
-    assert (cancelled, running) == (2, 0)
+    assert (len(cancelled), running) == (2, 0)
     for job in (a, b):
         assert [(e.event, e.actor) for e in history_of(history_store, job.id)][-1] == (
             "cancelled",
