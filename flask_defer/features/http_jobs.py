@@ -184,9 +184,13 @@ def perform(job: Job, config: DeferConfig) -> dict[str, Any]:
     except OSError as error:
         raise HttpCallFailed(f"network error: {where}: cannot resolve the host: {error}") from error
     body = request.body
-    headers = {"User-Agent": _USER_AGENT, "Idempotency-Key": request.message_id}
+    defaults = {"User-Agent": _USER_AGENT, "Idempotency-Key": request.message_id}
     if body is not None:
-        headers["Content-Type"] = "application/json"
+        defaults["Content-Type"] = "application/json"
+    # Header names are case-insensitive: a call's own "content-type" replaces the
+    # default instead of going out beside it as a second Content-Type.
+    given = {name.lower() for name in (*request.headers, *secret_headers)}
+    headers = {name: value for name, value in defaults.items() if name.lower() not in given}
     headers.update(request.headers)
     headers.update(secret_headers)
     if keys:

@@ -37,6 +37,8 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    #: Every header line as sent, repeated names included.
+    lines: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -59,7 +61,9 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         state: Server = self.server.state
-        state.received.append(Received(self.command, self.path, dict(self.headers), body))
+        state.received.append(
+            Received(self.command, self.path, dict(self.headers), body, list(self.headers.items()))
+        )
         path = self.path.split("?")[0]
         if path == "/hang":
             state.release.wait(20)
@@ -177,6 +181,22 @@ def test_2xx_is_done_with_status_and_excerpt_recorded(kit: AppKit, server: Serve
     assert json.loads(request.body) == {"order": 7}
     assert request.headers["Content-Type"] == "application/json"
     assert request.headers["X-Signature"] == "abc"
+
+
+def test_a_calls_own_header_in_any_case_replaces_the_default_not_doubles_it(
+    kit: AppKit, server: Server
+) -> None:
+    job = kit.defer.schedule_http(
+        server.url + "/ok",
+        json={"order": 7},
+        headers={"content-type": "application/vnd.shop+json", "user-agent": "shop/1.2"},
+    )
+    assert run(kit, job).status is JobStatus.DONE
+    [request] = server.received
+    sent = [(name.lower(), value) for name, value in request.lines]
+    assert [v for n, v in sent if n == "content-type"] == ["application/vnd.shop+json"]
+    assert [v for n, v in sent if n == "user-agent"] == ["shop/1.2"]
+    assert len([n for n, _ in sent if n == "idempotency-key"]) == 1
 
 
 def test_other_methods_and_empty_bodies(kit: AppKit, server: Server) -> None:
