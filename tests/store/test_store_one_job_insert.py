@@ -87,6 +87,29 @@ def test_a_refused_insert_raises_sqlalchemys_error_naming_it_and_writes_nothing(
     assert later.id > kept and _counts(history_store) == (2, 2)
 
 
+@pytest.mark.parametrize(
+    ("table", "when"),
+    [
+        ("defer_jobs", "NEW.name = 'refused'"),
+        # On SQLite the events are a second statement after the rows.
+        ("defer_jobs_history", "NEW.actor = 'refused'"),
+    ],
+    ids=["a job row", "their scheduled events"],
+)
+def test_a_refused_bulk_insert_leaves_nothing_even_if_the_caller_commits(
+    history_store: JobStore, new_job: MakeJob, now: datetime, table: str, when: str
+) -> None:
+    _refuse(history_store.engine, table, when)
+    with history_store.begin() as conn:
+        history_store.insert(conn, new_job(name="kept"), now=now, replace=False)
+    batch = [new_job(name="bulk")] * 3 + [new_job(name="refused")]
+    with history_store.engine.connect() as conn:
+        with pytest.raises(DBAPIError, match="refused by the database"):
+            history_store.insert_many(conn, batch, now=now, actor="refused")
+        conn.commit()  # a caller that carries on: none of the batch may be in it
+    assert _counts(history_store) == (1, 1)
+
+
 def test_a_refused_insert_hides_the_payload_when_the_engine_hides_parameters(
     database_url: str, new_job: MakeJob, now: datetime
 ) -> None:

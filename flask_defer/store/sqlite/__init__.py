@@ -422,20 +422,33 @@ class SqliteDriver:
         if sql is None:
             sql = self._sql["insert-many"] = self._insert_many_sql()
         created = self.stored_time(now)
-        for chunk in runs_by_size(rows, BULK_CHUNK_BYTES, _payload_bytes):
-            conn.exec_driver_sql(sql, (created, created, json.dumps(chunk)))
-        if self.store.history_table is None:
-            return
-        last = int(conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one())
-        first = last - len(jobs) + 1
-        # Their scheduled events are made by SQLite from the rows just written (each
-        # event's run_at is its row's): one statement, and no Python per event.
-        conn.exec_driver_sql(
-            f"INSERT INTO {self._quoted_history()} (job_id, event, at, actor, attempt, run_at)"
-            f" SELECT id, 'scheduled', ?, ?, 0, run_at FROM {self.store.quoted_table}"
-            " WHERE id BETWEEN ? AND ? ORDER BY id",
-            (created, actor, first, last),
-        )
+        span: tuple[int, int] | None = None  # the ids of the rows written so far
+        try:
+            for chunk in runs_by_size(rows, BULK_CHUNK_BYTES, _payload_bytes):
+                conn.exec_driver_sql(sql, (created, created, json.dumps(chunk)))
+                last = int(conn.exec_driver_sql("SELECT last_insert_rowid()").scalar_one())
+                span = (span[0] if span else last - len(chunk) + 1, last)
+            if self.store.history_table is None or span is None:
+                return
+            # Their scheduled events are made by SQLite from the rows just written (each
+            # event's run_at is its row's): one statement, and no Python per event.
+            conn.exec_driver_sql(
+                f"INSERT INTO {self._quoted_history()} (job_id, event, at, actor, attempt,"
+                f" run_at) SELECT id, 'scheduled', ?, ?, 0, run_at FROM"
+                f" {self.store.quoted_table} WHERE id BETWEEN ? AND ? ORDER BY id",
+                (created, actor, *span),
+            )
+        except DBAPIError:
+            # Refused after some rows were written (a later chunk, or the events): SQLite
+            # keeps the caller's transaction open, so a caller that commits anyway would
+            # commit part of the batch. Take this call's rows back out, as insert_one
+            # does; an error in that leaves the one being raised.
+            if span is not None:
+                with suppress(DBAPIError):
+                    conn.exec_driver_sql(
+                        f"DELETE FROM {self.store.quoted_table} WHERE id BETWEEN ? AND ?", span
+                    )
+            raise
 
     def _bulk_rows(self, conn: Connection, jobs: Sequence[NewJob]) -> list[list[Any]]:
         """Each job's values for :meth:`_insert_many_sql`, in the order of
