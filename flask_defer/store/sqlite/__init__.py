@@ -369,15 +369,16 @@ class SqliteDriver:
                 # commit a job without its event. Take the row back out (without a
                 # savepoint, which every schedule() would pay for).
                 with suppress(sqlite3.Error):  # the error raised is the event's
-                    cursor.execute(self._delete_job_sql(), (job_id,))
+                    cursor.execute(self._unwrite_sql(), (job_id, job_id))
             raise sqlalchemy_error(conn, statement, params, error) from error
         finally:
             cursor.close()
         return job_id
 
-    def _delete_job_sql(self) -> str:
-        """The DELETE of one job by id, for :meth:`insert_one`'s refused event."""
-        return f"DELETE FROM {self.store.quoted_table} WHERE id = ?"
+    def _unwrite_sql(self) -> str:
+        """The DELETE of the jobs whose ids lie between two bounds: what :meth:`insert_one`
+        and :meth:`insert_many` take back out when the database refuses a later write."""
+        return f"DELETE FROM {self.store.quoted_table} WHERE id BETWEEN ? AND ?"
 
     def _scheduled_event_sql(self, conn: Connection) -> str:
         """The INSERT of a new job's ``scheduled`` event, binding its job id, time, actor
@@ -445,9 +446,7 @@ class SqliteDriver:
             # does; an error in that leaves the one being raised.
             if span is not None:
                 with suppress(DBAPIError):
-                    conn.exec_driver_sql(
-                        f"DELETE FROM {self.store.quoted_table} WHERE id BETWEEN ? AND ?", span
-                    )
+                    conn.exec_driver_sql(self._unwrite_sql(), span)
             raise
 
     def _bulk_rows(self, conn: Connection, jobs: Sequence[NewJob]) -> list[list[Any]]:
