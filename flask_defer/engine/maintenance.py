@@ -146,6 +146,14 @@ class Maintenance:
             else max(now + (upcoming - wall).total_seconds(), self._next_expiry)
         )  # fmt: skip
 
+    def look_again_for_expiry(self) -> None:
+        """A job was added elsewhere (a NOTIFY woke the worker): it may carry an
+        ``expires_at`` sooner than any this worker knows of, so look again once
+        :meth:`expire_if_due` may (within :data:`EXPIRY_CHECK_SECONDS`), instead of at
+        the next maintenance round or ``DEFER_MAX_SLEEP``."""
+        due = self._next_expiry
+        self._expiry_at = due if self._expiry_at is None else min(self._expiry_at, due)
+
     def next_expiry_due(self) -> float | None:
         """The monotonic time a sleeping worker must wake to settle the next expiring
         job (None: no pending job has an ``expires_at``)."""

@@ -215,7 +215,9 @@ class Worker:
                 if woke in (Wake.NOTIFY, Wake.RECONNECTED):
                     # A schedule may have been resumed or added elsewhere (they notify):
                     # look at the schedules table again instead of at the next poll.
+                    # A job added elsewhere may expire before any this worker knows of.
                     self.ticks.look_again()
+                    self.maintenance.look_again_for_expiry()
 
     def _housekeeping(self) -> None:
         """What each round does before it claims: overrun handlers' time-outs, the

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from flask_defer import InvalidArgument, Job, JobStatus, job_expired
+from flask_defer.engine import maintenance
 from flask_defer.undo import ToastState, UndoOutcome
 
 from ..conftest import AppKit
@@ -204,6 +205,24 @@ def test_a_worker_settles_an_expired_job_in_its_claim_loop_not_at_the_next_recla
         job = kit.defer.schedule("send", ttl=0.3)
         kit.db.session.commit()
         wait_until(lambda: stored(kit, job.id).status is JobStatus.EXPIRED, timeout=3)
+
+
+def test_a_job_added_just_after_the_workers_expiry_look_expires_at_the_next_look(
+    make_kit: MakeKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The looks are spaced wide, so the job lands between two of them: the wake its
+    # NOTIFY brings (PostgreSQL) comes too soon for a look and must set the next one,
+    # not leave the worker asleep until DEFER_MAX_SLEEP.
+    monkeypatch.setattr(maintenance, "EXPIRY_CHECK_SECONDS", 2.0)
+    kit = make_kit(DEFER_RECLAIM_INTERVAL=600, DEFER_MAX_SLEEP=30)
+    kit.defer.job("send")(lambda job: None)
+    kit.defer.pause(name="send")  # nothing may start it: it can only expire
+    with worker_thread(kit.defer.worker()):
+        wait_until(lambda: kit.defer.workers() != [], timeout=10)
+        time.sleep(0.2)  # after the look at the worker's start, well before the next
+        job = kit.defer.schedule("send", ttl=0.3)
+        kit.db.session.commit()
+        wait_until(lambda: stored(kit, job.id).status is JobStatus.EXPIRED, timeout=8)
 
 
 def test_the_dashboard_shows_a_pending_job_past_its_expiry_as_expired(make_kit: MakeKit) -> None:
