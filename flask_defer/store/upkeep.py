@@ -44,7 +44,8 @@ class UpkeepStatements(DependencyStatements):
 
         They are due now, or at their old ``run_at`` with ``keep_run_at``. The attempt
         their claim counted is given back, and their ``started`` event goes too: the
-        handler was never given the job.
+        handler was never given the job. They wake the workers of their queues (where
+        the database can), as a new job would.
         """
         stmt = self._guarded_ack("release_keep_run_at" if keep_run_at else "release")
         released: list[Job] = []
@@ -54,6 +55,10 @@ class UpkeepStatements(DependencyStatements):
                 if conn.execute(stmt, params).rowcount == 1:
                     released.append(job)
             self._forget_started(conn, released)
+            # Due (now, or at the run_at they were claimed at): another worker of their
+            # queues may run them at once.
+            for queue in sorted({job.queue for job in released}):
+                self.notify(conn, queue)
         return len(released)
 
     def extend_leases(self, jobs: Sequence[Job], *, now: datetime, lease_until: datetime) -> int:
@@ -125,11 +130,11 @@ class UpkeepStatements(DependencyStatements):
                 update(t)
                 .where(lapsed, t.c.attempts >= t.c.max_attempts)
                 .values({**self._settle_values(JobStatus.FAILED, now), "last_error": note})
-                .returning(t.c.id, t.c.attempts, t.c.dependents)
+                .returning(t.c.id, t.c.attempts, t.c.dependents, t.c.queue)
             ).all()
             parents = [int(row[0]) for row in settled if row[2]]
             failed = [(row[0], row[1]) for row in settled]
-            returned = conn.execute(
+            handed_back = conn.execute(
                 update(t)
                 .where(lapsed)
                 .values(
@@ -140,10 +145,13 @@ class UpkeepStatements(DependencyStatements):
                     last_error=note,
                     updated_at=now,
                 )
-                .returning(t.c.id, t.c.attempts)
+                .returning(t.c.id, t.c.attempts, t.c.queue)
             ).all()
-            if returned:
-                self.notify(conn, "default")
+            returned = [(row[0], row[1]) for row in handed_back]
+            # Wake the workers of each job's own queue: the returned jobs are due now,
+            # and a failed one may have freed its concurrency key's slot.
+            for queue in sorted({row[-1] for row in (*handed_back, *settled)}):
+                self.notify(conn, queue)
             if self.history_table is not None and (failed or returned):
                 self._record_reclaimed(conn, now, actor, note, returned=returned, failed=failed)
             if parents:

@@ -621,6 +621,33 @@ def test_every_job_log_line_names_the_job(
 # -- wall-clock behaviour: timeouts, leases, wake-ups, shutdown ------------------------
 
 
+@pytest.mark.parametrize("backend", ["postgresql"])  # the wake is a NOTIFY
+@pytest.mark.parametrize("handed_back_by", ["reclaim", "release"])
+def test_a_job_handed_back_elsewhere_wakes_the_workers_of_its_own_queue(
+    make_kit: MakeKit, handed_back_by: str
+) -> None:
+    # A worker of another queue than "default", with polls, sleeps and maintenance
+    # rounds far longer than the test: only the NOTIFY of the job's own queue wakes it.
+    kit = make_kit(DEFER_POLL_INTERVAL=30, DEFER_MAX_SLEEP=30, DEFER_RECLAIM_INTERVAL=30)
+    ran: list[int] = []
+    kit.defer.job("send", queue="mail")(lambda job: ran.append(job.id))
+    store = kit.defer.store
+    with worker_thread(kit.defer.worker(queues=["mail"])):
+        wait_until(lambda: kit.defer.workers() != [], timeout=10)
+        time.sleep(0.3)  # past the worker's first maintenance round and claim
+        # Due in an hour (no NOTIFY, nothing the worker waits for), claimed elsewhere.
+        job = kit.defer.schedule("send", delay=timedelta(hours=1))
+        kit.db.session.commit()
+        now = utcnow()
+        later, lapsed = now + timedelta(hours=2), now - timedelta(seconds=1)
+        [held] = store.claim(now=later, limit=1, token="gone", lease_until=lapsed)
+        if handed_back_by == "reclaim":
+            assert store.reclaim_lapsed(now=utcnow()) == (1, 0)
+        else:
+            assert store.release([held], now=utcnow()) == 1
+        wait_until(lambda: ran == [job.id], timeout=10)
+
+
 def test_handler_past_its_timeout_fails_the_attempt_without_blocking_the_worker(
     make_kit: MakeKit, caplog: pytest.LogCaptureFixture
 ) -> None:
