@@ -42,7 +42,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..config import DeferConfig, WorkerOptions
-from ..jobs import Job
+from ..jobs import Job, JobStatus
 from ..store import JobStore
 from ..timeutil import utcnow
 from . import stopping as _stopping
@@ -66,6 +66,9 @@ logger = logging.getLogger("flask_defer.worker")
 MAX_ERROR_BACKOFF = 5.0
 #: Shortest sleep when work is due but could not be claimed (another worker holds it).
 MIN_SLEEP = 0.001
+#: Longest a free thread waits for half the pool under a backlog before the loop
+#: claims for it anyway: long jobs on the other threads must not hold due jobs back.
+MAX_CLAIM_HOLD = 0.02
 
 
 class Worker:
@@ -127,6 +130,7 @@ class Worker:
         # is free: the claim's round trip then overlaps the other half's handlers.
         self._backlog = False
         self._claim_time = 0.0  # a moving average of a claim's round trip, in seconds
+        self._claimed_at = 0.0  # when the last claim began (monotonic)
         self.maintenance = Maintenance(
             store, options.maintenance, clock, actor=self.actor, emit=executor.emit
         )
@@ -248,8 +252,10 @@ class Worker:
         claimed = 0
         if free and free >= self._claim_threshold():
             free = self._gather_free(free)
+            if self._stop.is_set():
+                return 0.0  # asked to stop since the look above (or while gathering)
             limit = min(free, opts.claim_batch)
-            began = time.monotonic()
+            began = self._claimed_at = time.monotonic()
             jobs = self.runner.claim(now, limit, queues=opts.queues, look_first=not self._backlog)
             self._claim_time += (time.monotonic() - began - self._claim_time) / 8
             for job in jobs:
@@ -267,6 +273,11 @@ class Worker:
                 waits.append((next_run_at - self.clock()).total_seconds())
             if not self.waker.listening:
                 waits.append(opts.poll_interval.total_seconds())
+        hold_left = self._claimed_at + MAX_CLAIM_HOLD - time.monotonic()
+        if self._backlog and (free or hold_left > 0):
+            # Held for half the pool: look again once the hold is over, when one free
+            # thread is worth a claim (a thread freed meanwhile did not wake the loop).
+            waits.append(hold_left)
         tick_wait = self.ticks.wait(now, self.clock())
         if tick_wait is not None:
             waits.append(tick_wait)  # a tick due before any job must wake the loop too
@@ -316,7 +327,8 @@ class Worker:
     ) -> list[Outcome]:
         """Write a batch of outcomes (*tried*: see ``Executor.flush``); a keyed one freed
         a slot of its key, so the loop (and, where the database wakes them, other
-        workers) claims again at once rather than at the next poll.
+        workers) claims again at once rather than at the next poll; a retry or a snooze
+        wakes the loop to see its new ``run_at``.
 
         The other workers' wake-up is best effort: the outcomes are written and
         settled (logged, signalled) by then, and an error here must not make the
@@ -324,8 +336,12 @@ class Worker:
         """
         outcomes = self.runner.flush(batch, self.clock, tried=tried)
         freed = {self._keyed.pop(p.ack.job_id, None) for p in batch} - {None}
-        if freed:
+        if freed or any(p.ack.status == JobStatus.PENDING.value for p in batch):
+            # A retry or a snooze is pending again, due at its run_at: the loop's last
+            # look for the next due job saw it running, so it must look again rather
+            # than sleep until DEFER_MAX_SLEEP.
             self.waker.wake()
+        if freed:
             try:
                 self.store.wake_workers({queue for queue in freed if queue is not None})
             except SQLAlchemyError as error:
@@ -377,8 +393,16 @@ class Worker:
         return self._free()
 
     def _claim_threshold(self) -> int:
-        """Free threads worth a claim: half the pool while the backlog lasts, else one."""
+        """Free threads worth a claim: half the pool while the backlog lasts, else one.
+
+        Half the pool only for :data:`MAX_CLAIM_HOLD` after the last claim: a backlog
+        is read from a claim that filled every free thread, which says nothing of how
+        long the other handlers run. Past the hold one free thread is worth a claim
+        again, so long jobs never keep due ones from idle threads.
+        """
         if not self._backlog or not self._busy():
+            return 1
+        if time.monotonic() - self._claimed_at >= MAX_CLAIM_HOLD:
             return 1
         return max(1, min(self.options.claim_batch, self.pool.size) // 2)
 

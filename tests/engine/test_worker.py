@@ -621,6 +621,40 @@ def test_every_job_log_line_names_the_job(
 # -- wall-clock behaviour: timeouts, leases, wake-ups, shutdown ------------------------
 
 
+def test_long_jobs_on_most_threads_do_not_keep_a_due_job_from_an_idle_one(
+    make_kit: MakeKit,
+) -> None:
+    # The first claim fills all four threads (a "backlog"); three of its jobs run on.
+    # The thread the fourth frees must still take a job that comes due, not wait for
+    # half the pool to be free.
+    kit = make_kit(DEFER_RECLAIM_INTERVAL=30, DEFER_MAX_SLEEP=30)
+    go = threading.Event()
+    ran: list[str] = []
+
+    @kit.defer.job("long")
+    def long(job: Job) -> None:
+        go.wait(30)
+
+    @kit.defer.job("short")
+    def short(job: Job) -> None:
+        ran.append(job.payload["n"])
+
+    for _ in range(3):
+        kit.defer.schedule("long")
+    kit.defer.schedule("short", {"n": "first"})
+    kit.db.session.commit()
+    worker = kit.defer.worker(concurrency=4)
+    try:
+        with worker_thread(worker):
+            wait_until(lambda: ran == ["first"], timeout=10)
+            kit.defer.schedule("short", {"n": "later"})
+            kit.db.session.commit()
+            wait_until(lambda: ran == ["first", "later"], timeout=5)
+            go.set()
+    finally:
+        go.set()
+
+
 @pytest.mark.parametrize("backend", ["postgresql"])  # the wake is a NOTIFY
 @pytest.mark.parametrize("handed_back_by", ["reclaim", "release"])
 def test_a_job_handed_back_elsewhere_wakes_the_workers_of_its_own_queue(
@@ -646,6 +680,32 @@ def test_a_job_handed_back_elsewhere_wakes_the_workers_of_its_own_queue(
         else:
             assert store.release([held], now=utcnow()) == 1
         wait_until(lambda: ran == [job.id], timeout=10)
+
+
+@pytest.mark.parametrize("answer", ["retry", "snooze"])
+def test_a_worker_starts_a_retry_or_snooze_at_its_run_at_not_at_its_next_poll(
+    make_kit: MakeKit, answer: str
+) -> None:
+    # Polls, idle sleeps and maintenance rounds far longer than the retry's delay: only
+    # the wake the outcome's write brings makes the loop look at its new run_at (the
+    # loop's last look saw the job running).
+    kit = make_kit(DEFER_POLL_INTERVAL=30, DEFER_MAX_SLEEP=30, DEFER_RECLAIM_INTERVAL=30)
+    starts: list[float] = []
+
+    @kit.defer.job("flaky", max_attempts=3)
+    def flaky(job: Job) -> None:
+        starts.append(time.monotonic())
+        if len(starts) == 1:
+            raise RetryAfter(0.3) if answer == "retry" else NotYet(timedelta(seconds=0.3))
+
+    job = kit.defer.schedule("flaky")
+    kit.db.session.commit()
+    with worker_thread(kit.defer.worker()):
+        wait_until(lambda: load(kit, job.id).status is JobStatus.DONE, timeout=40)
+    assert len(starts) == 2
+    # Within tens of milliseconds of 0.3 s here; a worker that slept until its poll,
+    # its longest sleep or its maintenance round would start it 30 s later.
+    assert 0.3 <= starts[1] - starts[0] < 3.0, starts
 
 
 def test_handler_past_its_timeout_fails_the_attempt_without_blocking_the_worker(
