@@ -78,10 +78,9 @@ def test_run_due_keeps_a_row_while_it_holds_jobs(kit: AppKit) -> None:
 
     @kit.defer.job("look")
     def look(job: Job) -> None:
-        import time
-
-        time.sleep(0.8)  # past a heartbeat
-        seen.append(kit.defer.workers())
+        # Until the first heartbeat has written the row (0.5 s in on a quiet machine;
+        # a fixed sleep raced a loaded one).
+        seen.append(wait_until(kit.defer.workers, timeout=10))
 
     kit.defer.schedule("look")
     kit.db.session.commit()

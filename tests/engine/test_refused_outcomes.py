@@ -63,8 +63,9 @@ def test_an_outcome_the_database_refuses_holds_none_of_the_others_back(
     """With or without a result: a refusal that is not for the result's size does not
     fail the job, which may well be written next time (here: the trigger is gone)."""
     # Outcomes wait 0.3 s for each other, so the four go in one batch; a lease of
-    # 1.5 s lapses soon after the refused one is dropped.
-    kit = make_kit(DEFER_ACK_FLUSH=0.3, DEFER_LEASE=1.5)
+    # 3 s lapses soon after the refused one is dropped, and not before the trigger
+    # is gone on a loaded machine (it would run a third time).
+    kit = make_kit(DEFER_ACK_FLUSH=0.3, DEFER_LEASE=3)
     ran: list[int] = []
     lock = threading.Lock()
 
@@ -185,7 +186,7 @@ def test_a_result_refused_with_its_failure_too_is_dropped_and_runs_again(
     """When the database refuses the failure that stands in for a refused result too
     (an app's trigger on failures), that outcome is dropped as any other, unlogged as
     a failure, and the job runs again after its lease: its failure is written then."""
-    kit = make_kit(DEFER_ACK_FLUSH=0.3, DEFER_LEASE=1.5)
+    kit = make_kit(DEFER_ACK_FLUSH=0.3, DEFER_LEASE=3)  # outlives the trigger's drop
     runs: list[int] = []
 
     @kit.defer.job("report")

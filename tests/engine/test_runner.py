@@ -170,7 +170,9 @@ def test_a_run_due_handler_longer_than_the_lease_starts_once_beside_a_worker(
 ) -> None:
     """run_due renews the leases it holds (the worker's heartbeat): the job running and
     the one waiting behind it in the same claimed batch are never reclaimed."""
-    kit = make_app(DEFER_LEASE=1.2, DEFER_RECLAIM_INTERVAL=0.1, DEFER_POLL_INTERVAL=0.05)
+    # A lease of 1.5 s renewed every 0.5 s leaves a loaded machine a second's slack; the
+    # first job outlives three leases.
+    kit = make_app(DEFER_LEASE=1.5, DEFER_RECLAIM_INTERVAL=0.1, DEFER_POLL_INTERVAL=0.05)
     starts: list[tuple[int, str]] = []
     lock = threading.Lock()
 
@@ -188,7 +190,7 @@ def test_a_run_due_handler_longer_than_the_lease_starts_once_beside_a_worker(
 
     with kit.app.app_context():
         kit.db.create_all()
-        first = kit.defer.schedule("long", {"sleep": 4.0})
+        first = kit.defer.schedule("long", {"sleep": 4.5})
         second = kit.defer.schedule("long", {"sleep": 0.1}, run_at=first.run_at)
         kit.db.session.commit()
         thread = threading.Thread(target=cron, name="cron")

@@ -64,6 +64,7 @@ def test_lost_listen_connection_is_reopened(store: JobStore, now: datetime) -> N
                 text(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     "WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
+                    " AND datname = current_database()"
                 )
             ).scalars().all()
         assert killed == [True]

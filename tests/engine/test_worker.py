@@ -1111,9 +1111,9 @@ def test_every_job_runs_with_the_attempt_its_claim_counted(make_kit: MakeKit) ->
 
 
 def test_worker_wakes_for_a_tick_due_before_any_job(make_kit: MakeKit) -> None:
-    # Polls and idle sleeps far longer than the interval: only a wake-up that knows the
-    # next tick starts each tick on time.
-    kit = make_kit(DEFER_POLL_INTERVAL=5, DEFER_MAX_SLEEP=30)
+    # Polls, idle sleeps and maintenance rounds far longer than the interval: only a
+    # wake-up that knows the next tick starts each tick on time.
+    kit = make_kit(DEFER_POLL_INTERVAL=5, DEFER_MAX_SLEEP=30, DEFER_RECLAIM_INTERVAL=30)
     ran: list[tuple[Job, datetime]] = []
 
     @kit.defer.job("tick")
@@ -1159,10 +1159,11 @@ def test_a_paused_queue_waits_in_a_running_worker_and_runs_within_a_second_of_re
     make_kit: MakeKit, backend: str
 ) -> None:
     # Timed wakes of 30 s on PostgreSQL: only the resume's NOTIFY can wake the worker in
-    # time. SQLite cannot notify: its default poll (0.5 s) finds the jobs.
+    # time. SQLite cannot notify: a poll finds the jobs (0.2 s, which leaves a loaded
+    # machine most of the second).
     kit = make_kit(
         DEFER_MAX_SLEEP=30,
-        DEFER_POLL_INTERVAL=30 if backend == "postgresql" else 0.5,
+        DEFER_POLL_INTERVAL=30 if backend == "postgresql" else 0.2,
         DEFER_RECLAIM_INTERVAL=30,
     )
     started: dict[str, float] = {}

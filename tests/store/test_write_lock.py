@@ -51,7 +51,12 @@ def test_fair_lock_passes_to_the_waiters_in_the_order_they_came() -> None:
     for n in range(4):
         threads.append(threading.Thread(target=wait, args=(n,)))
         threads[-1].start()
-        time.sleep(0.05)  # each waiter is queued before the next one comes
+        # Queued before the next one comes (not a fixed sleep, which a loaded
+        # machine's scheduler can outrun).
+        deadline = time.monotonic() + 5
+        while len(lock._waiters) != n + 1:
+            assert time.monotonic() < deadline, f"waiter {n} never queued"
+            time.sleep(0.001)
     lock.release()
     for thread in threads:
         thread.join(10)
@@ -135,7 +140,7 @@ def test_a_write_takes_the_lock_soon_after_another_process_lets_it_go(tuned: Eng
         releaser.join(10)
         other.close()
         delays.append(max(taken - released[0], 0.0))
-    assert sum(delays) / len(delays) < 0.03, delays
+    assert sum(delays) / len(delays) < 0.05, delays  # SQLite alone: about 80 ms
 
 
 def test_a_write_in_autocommit_is_left_to_sqlite(tuned: Engine) -> None:
@@ -203,7 +208,7 @@ def test_a_transaction_ended_behind_sqlalchemys_back_gives_up_its_turn(tuned: En
         began = time.monotonic()
         with tuned.begin() as other:
             other.execute(text("INSERT INTO events VALUES ('next')"))
-        assert time.monotonic() - began < 0.5  # the busy timeout is 1 s
+        assert time.monotonic() - began < 0.9  # the busy timeout is 1 s
         conn.rollback()
     with tuned.connect() as conn:
         rows = conn.execute(text("SELECT who FROM events")).scalars().all()
