@@ -5,8 +5,10 @@ Pure Python (no Flask, no SQL), so every DST corner is tested by handing in time
 * A **cron** rule is a 5-field expression evaluated in wall-clock time of its zone by
   cronsim, which follows Debian cron across DST changes: a time that does not exist
   (spring forward) runs once at the next valid instant, a time that happens twice
-  (fall back) runs once, at its first occurrence; rules with a wildcard hour
-  (``*/30 * * * *``) keep ticking by real elapsed time through both.
+  (fall back) runs once, at its first occurrence; rules whose minute or hour field
+  starts with ``*`` (``*/30 * * * *``, ``*/15 2 * * *``) keep ticking by wall-clock
+  time through both: an hour skipped in spring has none of their ticks, an hour
+  repeated in autumn has them twice.
 * An **interval** rule (``every=timedelta(...)``) ticks at whole multiples of the
   interval since the Unix epoch in UTC, so every process computes the same ticks
   (``every=timedelta(minutes=5)`` ticks at :00, :05, ...) whoever synced first.
@@ -67,8 +69,14 @@ class Rule:
             elapsed = (moment - _EPOCH) // _MICROSECOND
             return _EPOCH + _MICROSECOND * ((elapsed // step + 1) * step)
         assert self.cron is not None
-        found: datetime = next(iter(CronSim(self.cron, moment.astimezone(self.zone))))
-        return found.astimezone(UTC)
+        # cronsim reads a fixed-time rule's start as a wall-clock time without its fold:
+        # from the second pass of a repeated hour (fall back) it answers that day's
+        # tick of the first pass, which is before *moment*. Read on to a later one.
+        for found in CronSim(self.cron, moment.astimezone(self.zone)):
+            tick: datetime = found.astimezone(UTC)
+            if tick > moment:
+                return tick
+        raise AssertionError("unreachable: a valid cron rule ticks forever")  # pragma: no cover
 
     def last_at_or_before(self, moment: datetime) -> datetime:
         """The latest tick at *moment* or earlier (UTC)."""
@@ -83,8 +91,13 @@ class Rule:
         assert self.cron is not None
         found: datetime = next(
             iter(CronSim(self.cron, moment.astimezone(self.zone), reverse=True))
-        )
-        return found.astimezone(UTC)
+        ).astimezone(UTC)
+        # The same fold, read backwards: from the second pass of a repeated hour the
+        # search starts from the first pass and skips the ticks since (that day's tick
+        # of a fixed-time rule). Walk forward to the latest one before *moment*.
+        while (later := self.next_after(found)) < moment:
+            found = later
+        return found
 
     def describe(self) -> str:
         """A short text for lists: ``0 9 * * MON (Europe/Berlin)`` or ``every 0:05:00``."""
@@ -121,7 +134,10 @@ MAX_EVERY = timedelta(days=36_525)
 def make_rule(cron: Any, every: Any, tz: Any) -> Rule:
     """A validated :class:`Rule`; errors name the argument (``cron``, ``every``, ``tz``)."""
     if (cron is None) == (every is None):
-        raise InvalidArgument("cron", "pass either cron='...' or every=timedelta(...), not both")
+        given = "neither" if cron is None else "both"
+        raise InvalidArgument(
+            "cron", f"pass either cron='...' or every=timedelta(...); got {given}"
+        )
     if cron is not None:
         if not isinstance(cron, str):
             raise InvalidArgument("cron", f"expected a 5-field cron expression, got {cron!r}")
@@ -154,7 +170,13 @@ def make_rule(cron: Any, every: Any, tz: Any) -> Rule:
         raise InvalidArgument(
             "every", f"must be at most {MAX_EVERY.days} days (100 years), got {every!r}"
         )
-    return Rule(cron=None, every=interval, tz=_zone_name(tz))
+    if _zone_name(tz) != "UTC":
+        raise InvalidArgument(
+            "tz",
+            f"an every= interval ticks by elapsed time, the same in every zone, so "
+            f"tz={tz!r} would change nothing; use cron='...' for times of day in a zone",
+        )
+    return Rule(cron=None, every=interval, tz="UTC")
 
 
 def make_spec(

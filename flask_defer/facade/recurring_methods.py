@@ -73,7 +73,8 @@ class RecurringMethods(FacadeBase):
         intent across DST: a time skipped by spring-forward runs once at the next valid
         instant, a time repeated by fall-back runs once); ``every`` is a fixed interval
         (a timedelta or seconds, at least one second) ticking at whole multiples since
-        the Unix epoch. Pass exactly one. ``catch_up`` says what happens to ticks missed
+        the Unix epoch, the same in every zone (so ``tz`` must stay ``"UTC"`` with it).
+        Pass exactly one. ``catch_up`` says what happens to ticks missed
         during downtime: ``"latest"`` runs the most recent one once, ``"skip"`` none,
         ``"all"`` every one (at most ``DEFER_RECURRING_MAX_CATCH_UP``).
 

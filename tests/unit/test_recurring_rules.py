@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -58,6 +59,53 @@ def test_backwards_agrees_with_forwards_across_a_fall_back() -> None:
     assert rule.first_at_or_after(forward[1]) == forward[1]
 
 
+#: Fixed-time and wildcard rules in zones that fall back an hour (Berlin, New York) or
+#: half an hour (Lord Howe), with both 2026 DST weekends of each.
+DST_RULES = [
+    ("30 2 * * *", "Europe/Berlin"), ("0 2 * * *", "Europe/Berlin"),
+    ("*/15 2 * * *", "Europe/Berlin"), ("30 * * * *", "Europe/Berlin"),
+    ("15 1 * * *", "America/New_York"), ("*/30 * * * *", "America/New_York"),
+    ("45 1 * * *", "Australia/Lord_Howe"),
+]
+DST_WEEKENDS = [utc(2026, 3, 28), utc(2026, 10, 24), utc(2026, 3, 7), utc(2026, 10, 31),
+                utc(2026, 4, 4), utc(2026, 10, 3)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("cron", "tz"), DST_RULES)
+def test_from_any_minute_of_a_dst_weekend_the_next_and_previous_ticks_are_the_chains(
+    cron: str, tz: str
+) -> None:
+    """From inside the repeated hour too: cronsim reads a fixed-time rule's start
+    without its fold, and answered that day's first 02:30 (before the moment) as the
+    next tick, and the day before's as the previous one."""
+    rule = make_rule(cron, None, tz)
+    for start in DST_WEEKENDS:
+        chain = ticks(rule, start, 200)
+        moment = start
+        while moment < start + timedelta(days=2):  # every 5 minutes, ticks included
+            assert rule.next_after(moment) == chain[bisect.bisect_right(chain, moment)], moment
+            before = bisect.bisect_left(chain, moment)
+            if before:
+                assert rule.previous_before(moment) == chain[before - 1], moment
+            moment += timedelta(minutes=5)
+
+
+def test_a_schedule_resumed_inside_the_repeated_hour_starts_at_the_next_days_tick() -> None:
+    rule = make_rule("30 2 * * *", None, "Europe/Berlin")
+    resumed = utc(2026, 10, 25, 1, 10)  # 02:10 CET, after 02:30 CEST (00:30 UTC) ran
+    assert rule.first_at_or_after(resumed) == utc(2026, 10, 26, 1, 30)
+    assert rule.last_at_or_before(resumed) == utc(2026, 10, 25, 0, 30)
+
+
+def test_a_wildcard_minute_in_a_fixed_hour_follows_the_wall_clock_across_dst() -> None:
+    """As documented: no 02:xx in the spring's skipped hour, each twice in autumn's."""
+    rule = make_rule("*/15 2 * * *", None, "Europe/Berlin")
+    spring = [t for t in ticks(rule, utc(2026, 3, 28, 12), 6) if t < utc(2026, 3, 30)]
+    autumn = [t for t in ticks(rule, utc(2026, 10, 24, 12), 12) if t < utc(2026, 10, 26)]
+    assert spring == []
+    assert len(autumn) == 8 and autumn[0] == utc(2026, 10, 25, 0, 0)
+
+
 def test_intervals_tick_at_whole_multiples_since_the_epoch() -> None:
     rule = make_rule(None, timedelta(minutes=5), "UTC")
     assert rule.first_at_or_after(utc(2026, 3, 1, 10, 2)) == utc(2026, 3, 1, 10, 5)
@@ -110,6 +158,7 @@ def test_tick_keys_name_the_schedule_and_the_utc_tick() -> None:
     [
         ("0 9 * * MON", None, "Mars/Olympus", "tz"),
         ("0 9 * * MON", None, None, "tz"),
+        (None, 3600, "Europe/Berlin", "tz"),
         ("0 25 * * *", None, "UTC", "cron"),
         ("@daily", None, "UTC", "cron"),
         ("0 9 * * * *", None, "UTC", "cron"),
@@ -125,6 +174,17 @@ def test_make_rule_refuses_bad_rules_naming_the_argument(
     with pytest.raises(InvalidArgument) as raised:
         make_rule(cron, every, tz)
     assert raised.value.argument == argument
+
+
+def test_the_rule_errors_say_which_of_cron_and_every_was_wrong() -> None:
+    with pytest.raises(InvalidArgument, match="got neither"):
+        make_rule(None, None, "UTC")
+    with pytest.raises(InvalidArgument, match="got both"):
+        make_rule("0 9 * * *", 60, "UTC")
+    with pytest.raises(InvalidArgument, match="use cron=") as refused:
+        make_rule(None, timedelta(days=1), "Europe/Berlin")
+    assert refused.value.argument == "tz"
+    assert make_rule(None, timedelta(days=1), "UTC").tz == "UTC"
 
 
 @pytest.mark.parametrize(
