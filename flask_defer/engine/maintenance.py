@@ -35,16 +35,47 @@ EXPIRY_CHECK_SECONDS = 0.5
 #: Batches deleted per round; a round that hits it prunes again soon after.
 PRUNE_BATCHES_PER_ROUND = 10
 PRUNE_BATCH_SIZE = 1000
+#: Settled parents whose stranded children one statement releases.
+STRANDED_BATCH = 500
 
 
 def prune(store: JobStore, policy: MaintenancePolicy, clock: Clock, **limits: int) -> int:
-    """Delete settled rows older than the retention; return how many went."""
+    """Delete settled rows older than the retention; return how many went.
+
+    Children stranded behind settled parents are released first: a parent's open
+    edges outlive it, but the release reads its row, so after the prune they would
+    wait for ever.
+    """
     now = clock()
+    release_stranded(store, clock)
     return store.prune(
         settled_before=now - policy.retention,
         failed_before=now - policy.failed_retention,
         **limits,
     )
+
+
+def release_stranded(store: JobStore, clock: Clock, *, actor: str = "app") -> int:
+    """Release the children of settled parents whose release never ran; how many parents.
+
+    On PostgreSQL an acknowledgement and its children's release are two transactions:
+    a process killed between them (a worker, or ``run_due`` from cron) leaves the
+    children waiting. The worker's maintenance round, ``run_due`` and ``prune`` call
+    this; it looks first, so the usual call takes no write lock.
+    """
+    released = 0
+    while True:
+        parents = store.release_stranded(now=clock(), actor=actor, limit=STRANDED_BATCH)
+        released += parents
+        if parents < STRANDED_BATCH:
+            break
+    if released:
+        logger.warning(
+            "released the children of %d settled job(s) whose process stopped "
+            "between their acknowledgement and the release",
+            released,
+        )
+    return released
 
 
 def reclaim_lapsed(store: JobStore, clock: Clock, *, actor: str = "app") -> int | None:
@@ -183,13 +214,7 @@ class Maintenance:
                 self.store.forget_old_starts(now=self.clock())
                 self.store.forget_workers(now=self.clock())
                 self.store.forget_old_activity(now=self.clock())
-                stranded = self.store.release_stranded(now=self.clock(), actor=self.actor)
-                if stranded:
-                    logger.warning(
-                        "released the children of %d settled job(s) whose worker stopped "
-                        "between their acknowledgement and the release",
-                        stranded,
-                    )
+                release_stranded(self.store, self.clock, actor=self.actor)
             if prune_due:
                 self._prune(now)
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from ..engine.execution import Clock, RunSummary
-from ..engine.maintenance import expire_due, reclaim_lapsed
+from ..engine.maintenance import expire_due, reclaim_lapsed, release_stranded
 from ..engine.maintenance import prune as prune_settled
 from ..engine.runner import Runner
 from ..engine.worker import Worker, make_worker
@@ -59,6 +59,8 @@ def run_due(
     state.transactions.refuse_uncommitted("run_due")
     reclaim_lapsed(state.store, utcnow, actor=runner.actor)
     expire_due(state.store, clock, actor=runner.actor, emit=state.send)
+    # A cron-only deployment has no worker's maintenance round to do this.
+    release_stranded(state.store, utcnow, actor=runner.actor)
     if state.recurring is not None:
         # Sync at every call (run_due is a cron runner's whole "worker start"), then
         # write the ticks due by *now*, so the runner below runs them too.

@@ -11,6 +11,7 @@ options every scheduling call takes are one :class:`ScheduleOptions`, relayed wi
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import replace as dataclass_replace
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
@@ -170,11 +171,13 @@ def schedule(
     *,
     undo_until: datetime | None = None,
     texts: Mapping[str, str | None] | None = None,
+    conn: Connection | None = None,
     **options: Unpack[ScheduleOptions],
 ) -> Job:
     """Validate and insert one job (what ``Defer.schedule`` documents).
 
     *texts* are an Undo toast's state texts (``done_label=`` ...), from ``undoable``.
+    *conn*: write in this transaction (a group's), else join the caller's.
     """
     checked_options(options)
     spec = spec_for(state, name)
@@ -212,15 +215,18 @@ def schedule(
     after = checked_after(options.get("after"), options.get("after_policy"))
     actor = checked_actor(options.get("actor"))
     if not tracing.recording():
-        return insert(state, new, now=now, replace=replace, actor=actor, after=after)
+        return insert(state, new, now=now, replace=replace, conn=conn, actor=actor, after=after)
     with tracing.scheduling(name, new.queue) as context:
         if context is None:
-            return insert(state, new, now=now, replace=replace, actor=actor, after=after)
-        with state.transactions.joined(writes=True) as conn:
-            job = insert(
+            return insert(
                 state, new, now=now, replace=replace, conn=conn, actor=actor, after=after
             )
-            state.store.set_trace_context(conn, job.id, context)
+        joined = nullcontext(conn) if conn is not None else state.transactions.joined(writes=True)
+        with joined as traced:
+            job = insert(
+                state, new, now=now, replace=replace, conn=traced, actor=actor, after=after
+            )
+            state.store.set_trace_context(traced, job.id, context)
         return dataclass_replace(job, trace_context=context)
 
 

@@ -63,14 +63,17 @@ def group(
             payload_text(payload, f"payloads[{index}]", max_bytes=limit)
     if then_payload is not None:
         payload_text(then_payload, "then_payload", max_bytes=limit)
-    members = [
-        schedule(state, name, payload, queue=queue, priority=priority, actor=actor)
-        for payload in items
-    ]
-    then_job = schedule(
-        state, then, then_payload, after=members, after_policy=on,
-        queue=queue, priority=priority, actor=actor,
-    )  # fmt: skip
+    # One transaction for the whole group: the caller's (the session), or, in an app
+    # without one, a single one of its own, so no member commits without the others.
+    with state.transactions.joined(writes=True) as conn:
+        members = [
+            schedule(state, name, payload, queue=queue, priority=priority, actor=actor, conn=conn)
+            for payload in items
+        ]
+        then_job = schedule(
+            state, then, then_payload, after=members, after_policy=on,
+            queue=queue, priority=priority, actor=actor, conn=conn,
+        )  # fmt: skip
     return Group(id=then_job.id, jobs=tuple(members), then_job=then_job)
 
 

@@ -77,7 +77,9 @@ class DependencyStatements(HistoryStatements):
         self.driver.begin_write(conn)
         found = set(
             conn.execute(
-                select(t.c.id).where(t.c.id.in_(wanted)).with_for_update(key_share=True)
+                select(t.c.id)
+                .where(t.c.id.in_(wanted))
+                .with_for_update(read=True, key_share=True)  # FOR KEY SHARE
             ).scalars()
         )
         for parent in wanted:
@@ -166,6 +168,10 @@ class DependencyStatements(HistoryStatements):
                 if policy == "done" and ended is not JobStatus.DONE:
                     doomed.setdefault(int(child), (int(parent), ended))
                 closed[int(child)] += 1
+            # Every child this level writes, locked in id order first: the writes below
+            # go by cause and by count, an order another worker's release of other
+            # parents of the same children would cross (a deadlock on PostgreSQL).
+            self.driver.lock_in_order(conn, t, sorted(closed))
             settled = self._cancel_children(conn, doomed, now, actor)
             self._lower(conn, {c: n for c, n in closed.items() if c not in doomed}, now, actor)
 

@@ -116,6 +116,11 @@ class Driver(Protocol):
     def lock_batch_key(self, conn: Connection, lock_name: str) -> None:
         """Serialise appends to one batch key for the rest of *conn*'s transaction."""
 
+    def lock_in_order(self, conn: Connection, table: Table, ids: Sequence[int]) -> None:
+        """Lock the rows of *ids* for update, in id order, for the rest of *conn*'s
+        transaction (where rows lock): two transactions that then update overlapping
+        sets one statement at a time, in whatever order, cannot deadlock."""
+
     def batch_items(self, table: Table, item_json: ColumnElement[str]) -> BatchItems:
         """The JSON expressions of appending *item_json* (the item as JSON text, a bound
         parameter) to a batch row."""

@@ -10,9 +10,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from flask import Flask
+from sqlalchemy import func, select, text
+from sqlalchemy.exc import DBAPIError
 
-from flask_defer import Group, InvalidArgument, Job, JobNotFound, JobStatus, UnknownJob
+from flask_defer import Defer, Group, InvalidArgument, Job, JobNotFound, JobStatus, UnknownJob
 from flask_defer.timeutil import utcnow
 
 from ..conftest import AppKit
@@ -394,6 +396,117 @@ def test_the_maintenance_round_releases_children_left_behind_a_settled_parent(
     assert store.release_stranded(now=datetime.now(UTC)) == 1
     assert stored(kit, child.id).waiting_for is None
     assert store.release_stranded(now=datetime.now(UTC)) == 0
+
+
+@pytest.mark.parametrize("then", ["run_due", "prune"])
+def test_a_cron_only_app_releases_children_left_behind_a_settled_parent(
+    kit: AppKit, then: str
+) -> None:
+    """No worker, so no maintenance round: ``run_due`` releases them, and ``prune``
+    does before it deletes the parent (after it the release could not read it)."""
+    parent = kit.defer.schedule("step", {"n": 1}, delay=60)
+    child = kit.defer.schedule("collect", after=parent)
+    kit.db.session.commit()
+    store = kit.defer.store
+    t = store.table
+    long_ago = utcnow() - timedelta(days=400)
+    with store.begin() as conn:  # what a process killed between the two leaves
+        conn.execute(
+            t.update().where(t.c.id == parent.id).values(status="done", finished_at=long_ago)
+        )
+    if then == "prune":
+        assert kit.defer.prune() == 1  # the parent, past its retention
+        assert kit.defer.get(parent.id) is None
+    summary = kit.defer.run_due()
+    assert summary.done == 1
+    assert stored(kit, child.id).status is JobStatus.DONE
+
+
+def test_a_group_in_an_app_without_a_session_commits_whole_or_not_at_all(
+    database_url: str, backend: str
+) -> None:
+    """Without ``db=`` each call had a transaction of its own, so the members were
+    committed one by one, before a refused ``then`` job (here: an app's trigger)."""
+    app = Flask("group_without_a_session")
+    app.config["DEFER_DATABASE_URI"] = database_url
+    defer = Defer(app)
+    defer.job("step")(lambda job: None)
+    defer.job("collect")(lambda job: None)
+    with app.app_context():
+        store = defer.store
+        table = store.table.name
+        if backend == "sqlite":
+            refuse = [
+                f"CREATE TRIGGER refuse_collect BEFORE INSERT ON {table}"
+                " WHEN NEW.name = 'collect' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            ]
+        else:
+            refuse = [
+                "CREATE FUNCTION refuse_collect() RETURNS trigger LANGUAGE plpgsql AS $$"
+                " BEGIN IF NEW.name = 'collect' THEN RAISE EXCEPTION 'refused'; END IF;"
+                " RETURN NEW; END $$",
+                f"CREATE TRIGGER refuse_collect BEFORE INSERT ON {table}"
+                " FOR EACH ROW EXECUTE FUNCTION refuse_collect()",
+            ]
+        try:
+            defer.list(limit=1)  # the tables exist before the trigger goes on them
+            with store.begin() as conn:
+                for statement in refuse:
+                    conn.execute(text(statement))
+            with pytest.raises(DBAPIError, match="refused"):
+                defer.group("step", [{"n": 1}, {"n": 2}], then="collect")
+            assert defer.list(limit=10) == []
+            on_table = "" if backend == "sqlite" else f" ON {table}"
+            with store.begin() as conn:
+                conn.execute(text(f"DROP TRIGGER refuse_collect{on_table}"))
+            group = defer.group("step", [{"n": 1}, {"n": 2}], then="collect")
+            assert len(defer.list(limit=10)) == 3 and group.then_job.waiting_for == 2
+        finally:
+            store.engine.dispose()
+
+
+def test_two_releases_crossing_over_the_same_children_never_deadlock(
+    kit: AppKit, backend: str
+) -> None:
+    """C1 waits for P1-P3, C2 for P1, P3 and P4. One release settles P1 and P2 (C1 two
+    edges, C2 one), the other P3 and P4 (C1 one, C2 two): lowering by count, each
+    locked the other's first child first, and PostgreSQL aborted one of them."""
+    store = kit.defer.store
+    t = store.table
+    errors: list[BaseException] = []
+    for _ in range(30):
+        p1, p2, p3, p4 = (kit.defer.schedule("step", {"n": n}, delay=60) for n in range(4))
+        c1 = kit.defer.schedule("collect", after=[p1, p2, p3])
+        c2 = kit.defer.schedule("collect", after=[p1, p3, p4])
+        kit.db.session.commit()
+        with store.begin() as conn:
+            conn.execute(
+                t.update().where(t.c.id.in_([p1.id, p2.id, p3.id, p4.id])).values(status="done")
+            )
+        both = threading.Barrier(2)
+
+        def release(parents: list[int], both: threading.Barrier = both) -> None:
+            try:
+                if backend == "sqlite":  # one writer at a time: they meet at the lock
+                    both.wait(5)
+                with store.begin_immediate() as conn:
+                    if backend == "postgresql":  # both inside, before their writes
+                        both.wait(5)
+                    store.release_children(conn, parents, now=utcnow())
+            except Exception as error:
+                errors.append(error)
+
+        threads = [
+            threading.Thread(target=release, args=([p1.id, p2.id],)),
+            threading.Thread(target=release, args=([p3.id, p4.id],)),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert errors == []
+        assert stored(kit, c1.id).waiting_for is None
+        assert stored(kit, c2.id).waiting_for is None
 
 
 def test_pruning_a_parent_and_child_deletes_their_edges(kit: AppKit) -> None:

@@ -234,6 +234,16 @@ class PostgresDriver:
         # of a parent's children more in parameters than in rows.
         return column == any_(bindparam(None, list(ids), type_=postgresql.ARRAY(BigInteger)))  # type: ignore[no-any-return]
 
+    def lock_in_order(self, conn: Connection, table: Table, ids: Sequence[int]) -> None:
+        # NO KEY UPDATE: what the UPDATEs that follow take anyway, so a child being
+        # attached (FOR KEY SHARE on its parents) is not held up by it.
+        conn.execute(
+            select(table.c.id)
+            .where(self.ids_in(table.c.id, ids))
+            .order_by(table.c.id)
+            .with_for_update(key_share=True)
+        )
+
     def lock_batch_key(self, conn: Connection, lock_name: str) -> None:
         """A transaction-level advisory lock on *lock_name* (a hash collision only makes
         two keys take turns), released at commit or rollback."""

@@ -218,6 +218,9 @@ class SqliteDriver:
     def skip_locked(self, select: Select[Any]) -> Select[Any]:
         return select  # no row locks: one writer at a time
 
+    def lock_in_order(self, conn: Connection, table: Table, ids: Sequence[int]) -> None:
+        return None  # the transaction holds the database's one write lock already
+
     def lock_batch_key(self, conn: Connection, lock_name: str) -> None:
         return None  # one writer at a time: appends already take turns
 
