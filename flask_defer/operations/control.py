@@ -79,15 +79,27 @@ def abort(state: DeferState, job_id: Any, actor: str = DEFAULT_ACTOR) -> bool:
 
     Two guarded statements in turn, never a read first: the cancel (pending →
     cancelled, as :func:`cancel`), then the request (running, not asked yet →
-    ``abort_requested_by``). A job claimed between the two is asked; one that settled
-    meanwhile is left alone (False).
+    ``abort_requested_by``). A job claimed between the two is asked; one put back to
+    pending between them is tried again; one that settled meanwhile is left alone
+    (False).
     """
     job_id, _ = identity(job_id, None)
     assert job_id is not None
-    if cancel(state, job_id, None, None, actor):
-        return True
-    with state.transactions.control("abort", commit=True) as conn:
-        return state.store.request_abort(conn, job_id, now=utcnow(), actor=actor)
+    # A failed attempt's retry (or a reclaim) can move the job from running back to
+    # pending between the two statements, so neither matches: try again while the
+    # job is live and not asked yet, as cancel_with_hooks does.
+    for _ in range(3):
+        if cancel(state, job_id, None, None, actor):
+            return True
+        with state.transactions.control("abort", commit=True) as conn:
+            if state.store.request_abort(conn, job_id, now=utcnow(), actor=actor):
+                return True
+            job = state.store.get(conn, job_id=job_id)
+        if job is None or job.status not in (JobStatus.PENDING, JobStatus.RUNNING):
+            return False  # settled (or gone) meanwhile
+        if job.status is JobStatus.RUNNING and job.abort_requested_by is not None:
+            return False  # asked before
+    return False
 
 
 def cancel_with_hooks(

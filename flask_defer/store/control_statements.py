@@ -285,7 +285,8 @@ class ControlStatements(DependencyStatements):
     def retry_failed(
         self, conn: Connection, job_id: int, *, now: datetime, actor: str = "app"
     ) -> Job | None:
-        """Put a failed job back to pending, due now, with its attempts reset."""
+        """Put a failed job back to pending, due now, with its attempts reset and no
+        abort request left from an earlier run."""
         t = self.table
         row = (
             conn.execute(
@@ -297,6 +298,8 @@ class ControlStatements(DependencyStatements):
                     run_at=now,
                     due_at=now,
                     finished_at=None,
+                    # A fresh start: an abort asked of an earlier run must not stop it.
+                    abort_requested_by=None,
                     updated_at=now,
                 )
                 .returning(*t.c)
@@ -332,6 +335,7 @@ class ControlStatements(DependencyStatements):
                 run_at=now,
                 due_at=now,
                 finished_at=None,
+                abort_requested_by=None,  # as the single retry
                 updated_at=now,
             )
             .returning(t.c.id, t.c.queue)

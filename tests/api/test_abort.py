@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from flask_defer import Aborted, Job, JobNotFound, JobStatus, job_cancelled
+from flask_defer.timeutil import utcnow
 
 from ..conftest import AppKit
 from ..engine.test_worker import MakeKit, make_kit
@@ -201,6 +203,40 @@ def test_flask_defer_abort_cancels_asks_and_refuses(kit: AppKit) -> None:
         assert twice.exit_code == 1 and "already requested by cli" in twice.output
         handlers.release.set()
         wait_until(lambda: stored(kit, running.id).status is JobStatus.DONE, timeout=10)
+
+
+def test_an_operators_retry_starts_clean_of_an_abort_asked_of_an_earlier_run(
+    kit: AppKit,
+) -> None:
+    # Asked to stop, then its worker died and the lease lapsed with no attempt left:
+    # failed, the request still on the row. Retried, the new run must not read it.
+    started, release = threading.Event(), threading.Event()
+
+    @kit.defer.job("once", max_attempts=1)
+    def once(job: Job) -> str:
+        started.set()
+        while not job.abort_requested():
+            if release.wait(0.02):
+                return "finished"
+        return "stopped early"
+
+    job = kit.defer.schedule("once")
+    kit.db.session.commit()
+    store = kit.defer.store
+    lapsed = utcnow() - timedelta(seconds=1)
+    [held] = store.claim(now=utcnow(), limit=1, token="gone", lease_until=lapsed)
+    assert kit.defer.abort(job.id, actor="ops") is True  # asked of that run
+    assert store.reclaim_lapsed(now=utcnow()) == (0, 1)
+    assert stored(kit, job.id).status is JobStatus.FAILED
+    kit.defer.retry(job.id)
+    with worker_thread(kit.defer.worker()):
+        assert started.wait(20)
+        time.sleep(1.2)  # past two looks for abort requests (every 0.5 s)
+        release.set()
+        wait_until(lambda: stored(kit, job.id).status is not JobStatus.RUNNING, timeout=10)
+    done = stored(kit, job.id)
+    assert (done.status, done.result) == (JobStatus.DONE, "finished")
+    assert done.abort_requested_by is None
 
 
 def test_the_abort_request_is_for_one_run_only(kit: AppKit, monkeypatch: Any) -> None:
