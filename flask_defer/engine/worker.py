@@ -273,6 +273,21 @@ class Worker:
                 waits.append((next_run_at - self.clock()).total_seconds())
             if not self.waker.listening:
                 waits.append(opts.poll_interval.total_seconds())
+        waits.extend(self._timers(now, free))
+        if opts.burst and not claimed and not self._busy():
+            if not self._acks.idle():
+                # Outcomes not written yet may free a concurrency key's slot: a burst
+                # run ends only once they are written and nothing it could run is left.
+                waits.append(opts.ack_flush.total_seconds())
+            elif next_run_at is None or next_run_at > now:
+                return self._end_of_burst(now)
+        return max(min(waits), 0.0 if claimed else MIN_SLEEP)
+
+    def _timers(self, now: datetime, free: int) -> list[float]:
+        """What else must end the loop's sleep, in seconds from now: the backlog's hold,
+        the next recurring tick, a handler's timeout and, unless a burst run, the
+        maintenance round and the next expiry."""
+        waits: list[float] = []
         hold_left = self._claimed_at + MAX_CLAIM_HOLD - time.monotonic()
         if self._backlog and (free or hold_left > 0):
             # Held for half the pool: look again once the hold is over, when one free
@@ -285,19 +300,12 @@ class Worker:
         deadline = self.pool.next_deadline()
         if deadline is not None:
             waits.append(deadline - time.monotonic())
-        if not opts.burst:
+        if not self.options.burst:
             waits.append(self.maintenance.next_due() - time.monotonic())
             expiry = self.maintenance.next_expiry_due()
             if expiry is not None:
                 waits.append(expiry - time.monotonic())
-        elif not claimed and not self._busy():
-            if not self._acks.idle():
-                # Outcomes not written yet may free a concurrency key's slot: a burst
-                # run ends only once they are written and nothing it could run is left.
-                waits.append(opts.ack_flush.total_seconds())
-            elif next_run_at is None or next_run_at > now:
-                return self._end_of_burst(now)
-        return max(min(waits), 0.0 if claimed else MIN_SLEEP)
+        return waits
 
     def _end_of_burst(self, now: datetime) -> float | None:
         """None when a burst run that runs nothing and owes no outcome is over, else the

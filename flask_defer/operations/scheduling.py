@@ -217,17 +217,22 @@ def schedule(
     if not tracing.recording():
         return insert(state, new, now=now, replace=replace, conn=conn, actor=actor, after=after)
     with tracing.scheduling(name, new.queue) as context:
-        if context is None:
-            return insert(
-                state, new, now=now, replace=replace, conn=conn, actor=actor, after=after
-            )
-        joined = nullcontext(conn) if conn is not None else state.transactions.joined(writes=True)
-        with joined as traced:
-            job = insert(
-                state, new, now=now, replace=replace, conn=traced, actor=actor, after=after
-            )
-            state.store.set_trace_context(traced, job.id, context)
-        return dataclass_replace(job, trace_context=context)
+        return _insert_traced(
+            state, new, context, conn=conn, now=now, replace=replace, actor=actor, after=after
+        )
+
+
+def _insert_traced(
+    state: DeferState, new: NewJob, context: Any, *, conn: Connection | None, **args: Any
+) -> Job:
+    """:func:`insert`, with the caller's trace *context* kept on the row (None: none)."""
+    if context is None:
+        return insert(state, new, conn=conn, **args)
+    joined = nullcontext(conn) if conn is not None else state.transactions.joined(writes=True)
+    with joined as traced:
+        job = insert(state, new, conn=traced, **args)
+        state.store.set_trace_context(traced, job.id, context)
+    return dataclass_replace(job, trace_context=context)
 
 
 #: What ``schedule_many`` refuses of the common options, and why.
