@@ -55,7 +55,8 @@ class UndoOutcome(enum.StrEnum):
         """The answer as one short sentence, built from the job's state texts.
 
         Gmail's wording: "Sending undone." (the job's ``undone_label``), "Too late —
-        already sent." (from its ``done_label``); neutral sentences otherwise. Never a
+        already sent." (from its ``done_label``), "Too late — couldn't send." for a job
+        that failed (from its ``failed_label``); neutral sentences otherwise. Never a
         quoted label inside a sentence. *translate* is the web layer's gettext.
         """
         t = translate or _identity
@@ -67,6 +68,11 @@ class UndoOutcome(enum.StrEnum):
             return t("Too late — it is running now.")
         if self is UndoOutcome.EXPIRED:
             return t("Too late — it expired before it started.")
+        if job is not None and job.status is JobStatus.FAILED:
+            # It ran and failed for good: its done text ("already sent") would be false.
+            if job.failed_label:
+                return t("Too late — {failed}.").format(failed=_mid_sentence(job.failed_label))
+            return t("Too late — it ran and failed.")
         done = job.done_label if job is not None else None
         if done:
             return t("Too late — already {done}.").format(done=_mid_sentence(done))
@@ -127,6 +133,17 @@ class ToastState(enum.StrEnum):
         return self in (ToastState.DONE, ToastState.FAILED, ToastState.UNDONE)
 
 
+def was_replaced(events: Sequence[JobEvent]) -> bool:
+    """True when the job was cancelled by a newer job of its key (``replace=True``):
+    its toast must not say the owner undid it, since the newer job will run."""
+    for event in reversed(events):
+        if event.event in ("undone", "cancelled"):
+            return False
+        if event.event == "replaced":
+            return True
+    return False
+
+
 def cancelling_operator(events: Sequence[JobEvent]) -> str | None:
     """Who cancelled the job, from its history, when that was an operator; else None.
 
@@ -147,6 +164,7 @@ def state_text(
     translate: Translate | None = None,
     *,
     operator: str | None = None,
+    replaced: bool = False,
 ) -> str:
     """The toast's text in *state*: the job's own text for it, else a neutral default.
 
@@ -154,11 +172,14 @@ def state_text(
     reads "Action scheduled", a waiting one "In progress…"; "Done" only ever comes from
     a row that is done. A job an *operator* cancelled (see :func:`cancelling_operator`)
     reads "Cancelled by an operator.", never the owner's "Sending undone.": the owner
-    did nothing.
+    did nothing. A job *replaced* by a newer one of its key reads "Replaced by a newer
+    request." (see :func:`was_replaced`).
     """
     t = translate or _identity
     if state is ToastState.UNDONE and operator is not None:
         return t("Cancelled by an operator.")
+    if state is ToastState.UNDONE and replaced:
+        return t("Replaced by a newer request.")
     if state is ToastState.OPEN:
         return job.label or t("Action scheduled")
     if state is ToastState.WAITING:

@@ -292,8 +292,9 @@ def reschedule(
     when = resolve_run_at(run_at, delay, now, strict=state.config.strict_local_times)
     with state.transactions.control(operation, commit=commit) as conn:
         moved = state.store.reschedule(
-            conn, when, now=now, job_id=job_id, key=key, actor=actor, event=event
-        )
+            conn, when, now=now, job_id=job_id, key=key, actor=actor, event=event,
+            undo_until_at_most=when - state.config.undo_margin,
+        )  # fmt: skip
         if moved is None:
             existing = refused(state, conn, job_id, key)
             raise JobNotPending(existing.id, existing.status.value)

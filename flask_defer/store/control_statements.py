@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     bindparam,
+    case,
     func,
     insert,
     literal_column,
@@ -186,17 +187,26 @@ class ControlStatements(DependencyStatements):
         key: str | None = None,
         actor: str = "app",
         event: str = "rescheduled",
+        undo_until_at_most: datetime | None = None,
     ) -> Job | None:
         """Move a pending job to *run_at*; ``None`` if no job with this id/key is pending.
 
-        *event* names it in the history: ``rescheduled``, or ``run_now``.
+        *event* names it in the history: ``rescheduled``, or ``run_now``. An Undo
+        window open past *undo_until_at_most* closes then (a job moved earlier must not
+        offer Undo once a worker may claim it); a later move leaves it as it was.
         """
         t = self.table
+        values: dict[str, Any] = {"run_at": run_at, "due_at": run_at, "updated_at": now}
+        if undo_until_at_most is not None:
+            values["undo_until"] = case(
+                (t.c.undo_until > undo_until_at_most, undo_until_at_most),
+                else_=t.c.undo_until,
+            )
         row = (
             conn.execute(
                 update(t)
                 .where(self._identity(job_id, key), t.c.status == JobStatus.PENDING.value)
-                .values(run_at=run_at, due_at=run_at, updated_at=now)
+                .values(values)
                 .returning(*t.c)
             )
             .mappings()

@@ -38,6 +38,7 @@ from ..undo import (
     announcement,
     cancelling_operator,
     state_text,
+    was_replaced,
 )
 from .access import current_defer
 from .csrf import csrf_token, field_name, require_csrf
@@ -129,15 +130,17 @@ def toast_states() -> ResponseReturnValue:
 
 
 def toast_text(job: Job, state: ToastState) -> str:
-    """*job*'s toast text in *state*, translated; for a cancelled job, says by whom.
+    """*job*'s toast text in *state*, translated; for a cancelled job, says by whom
+    (an operator, or a newer job of its key).
 
     Only a cancelled job costs a second lookup (its history, by the job's id), and a
     page asks about it once: it stops watching a settled job.
     """
-    operator = None
+    operator, replaced = None, False
     if state is ToastState.UNDONE:
-        operator = cancelling_operator(current_defer().history(job.id))
-    return state_text(job, state, gettext, operator=operator)
+        events = current_defer().history(job.id)
+        operator, replaced = cancelling_operator(events), was_replaced(events)
+    return state_text(job, state, gettext, operator=operator, replaced=replaced)
 
 
 def undo(job_id: int) -> ResponseReturnValue:
@@ -154,8 +157,10 @@ def undo(job_id: int) -> ResponseReturnValue:
     job = defer.get(job_id)
     text = outcome.describe(job, gettext)
     if outcome is UndoOutcome.ALREADY_UNDONE and job is not None:
-        # An operator got there first: say so rather than "Already undone."
-        if cancelling_operator(defer.history(job.id)) is not None:
+        # An operator or a newer job of the key got there first: say so rather than
+        # "Already undone."
+        events = defer.history(job.id)
+        if cancelling_operator(events) is not None or was_replaced(events):
             text = toast_text(job, ToastState.UNDONE)
     if is_htmx():
         state = ToastState.of(job, utcnow()) if job is not None else ToastState.UNDONE

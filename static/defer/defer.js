@@ -373,6 +373,11 @@
       // open one keeps counting down and is asked about again once it waits).
       if (!job) { if (state === "waiting") { el.removeAttribute("data-defer-watch"); } return; }
       if (SETTLED[job.state]) { settle(el, job); }
+      // The server says the window closed (an operator's "Run now", a hold that came
+      // too late): stop offering Undo, whatever the countdown here says.
+      else if (state === "open" && job.state === "waiting" && !el.hasAttribute("data-defer-row")) {
+        toWaiting(el);
+      }
     });
   }
 

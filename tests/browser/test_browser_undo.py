@@ -768,6 +768,39 @@ def test_the_pending_page_lists_and_cancels(live: Live, open_page: Callable[...,
     assert live.job(job_id).status is JobStatus.CANCELLED
 
 
+def test_an_operators_run_now_takes_undo_off_the_open_toast_within_a_second(
+    live: Live, open_page: Callable[..., Page]
+) -> None:
+    page = open_page("/?window=30")
+    job_id = send(page)
+    mark_page(page)
+    item = toast(page, job_id)
+    expect(item.get_by_role("button", name="Undo")).to_be_visible()
+    with live.mail.context():
+        live.mail.defer.run_now(job_id, actor="ops")  # a worker may claim it now
+    # Its countdown still says about 30 s: the server's word ends it at the next look.
+    expect(item).to_have_attribute("data-defer-state", "waiting", timeout=3000)
+    expect(item.get_by_role("button", name="Undo")).to_have_count(0)
+    assert_not_reloaded(page)
+
+
+def test_the_pending_page_cancels_a_job_that_is_due_but_not_started(
+    live: Live, open_page: Callable[..., Page]
+) -> None:
+    page = open_page("/?window=30")
+    job_id = send(page)
+    with live.mail.context():
+        live.mail.defer.run_now(job_id)  # due now, and no worker runs here
+    page.goto(live.url + "/defer/pending")
+    row = page.locator(f"#defer-pending-{job_id}")
+    expect(row).to_contain_text("Due now, waiting to start")
+    time.sleep(1.0)  # a countdown to "in progress" would have taken the button by now
+    expect(row).to_have_attribute("data-defer-state", "open")
+    row.get_by_role("button", name="Cancel").click()
+    expect(page.locator('[data-defer-outcome="undone"]')).to_be_visible()
+    assert live.job(job_id).status is JobStatus.CANCELLED
+
+
 def test_a_toast_undone_in_another_tab_leaves_this_one(
     live: Live, open_page: Callable[..., Page]
 ) -> None:

@@ -112,6 +112,8 @@ def create_app(
             {"subject": subject},
             label=request.form.get("label") or "Message sent",
             window=float(window) if window else None,
+            key=request.form.get("key") or None,
+            replace=request.form.get("replace") == "1",
             **{name: request.form[name] for name in STATE_TEXTS if request.form.get(name)},
         )
         db.session.commit()

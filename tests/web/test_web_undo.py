@@ -6,6 +6,7 @@ endpoint for htmx and for plain forms, ownership, CSRF and hostile input.
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -199,6 +200,75 @@ def test_undo_of_a_job_that_ran_answers_already_ran(mail: MailApp) -> None:
     assert 'data-defer-outcome="already_ran"' in response.get_data(as_text=True)
     assert status_of(mail, job_id) is JobStatus.DONE
     assert len(mail.sent) == 1
+
+
+@pytest.mark.parametrize(
+    ("failed_label", "said"),
+    [("Couldn't send", "Too late — couldn't send."), (None, "Too late — it ran and failed.")],
+)
+def test_undo_of_a_job_that_failed_says_it_failed_not_that_it_was_sent(
+    mail: MailApp, failed_label: str | None, said: str
+) -> None:
+    client = mail.app.test_client()
+    form = {"subject": "FAIL", "done_label": "Sent"}
+    if failed_label is not None:
+        form["failed_label"] = failed_label
+    job_id = send(client, **form)
+    run_due_at_run_at(mail, job_id)
+    assert status_of(mail, job_id) is JobStatus.FAILED
+    response = client.post(
+        f"/defer/undo/{job_id}", headers={**HTMX, "X-CSRFToken": token_of(client)}
+    )
+    page = html.unescape(response.get_data(as_text=True))
+    assert said in page and "already sent" not in page
+    assert 'data-defer-outcome="already_ran"' in page and 'data-defer-state="failed"' in page
+
+
+def test_a_toast_replaced_by_a_newer_request_of_its_key_says_so(mail: MailApp) -> None:
+    client = mail.app.test_client()
+    first = send(client, key="draft:1", undone_label="Sending undone.")
+    second = send(client, key="draft:1", replace="1", undone_label="Sending undone.")
+    assert status_of(mail, first) is JobStatus.CANCELLED
+    [answer] = states(client, first)
+    assert (answer["state"], answer["text"]) == ("undone", "Replaced by a newer request.")
+    response = client.post(
+        f"/defer/undo/{first}", headers={**HTMX, "X-CSRFToken": token_of(client)}
+    )
+    page = response.get_data(as_text=True)
+    assert "Replaced by a newer request." in page and "Already undone." not in page
+    assert status_of(mail, second) is JobStatus.PENDING  # the newer one still goes
+
+
+def test_an_operators_run_now_closes_the_undo_window_and_a_later_move_keeps_it(
+    mail: MailApp,
+) -> None:
+    client = mail.app.test_client()
+    hurried = send(client, window="30")
+    moved = send(client, window="30")
+    with mail.context():
+        mail.defer.run_now(hurried, actor="ops")
+        mail.defer.reschedule(moved, delay=timedelta(hours=1))
+    answer = {job["id"]: job for job in states(client, hurried, moved)}
+    assert answer[hurried]["state"] == "waiting"  # a worker may claim it now
+    assert answer[moved]["state"] == "open"  # its window was never past its run_at
+    response = client.post(
+        f"/defer/undo/{moved}", headers={**HTMX, "X-CSRFToken": token_of(client)}
+    )
+    assert 'data-defer-outcome="undone"' in response.get_data(as_text=True)
+
+
+def test_the_pending_page_keeps_cancel_for_a_job_due_that_no_worker_started(
+    mail: MailApp,
+) -> None:
+    client = mail.app.test_client()
+    job_id = send(client, window="30")
+    with mail.context():
+        mail.defer.run_now(job_id)  # due now; no worker runs here
+    page = client.get("/defer/pending").get_data(as_text=True)
+    row = page[page.index(f'id="defer-pending-{job_id}"') :]
+    row = row[: row.index("</tr>")]
+    assert "Due now, waiting to start" in row and ">Cancel</button>" in row
+    assert 'data-defer-remaining="1000000000.000"' in row  # no countdown to "in progress"
 
 
 def test_plain_post_undo_redirects_back_with_the_outcome_flashed(mail: MailApp) -> None:
