@@ -133,15 +133,19 @@ class ToastState(enum.StrEnum):
         return self in (ToastState.DONE, ToastState.FAILED, ToastState.UNDONE)
 
 
+def _last_cancel(events: Sequence[JobEvent]) -> JobEvent | None:
+    """The event that cancelled the job: ``undone``, ``cancelled`` or ``replaced``."""
+    for event in reversed(events):
+        if event.event in ("undone", "cancelled", "replaced"):
+            return event
+    return None
+
+
 def was_replaced(events: Sequence[JobEvent]) -> bool:
     """True when the job was cancelled by a newer job of its key (``replace=True``):
     its toast must not say the owner undid it, since the newer job will run."""
-    for event in reversed(events):
-        if event.event in ("undone", "cancelled"):
-            return False
-        if event.event == "replaced":
-            return True
-    return False
+    last = _last_cancel(events)
+    return last is not None and last.event == "replaced"
 
 
 def cancelling_operator(events: Sequence[JobEvent]) -> str | None:
@@ -150,12 +154,10 @@ def cancelling_operator(events: Sequence[JobEvent]) -> str | None:
     None when the owner undid it (``undone``), when the app's own code cancelled it
     (actor ``app``), or when nothing says (no cancel recorded, ``DEFER_HISTORY`` off).
     """
-    for event in reversed(events):
-        if event.event == "undone":
-            return None
-        if event.event == "cancelled":
-            return None if event.actor == DEFAULT_ACTOR else event.actor
-    return None
+    last = _last_cancel(events)
+    if last is None or last.event != "cancelled" or last.actor == DEFAULT_ACTOR:
+        return None
+    return last.actor
 
 
 def state_text(

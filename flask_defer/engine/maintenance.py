@@ -42,12 +42,10 @@ STRANDED_BATCH = 500
 def prune(store: JobStore, policy: MaintenancePolicy, clock: Clock, **limits: int) -> int:
     """Delete settled rows older than the retention; return how many went.
 
-    Children stranded behind settled parents are released first: a parent's open
-    edges outlive it, but the release reads its row, so after the prune they would
-    wait for ever.
+    Its callers release stranded children first (:func:`release_stranded`): a parent's
+    open edges outlive it, but the release reads its row.
     """
     now = clock()
-    release_stranded(store, clock)
     return store.prune(
         settled_before=now - policy.retention,
         failed_before=now - policy.failed_retention,
@@ -214,7 +212,8 @@ class Maintenance:
                 self.store.forget_old_starts(now=self.clock())
                 self.store.forget_workers(now=self.clock())
                 self.store.forget_old_activity(now=self.clock())
-                release_stranded(self.store, self.clock, actor=self.actor)
+            # Once per round, and before a prune: see prune().
+            release_stranded(self.store, self.clock, actor=self.actor)
             if prune_due:
                 self._prune(now)
 

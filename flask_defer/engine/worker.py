@@ -273,7 +273,7 @@ class Worker:
                 waits.append((next_run_at - self.clock()).total_seconds())
             if not self.waker.listening:
                 waits.append(opts.poll_interval.total_seconds())
-        waits.extend(self._timers(now, free))
+        waits.extend(self._timers(now))
         if opts.burst and not claimed and not self._busy():
             if not self._acks.idle():
                 # Outcomes not written yet may free a concurrency key's slot: a burst
@@ -283,13 +283,13 @@ class Worker:
                 return self._end_of_burst(now)
         return max(min(waits), 0.0 if claimed else MIN_SLEEP)
 
-    def _timers(self, now: datetime, free: int) -> list[float]:
+    def _timers(self, now: datetime) -> list[float]:
         """What else must end the loop's sleep, in seconds from now: the backlog's hold,
         the next recurring tick, a handler's timeout and, unless a burst run, the
         maintenance round and the next expiry."""
         waits: list[float] = []
         hold_left = self._claimed_at + MAX_CLAIM_HOLD - time.monotonic()
-        if self._backlog and (free or hold_left > 0):
+        if self._backlog and hold_left > 0:
             # Held for half the pool: look again once the hold is over, when one free
             # thread is worth a claim (a thread freed meanwhile did not wake the loop).
             waits.append(hold_left)

@@ -103,4 +103,6 @@ def prune(state: DeferState, now: datetime | None = None) -> int:
     """Delete settled jobs past their retention now; return how many."""
     at = as_utc(now, "now") if now is not None else utcnow()
     state.transactions.refuse_uncommitted("prune")
+    # At the real time, as run_due: an injected *now* only picks what is past retention.
+    release_stranded(state.store, utcnow)
     return prune_settled(state.store, state.config.maintenance_policy(), lambda: at)

@@ -168,12 +168,16 @@ class DependencyStatements(HistoryStatements):
                 if policy == "done" and ended is not JobStatus.DONE:
                     doomed.setdefault(int(child), (int(parent), ended))
                 closed[int(child)] += 1
-            # Every child this level writes, locked in id order first: the writes below
-            # go by cause and by count, an order another worker's release of other
-            # parents of the same children would cross (a deadlock on PostgreSQL).
-            self.driver.lock_in_order(conn, t, sorted(closed))
+            lowered = {c: n for c, n in closed.items() if c not in doomed}
+            if len(set(doomed.values())) + len(set(lowered.values())) > 1:
+                # More than one write: they go by cause and by count, an order another
+                # release of other parents of the same children can cross (a deadlock
+                # on PostgreSQL), so lock this level's children in id order first. A
+                # cascade's next level can still cross another's; the children of a
+                # release PostgreSQL aborts wait for release_stranded.
+                self.driver.lock_in_order(conn, t, sorted(closed))
             settled = self._cancel_children(conn, doomed, now, actor)
-            self._lower(conn, {c: n for c, n in closed.items() if c not in doomed}, now, actor)
+            self._lower(conn, lowered, now, actor)
 
     def _cancel_children(
         self,
@@ -235,8 +239,9 @@ class DependencyStatements(HistoryStatements):
         """Release the children left behind settled parents; how many parents.
 
         An edge stays open past its parent's settlement only if the process died
-        between a PostgreSQL acknowledgement and its release (two transactions there);
-        the maintenance round calls this, so such a child waits one round at most.
+        between a PostgreSQL acknowledgement and its release (two transactions there),
+        or PostgreSQL aborted that release; the worker's maintenance round, ``run_due``
+        and ``prune`` call this, so such a child waits one round at most.
         """
         t, d = self.table, self.dependencies_table
         stranded = (

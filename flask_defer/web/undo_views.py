@@ -160,8 +160,9 @@ def undo(job_id: int) -> ResponseReturnValue:
         # An operator or a newer job of the key got there first: say so rather than
         # "Already undone."
         events = defer.history(job.id)
-        if cancelling_operator(events) is not None or was_replaced(events):
-            text = toast_text(job, ToastState.UNDONE)
+        operator, replaced = cancelling_operator(events), was_replaced(events)
+        if operator is not None or replaced:
+            text = state_text(job, ToastState.UNDONE, gettext, operator=operator, replaced=replaced)
     if is_htmx():
         state = ToastState.of(job, utcnow()) if job is not None else ToastState.UNDONE
         return no_store(
