@@ -655,12 +655,12 @@
       if (window.htmx) { window.htmx.process(t); }
       initWatched(t, anchor);
     });
-    openToasts().forEach(function (t) {
-      var id = t.getAttribute("data-defer-toast");
-      // Not open on the server any more (undone in another tab, its window ended):
-      // wait for what the server says happened.
-      if (!fresh[id]) { toWaiting(t); }
-    });
+    // An open toast the fragment left out may be closed on the server (undone in
+    // another tab) or only past DEFER_TOAST_LIMIT: ask the server now, and let its
+    // answer decide (applyStates), not the fragment's length.
+    if (openToasts().some(function (t) { return !fresh[t.getAttribute("data-defer-toast")]; })) {
+      schedulePoll();
+    }
   }
 
   function refresh() {

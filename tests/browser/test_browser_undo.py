@@ -755,6 +755,19 @@ def test_an_htmx_send_shows_the_toast_without_a_reload(
     assert live.job(job_id).status is JobStatus.CANCELLED
 
 
+def test_toasts_past_the_limit_keep_their_undo_while_their_window_is_open(
+    live: Live, open_page: Callable[..., Page]
+) -> None:
+    # The refreshed fragment lists DEFER_TOAST_LIMIT (5) toasts: the sixth is left out
+    # of it, but its window is open and Undo still wins, so it must stay open.
+    page = open_page("/?window=30")
+    sent = [send(page, htmx=True) for _ in range(6)]
+    time.sleep(1.0)  # past the refreshes and a poll
+    expect(page.locator(OPEN)).to_have_count(6)
+    for job_id in sent:
+        expect(toast(page, job_id).get_by_role("button", name="Undo")).to_have_count(1)
+
+
 def test_the_pending_page_lists_and_cancels(live: Live, open_page: Callable[..., Page]) -> None:
     page = open_page("/?window=30")
     job_id = send(page)
