@@ -57,6 +57,15 @@ def make_kit(make_app: Callable[..., AppKit]) -> Iterator[MakeKit]:
         yield make
 
 
+#: Polls, idle sleeps and maintenance rounds far longer than any test: a worker so set
+#: starts a job in time only if a wake-up (a NOTIFY, an outcome, a due time) brings it.
+ONLY_WAKE_UPS: dict[str, Any] = {
+    "DEFER_POLL_INTERVAL": 30,
+    "DEFER_MAX_SLEEP": 30,
+    "DEFER_RECLAIM_INTERVAL": 30,
+}
+
+
 def load(kit: AppKit, job_id: int) -> Job:
     """The job as the database has it now (a fresh read, outside db.session)."""
     store = kit.defer.store
@@ -662,7 +671,7 @@ def test_a_job_handed_back_elsewhere_wakes_the_workers_of_its_own_queue(
 ) -> None:
     # A worker of another queue than "default", with polls, sleeps and maintenance
     # rounds far longer than the test: only the NOTIFY of the job's own queue wakes it.
-    kit = make_kit(DEFER_POLL_INTERVAL=30, DEFER_MAX_SLEEP=30, DEFER_RECLAIM_INTERVAL=30)
+    kit = make_kit(**ONLY_WAKE_UPS)
     ran: list[int] = []
     kit.defer.job("send", queue="mail")(lambda job: ran.append(job.id))
     store = kit.defer.store
@@ -689,7 +698,7 @@ def test_a_worker_starts_a_retry_or_snooze_at_its_run_at_not_at_its_next_poll(
     # Polls, idle sleeps and maintenance rounds far longer than the retry's delay: only
     # the wake the outcome's write brings makes the loop look at its new run_at (the
     # loop's last look saw the job running).
-    kit = make_kit(DEFER_POLL_INTERVAL=30, DEFER_MAX_SLEEP=30, DEFER_RECLAIM_INTERVAL=30)
+    kit = make_kit(**ONLY_WAKE_UPS)
     starts: list[float] = []
 
     @kit.defer.job("flaky", max_attempts=3)
@@ -814,9 +823,7 @@ def test_lapsed_lease_is_reclaimed_and_the_stale_acknowledgement_refused(
 def test_worker_wakes_at_run_at_not_at_its_next_timed_wake(make_kit: MakeKit) -> None:
     # Sleep bounds of 30 s everywhere: only "sleep until the next run_at" can start
     # the job about a second from now.
-    kit = make_kit(
-        DEFER_MAX_SLEEP=30, DEFER_POLL_INTERVAL=30, DEFER_RECLAIM_INTERVAL=30
-    )
+    kit = make_kit(**ONLY_WAKE_UPS)
     started: list[datetime] = []
     kit.defer.job("on_time")(lambda job: started.append(utcnow()))
     job = kit.defer.schedule("on_time", delay=1.0)
